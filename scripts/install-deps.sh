@@ -1,0 +1,54 @@
+#!/bin/sh
+# Install the Debian packages needed to build, test, demo and benchmark the
+# module.  Idempotent: does nothing when everything is present.  Runs apt-get
+# as root, or through sudo when invoked by another user.
+set -eu
+
+PACKAGES="
+    build-essential
+    cmake
+    curl
+    haproxy
+    libbenchmark-dev
+    libgtest-dev
+    libjansson-dev
+    libpcre2-dev
+    libsimdjson-dev
+    libssl-dev
+    libxxhash-dev
+    nginx
+    nginx-dev
+    perl
+    wrk
+    zlib1g-dev
+"
+
+missing=""
+for pkg in $PACKAGES; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+    if [ "$status" != "installed" ]; then
+        missing="$missing $pkg"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+else
+    echo "install-deps: missing packages:$missing" >&2
+    echo "install-deps: run as root or install sudo" >&2
+    exit 1
+fi
+
+echo "install-deps: installing$missing"
+
+# The distribution's nginx service is not wanted here: tests and the demo
+# start their own nginx with a private prefix.
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,304 @@
+// The C API of affinity_core.h: thin noexcept wrappers that translate
+// between the POD structs and the C++ pieces, and keep exceptions inside.
+#include "affinity_core.h"
+
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include <openssl/rand.h>
+
+#include "hashing.h"
+#include "json_field.h"
+#include "ring.h"
+#include "selection.h"
+#include "session_key.h"
+#include "session_table.h"
+#include "zone.h"
+
+using namespace affinity;
+
+struct affinity_ring_s {
+    Ring ring;
+};
+
+namespace {
+
+Zone zone_of(affinity_zone_t *zone) noexcept
+{
+    return Zone(zone);
+}
+
+Zone zone_of(const affinity_zone_t *zone) noexcept
+{
+    return Zone(const_cast<affinity_zone_t *>(zone));
+}
+
+void set_error(char *err, size_t err_len, const char *what)
+{
+    if (err && err_len) {
+        std::snprintf(err, err_len, "%s", what);
+    }
+}
+
+affinity_attach_e initialize(void *region, size_t size,
+                             affinity_zone_kind_e kind, char *err,
+                             size_t err_len) noexcept
+{
+    uint64_t buckets = SessionTable::buckets_for(size);
+
+    if (buckets == 0) {
+        set_error(err, err_len, "the zone is too small for a table");
+        return AFFINITY_ATTACH_TOO_SMALL;
+    }
+
+    uint64_t seed;
+    if (RAND_bytes(reinterpret_cast<unsigned char *>(&seed), sizeof(seed))
+        != 1)
+    {
+        // Any seed works for correctness; a random one only makes the
+        // bucket of a key unpredictable to clients.
+        seed = reinterpret_cast<uintptr_t>(region) ^ kZoneMagic;
+    }
+
+    std::memset(region, 0,
+                sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot)
+                    + buckets * sizeof(SessionBucket));
+
+    ZoneHeader *h = static_cast<ZoneHeader *>(region);
+    h->layout_version = kLayoutVersion;
+    h->kind = static_cast<uint32_t>(kind);
+    h->region_size = size;
+    h->seed = seed;
+    h->peers_offset = sizeof(ZoneHeader);
+    h->buckets_offset = sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot);
+    h->buckets = buckets;
+    h->ways = kSessionWays;
+    h->entry_size = sizeof(SessionEntry);
+
+    // The magic goes last: a region holds a zone only once it is complete.
+    __atomic_store_n(&h->magic, kZoneMagic, __ATOMIC_RELEASE);
+
+    return AFFINITY_ATTACH_CREATED;
+}
+
+affinity_attach_e validate(const ZoneHeader &h, size_t size,
+                           affinity_zone_kind_e kind, char *err,
+                           size_t err_len) noexcept
+{
+    char reason[160];
+
+    if (h.layout_version != kLayoutVersion) {
+        std::snprintf(reason, sizeof(reason),
+                      "the zone has layout version %u, this module uses %u",
+                      h.layout_version, kLayoutVersion);
+
+    } else if (h.kind != static_cast<uint32_t>(kind)) {
+        std::snprintf(reason, sizeof(reason),
+                      "the zone holds a table of another kind");
+
+    } else if (h.region_size != size || h.ways != kSessionWays
+               || h.entry_size != sizeof(SessionEntry)
+               || h.peers_offset != sizeof(ZoneHeader))
+    {
+        std::snprintf(reason, sizeof(reason),
+                      "the zone's table geometry differs from this module's");
+
+    } else {
+        return AFFINITY_ATTACH_REUSED;
+    }
+
+    set_error(err, err_len, reason);
+    return AFFINITY_ATTACH_INCOMPATIBLE;
+}
+
+}  // namespace
+
+extern "C" {
+
+uint64_t affinity_hash(const void *data, size_t len, uint64_t seed) noexcept
+{
+    return hash64(data, len, seed);
+}
+
+uint64_t affinity_peer_id(const char *name, size_t len) noexcept
+{
+    return peer_id(name, len);
+}
+
+uint64_t affinity_ring_hash(const void *key, size_t len) noexcept
+{
+    return ring_key_hash(key, len);
+}
+
+affinity_ring_t *affinity_ring_create(const affinity_ring_peer_t *peers,
+                                      size_t npeers,
+                                      uint32_t points_per_weight) noexcept
+{
+    static_assert(sizeof(affinity_ring_peer_t) == sizeof(RingPeer),
+                  "ring peers are passed through as they are");
+
+    try {
+        return new affinity_ring_s{
+            Ring(reinterpret_cast<const RingPeer *>(peers), npeers,
+                 points_per_weight)};
+
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+void affinity_ring_destroy(affinity_ring_t *ring) noexcept
+{
+    delete ring;
+}
+
+size_t affinity_ring_points(const affinity_ring_t *ring) noexcept
+{
+    return ring ? ring->ring.points() : 0;
+}
+
+size_t affinity_ring_walk(const affinity_ring_t *ring, uint64_t hash,
+                          uint32_t *out, size_t max) noexcept
+{
+    size_t n = 0;
+
+    if (ring == nullptr || max == 0) {
+        return 0;
+    }
+
+    ring->ring.walk(hash, [&](uint32_t peer) {
+        out[n++] = peer;
+        return n == max;
+    });
+
+    return n;
+}
+
+affinity_attach_e affinity_zone_attach(void *region, size_t size,
+                                       affinity_zone_kind_e kind,
+                                       affinity_zone_t **zone, char *err,
+                                       size_t err_len) noexcept
+{
+    *zone = nullptr;
+
+    if (region == nullptr || reinterpret_cast<uintptr_t>(region) % 64 != 0
+        || size < AFFINITY_ZONE_MIN_SIZE)
+    {
+        set_error(err, err_len, "the zone is too small or misaligned");
+        return AFFINITY_ATTACH_TOO_SMALL;
+    }
+
+    const ZoneHeader *h = static_cast<const ZoneHeader *>(region);
+    affinity_attach_e rc;
+
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kZoneMagic) {
+        rc = validate(*h, size, kind, err, err_len);
+    } else {
+        rc = initialize(region, size, kind, err, err_len);
+    }
+
+    if (rc == AFFINITY_ATTACH_CREATED || rc == AFFINITY_ATTACH_REUSED) {
+        *zone = static_cast<affinity_zone_t *>(region);
+    }
+
+    return rc;
+}
+
+void affinity_zone_info(const affinity_zone_t *zone,
+                        affinity_zone_info_t *info) noexcept
+{
+    const ZoneHeader &h = zone_of(zone).header();
+
+    info->kind = h.kind;
+    info->layout_version = h.layout_version;
+    info->seed = h.seed;
+    info->capacity = h.buckets * h.ways;
+    info->used = h.used;
+    info->evictions = h.evictions;
+    info->expiries = h.expiries;
+    info->peer_slots = kPeerSlots;
+    info->peer_slots_used = h.peer_slots_used;
+}
+
+uint64_t affinity_zone_key_hash(const affinity_zone_t *zone, const void *key,
+                                size_t len) noexcept
+{
+    return zone_of(zone).key_hash(key, len);
+}
+
+uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
+                                 uint64_t peer_id) noexcept
+{
+    return zone_of(zone).claim_slot(peer_id);
+}
+
+void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
+                              affinity_peer_stats_t *stats) noexcept
+{
+    *stats = affinity_peer_stats_t{};
+
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    const PeerSlot &s = zone_of(zone).peer_slots()[slot];
+
+    stats->id = atomic_load(&s.id);
+    stats->inflight = atomic_load(&s.inflight);
+    stats->requests = atomic_load(&s.requests);
+    stats->pins = atomic_load(&s.pins);
+}
+
+void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t slot) noexcept
+{
+    if (slot < kPeerSlots) {
+        atomic_add<int64_t>(&zone_of(zone).peer_slots()[slot].inflight, -1);
+    }
+}
+
+void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t slot) noexcept
+{
+    if (slot < kPeerSlots) {
+        PeerSlot &s = zone_of(zone).peer_slots()[slot];
+        atomic_add<int64_t>(&s.inflight, 1);
+        atomic_add<uint64_t>(&s.requests, 1);
+    }
+}
+
+int affinity_route(affinity_zone_t *zone, const affinity_ring_t *ring,
+                   const affinity_peer_t *peers, size_t npeers,
+                   const affinity_balance_t *balance,
+                   const affinity_request_t *request,
+                   affinity_decision_t *decision) noexcept
+{
+    return route(zone_of(zone), ring ? &ring->ring : nullptr, peers, npeers,
+                 *balance, *request, *decision);
+}
+
+int affinity_key_echoable(const char *key, size_t len) noexcept
+{
+    return key_echoable(key, len) ? 1 : 0;
+}
+
+int affinity_uuid_v4(char out[AFFINITY_UUID_LEN]) noexcept
+{
+    return uuid_v4(out) ? 0 : -1;
+}
+
+affinity_field_e affinity_json_field(const char *body, size_t len,
+                                     const char *path, size_t path_len,
+                                     char *out, size_t out_cap,
+                                     size_t *out_len) noexcept
+{
+    try {
+        return json_field(std::string_view(body, len),
+                          std::string_view(path, path_len), out, out_cap,
+                          out_len);
+
+    } catch (...) {
+        return AFFINITY_FIELD_INVALID;
+    }
+}
+
+}  // extern "C"

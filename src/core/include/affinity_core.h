@@ -1,0 +1,277 @@
+/*
+ * affinity_core.h - the C API of the affinity balancer's C++17 core.
+ *
+ * This is the only header the nginx shim includes.  It exposes opaque
+ * handles and plain-old-data structs; no C++ type and no exception crosses
+ * it (every function is noexcept on the C++ side and catches internally).
+ *
+ * Concurrency contract: the zone functions operate on memory shared by all
+ * nginx workers.  Functions marked "caller holds the zone lock" must be
+ * called with the mutex the caller associates with the zone held (the shim
+ * uses the slab pool's mutex, which nginx's master force-unlocks when a
+ * worker dies holding it).  The in-flight counters are updated atomically
+ * and may be changed without the lock.
+ */
+
+#ifndef AFFINITY_CORE_H
+#define AFFINITY_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define AFFINITY_NOEXCEPT noexcept
+extern "C" {
+#else
+#define AFFINITY_NOEXCEPT
+#endif
+
+#define AFFINITY_API __attribute__((visibility("default")))
+
+
+/* ---- hashing ---------------------------------------------------------- */
+
+/* XXH3 64-bit of data with the given seed. */
+AFFINITY_API uint64_t affinity_hash(const void *data, size_t len,
+    uint64_t seed) AFFINITY_NOEXCEPT;
+
+/*
+ * The stable identity of an upstream peer, derived from its address text
+ * (nginx's peer->name, e.g. "10.0.0.1:8000").  Independent of the peer's
+ * position in the list and of any zone, so pins survive reloads and peer
+ * list reordering.  Never 0.
+ */
+AFFINITY_API uint64_t affinity_peer_id(const char *name, size_t len)
+    AFFINITY_NOEXCEPT;
+
+/*
+ * The hash that places a key on the consistent-hash ring.  Fixed seed, so
+ * several nginx instances with the same peer list place a key alike.
+ */
+AFFINITY_API uint64_t affinity_ring_hash(const void *key, size_t len)
+    AFFINITY_NOEXCEPT;
+
+
+/* ---- consistent-hash ring --------------------------------------------- */
+
+typedef struct affinity_ring_s  affinity_ring_t;
+
+typedef struct {
+    uint64_t    id;         /* affinity_peer_id() of the peer */
+    uint32_t    weight;     /* nginx "weight=", >= 1 */
+} affinity_ring_peer_t;
+
+/*
+ * Builds a weighted ring: each peer gets points_per_weight * weight points.
+ * Peer indexes returned by the ring are positions in the array given here.
+ * Returns NULL on allocation failure or bad arguments.  Not for the hot path.
+ */
+AFFINITY_API affinity_ring_t *affinity_ring_create(
+    const affinity_ring_peer_t *peers, size_t npeers,
+    uint32_t points_per_weight) AFFINITY_NOEXCEPT;
+AFFINITY_API void affinity_ring_destroy(affinity_ring_t *ring)
+    AFFINITY_NOEXCEPT;
+AFFINITY_API size_t affinity_ring_points(const affinity_ring_t *ring)
+    AFFINITY_NOEXCEPT;
+
+/*
+ * Writes up to max distinct peer indexes in ring order, starting at the
+ * first point at or after hash.  Returns how many were written.
+ */
+AFFINITY_API size_t affinity_ring_walk(const affinity_ring_t *ring,
+    uint64_t hash, uint32_t *out, size_t max) AFFINITY_NOEXCEPT;
+
+
+/* ---- shared-memory zone ----------------------------------------------- */
+
+typedef struct affinity_zone_s  affinity_zone_t;
+
+typedef enum {
+    AFFINITY_ZONE_SESSIONS = 1
+} affinity_zone_kind_e;
+
+typedef enum {
+    AFFINITY_ATTACH_CREATED = 0,    /* fresh region, initialized */
+    AFFINITY_ATTACH_REUSED,         /* valid region from an earlier cycle */
+    AFFINITY_ATTACH_INCOMPATIBLE,   /* valid region of another layout/kind */
+    AFFINITY_ATTACH_TOO_SMALL       /* region cannot hold a table */
+} affinity_attach_e;
+
+/* Smallest region a zone can be built in. */
+#define AFFINITY_ZONE_MIN_SIZE  (64 * 1024)
+
+/*
+ * Attaches to a region of shared memory: initializes it when it does not
+ * hold a zone yet (seed drawn from OpenSSL's RAND_bytes), or validates the
+ * header left by an earlier cycle.  On failure *zone is NULL and, if err is
+ * given, a NUL-terminated reason is written to it.  The region must be
+ * 64-byte aligned; the zone keeps only offsets inside it.
+ */
+AFFINITY_API affinity_attach_e affinity_zone_attach(void *region, size_t size,
+    affinity_zone_kind_e kind, affinity_zone_t **zone, char *err,
+    size_t err_len) AFFINITY_NOEXCEPT;
+
+typedef struct {
+    uint32_t    kind;
+    uint32_t    layout_version;
+    uint64_t    seed;           /* per-zone seed of key hashes */
+    uint64_t    capacity;       /* entries the table holds */
+    uint64_t    used;           /* live entries */
+    uint64_t    evictions;      /* entries dropped to make room (LRU) */
+    uint64_t    expiries;       /* entries dropped after the idle timeout */
+    uint32_t    peer_slots;     /* capacity of the per-peer counter table */
+    uint32_t    peer_slots_used;
+} affinity_zone_info_t;
+
+/* Caller holds the zone lock for exact figures. */
+AFFINITY_API void affinity_zone_info(const affinity_zone_t *zone,
+    affinity_zone_info_t *info) AFFINITY_NOEXCEPT;
+
+/* Hash of a request key with the zone's seed. */
+AFFINITY_API uint64_t affinity_zone_key_hash(const affinity_zone_t *zone,
+    const void *key, size_t len) AFFINITY_NOEXCEPT;
+
+#define AFFINITY_NO_SLOT  UINT32_MAX
+
+/*
+ * Finds or claims the counter slot of a peer id.  Caller holds the zone
+ * lock.  Returns AFFINITY_NO_SLOT when the counter table is full.
+ */
+AFFINITY_API uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
+    uint64_t peer_id) AFFINITY_NOEXCEPT;
+
+typedef struct {
+    uint64_t    id;
+    int64_t     inflight;
+    uint64_t    requests;
+    int64_t     pins;
+} affinity_peer_stats_t;
+
+/* Lock-free; counters are read atomically one by one. */
+AFFINITY_API void affinity_zone_peer_stats(const affinity_zone_t *zone,
+    uint32_t slot, affinity_peer_stats_t *stats) AFFINITY_NOEXCEPT;
+
+/* Lock-free: the end of a request on a peer (the start is counted by
+ * affinity_route()). */
+AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
+    uint32_t slot) AFFINITY_NOEXCEPT;
+
+/* Lock-free: counts a request placed outside affinity_route() (e.g. by
+ * round robin on a backup peer). */
+AFFINITY_API void affinity_zone_peer_acquire(affinity_zone_t *zone,
+    uint32_t slot) AFFINITY_NOEXCEPT;
+
+
+/* ---- selection -------------------------------------------------------- */
+
+typedef enum {
+    AFFINITY_PEER_USABLE = 0,   /* may take the request */
+    AFFINITY_PEER_BUSY,         /* tried for this request or at max_conns:
+                                   skip it now, keep pins to it */
+    AFFINITY_PEER_FAILED        /* down or failed (max_fails): pins move */
+} affinity_peer_state_e;
+
+typedef struct {
+    uint64_t    id;         /* affinity_peer_id() */
+    uint32_t    weight;
+    uint32_t    slot;       /* counter slot in the zone, or AFFINITY_NO_SLOT */
+    uint32_t    state;      /* affinity_peer_state_e */
+} affinity_peer_t;
+
+typedef struct {
+    double      factor;     /* bound = max(factor * mean, mean + slack) */
+    double      slack;
+} affinity_balance_t;
+
+typedef enum {
+    AFFINITY_ROUTE_NONE = 0,
+    AFFINITY_ROUTE_SESSION_HIT,     /* served by its pinned peer */
+    AFFINITY_ROUTE_SESSION_NEW,     /* first request of a key: pinned now */
+    AFFINITY_ROUTE_SESSION_MOVED,   /* pinned peer failed: pinned anew */
+    AFFINITY_ROUTE_SESSION_SPILL,   /* pinned peer over the bound or busy:
+                                       served elsewhere, pin kept */
+    AFFINITY_ROUTE_FALLBACK         /* no key: weighted least in-flight */
+} affinity_route_e;
+
+typedef struct {
+    uint64_t    key_hash;   /* affinity_zone_key_hash() of the key */
+    uint64_t    ring_hash;  /* affinity_ring_hash() of the key */
+    uint32_t    has_key;
+    uint32_t    now;        /* seconds, monotonic enough for idle expiry */
+    uint32_t    timeout;    /* idle expiry of pins, seconds */
+    uint32_t    rotate;     /* varies per request: breaks fallback ties */
+} affinity_request_t;
+
+typedef struct {
+    int32_t     peer;       /* index into the peers array, -1 if none */
+    uint32_t    route;      /* affinity_route_e */
+} affinity_decision_t;
+
+/*
+ * Chooses a peer for a request among peers[0..npeers) and counts it in the
+ * chosen peer's in-flight counter.  With a key: the pinned peer while it is
+ * usable and under the load bound; a spill to the next peer on the ring
+ * (remembered) when it is merely busy or overloaded; a new pin, placed on
+ * the ring with bounded load, when the key is new or its peer failed.
+ * Without a key: the usable peer with the least in-flight per weight.
+ * The bound is soft: when every usable peer is over it, the least loaded
+ * one is chosen, so a request is never refused for load.
+ *
+ * Caller holds the zone lock.  No allocation; at most 256 peers are
+ * considered.  Returns 0, or -1 when no peer is usable (decision->peer is
+ * then -1 and nothing is counted).
+ */
+AFFINITY_API int affinity_route(affinity_zone_t *zone,
+    const affinity_ring_t *ring, const affinity_peer_t *peers, size_t npeers,
+    const affinity_balance_t *balance, const affinity_request_t *request,
+    affinity_decision_t *decision) AFFINITY_NOEXCEPT;
+
+#define AFFINITY_MAX_PEERS  256
+
+
+/* ---- session keys ----------------------------------------------------- */
+
+#define AFFINITY_KEY_MAX_ECHO  256
+#define AFFINITY_UUID_LEN      36
+
+/*
+ * Whether a key may be echoed to the client in a header or a cookie: at most
+ * 256 bytes of printable ASCII without ';', ',' or space.
+ */
+AFFINITY_API int affinity_key_echoable(const char *key, size_t len)
+    AFFINITY_NOEXCEPT;
+
+/* Writes a random UUID v4 (36 characters, no NUL) from OpenSSL RAND_bytes.
+ * Returns 0, or -1 if the random generator failed. */
+AFFINITY_API int affinity_uuid_v4(char out[AFFINITY_UUID_LEN])
+    AFFINITY_NOEXCEPT;
+
+
+/* ---- JSON body -------------------------------------------------------- */
+
+/* Bytes a body buffer must have readable past its end for the parser. */
+#define AFFINITY_JSON_PADDING  64
+
+typedef enum {
+    AFFINITY_FIELD_FOUND = 0,
+    AFFINITY_FIELD_MISSING,     /* valid JSON, no string/number at path */
+    AFFINITY_FIELD_INVALID      /* not a JSON object, or malformed */
+} affinity_field_e;
+
+/*
+ * Looks up a top-level or dotted field ("user", "metadata.session_id") in
+ * the JSON object body[0..len); body must have AFFINITY_JSON_PADDING
+ * readable bytes after len.  A string value is returned unescaped, a number
+ * as written.  The value is copied to out (at most out_cap bytes; a longer
+ * value is MISSING).
+ */
+AFFINITY_API affinity_field_e affinity_json_field(const char *body,
+    size_t len, const char *path, size_t path_len, char *out,
+    size_t out_cap, size_t *out_len) AFFINITY_NOEXCEPT;
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AFFINITY_CORE_H */

@@ -1,0 +1,218 @@
+#include "selection.h"
+
+#include <algorithm>
+
+#include "session_table.h"
+
+namespace affinity {
+
+LoadBound::LoadBound(const Zone &zone, const affinity_peer_t *peers,
+                     size_t npeers, const affinity_balance_t &balance) noexcept
+    : peers_(peers),
+      npeers_(std::min(npeers, kMaxPeers)),
+      factor_(balance.factor),
+      slack_(balance.slack)
+{
+    const PeerSlot *slots = zone.peer_slots();
+    int64_t total = 0;
+    uint64_t weights = 0;
+
+    for (size_t i = 0; i < npeers_; i++) {
+        int64_t n = 0;
+
+        if (peers[i].slot < kPeerSlots) {
+            // A counter can dip below zero for a moment when a reload resets
+            // nothing but a request ends in an old worker; never trust it.
+            n = std::max<int64_t>(atomic_load(&slots[peers[i].slot].inflight),
+                                  0);
+        }
+
+        inflight_[i] = n;
+
+        // Failed peers carry no new load and do not lower everyone's bound.
+        if (peers[i].state != AFFINITY_PEER_FAILED) {
+            total += n;
+            weights += std::max<uint32_t>(peers[i].weight, 1);
+        }
+    }
+
+    share_per_weight_ = weights ? double(total + 1) / double(weights) : 0.0;
+}
+
+bool LoadBound::accepts(size_t i) const noexcept
+{
+    double share = share_per_weight_ * std::max<uint32_t>(peers_[i].weight, 1);
+    double bound = std::max(factor_ * share, share + slack_);
+
+    return double(inflight_[i] + 1) <= bound;
+}
+
+int LoadBound::least_loaded(int skip, uint32_t rotate) const noexcept
+{
+    int best = -1;
+
+    for (size_t step = 0; step < npeers_; step++) {
+        size_t i = (rotate + step) % npeers_;
+
+        if (!usable(i) || static_cast<int>(i) == skip) {
+            continue;
+        }
+
+        // Compare (inflight + 1) / weight without division.
+        if (best < 0
+            || (inflight_[i] + 1) * int64_t(peers_[best].weight)
+                   < (inflight_[best] + 1) * int64_t(peers_[i].weight))
+        {
+            best = static_cast<int>(i);
+        }
+    }
+
+    return best;
+}
+
+int LoadBound::first_on_ring(const Ring &ring, uint64_t hash, int skip) const
+    noexcept
+{
+    return ring.walk(hash, [&](uint32_t i) {
+        return i < npeers_ && static_cast<int>(i) != skip && usable(i)
+               && accepts(i);
+    });
+}
+
+int LoadBound::index_of(uint64_t peer_id) const noexcept
+{
+    for (size_t i = 0; i < npeers_; i++) {
+        if (peers_[i].id == peer_id) {
+            return static_cast<int>(i);
+        }
+    }
+
+    return -1;
+}
+
+namespace {
+
+// Placement of a key that has no usable pin: its ring position with bounded
+// load, or the least loaded peer when all are over the bound.
+int place(const LoadBound &load, const Ring *ring, uint64_t hash, int skip,
+          uint32_t rotate) noexcept
+{
+    int i = ring ? load.first_on_ring(*ring, hash, skip) : -1;
+
+    return i >= 0 ? i : load.least_loaded(skip, rotate);
+}
+
+int route_session(Zone zone, const Ring *ring, const LoadBound &load,
+                  const affinity_peer_t *peers,
+                  const affinity_request_t &request,
+                  affinity_decision_t &decision) noexcept
+{
+    SessionTable table(zone, request.now, request.timeout);
+    SessionEntry *entry = table.find(request.key_hash);
+
+    if (entry == nullptr) {
+        int i = place(load, ring, request.ring_hash, -1, request.rotate);
+
+        if (i >= 0) {
+            table.repin(table.insert(request.key_hash), peers[i].id);
+            decision = {i, AFFINITY_ROUTE_SESSION_NEW};
+        }
+
+        return i;
+    }
+
+    table.touch(entry);
+
+    int pinned = load.index_of(entry->peer);
+
+    if (pinned >= 0 && load.usable(pinned) && load.accepts(pinned)) {
+        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT};
+        return pinned;
+    }
+
+    if (pinned < 0 || peers[pinned].state == AFFINITY_PEER_FAILED) {
+        // The pinned peer is gone or failed: its cache is lost to this
+        // session anyway, so the session moves for good.
+        int i = place(load, ring, request.ring_hash, -1, request.rotate);
+
+        if (i >= 0) {
+            table.repin(entry, peers[i].id);
+            decision = {i, AFFINITY_ROUTE_SESSION_MOVED};
+        }
+
+        return i;
+    }
+
+    // The pinned peer is only busy or over the bound: overload is transient
+    // while a moved conversation loses its cache for good, so keep the pin
+    // and spill, preferring the peer that took earlier spills (its cache is
+    // warm for this session too).
+    int spill = entry->spill ? load.index_of(entry->spill) : -1;
+
+    if (spill >= 0 && spill != pinned && load.usable(spill)
+        && load.accepts(spill))
+    {
+        decision = {spill, AFFINITY_ROUTE_SESSION_SPILL};
+        return spill;
+    }
+
+    int i = ring ? load.first_on_ring(*ring, request.ring_hash, pinned) : -1;
+
+    if (i < 0 && load.usable(pinned)) {
+        // Everyone is over the bound: stay where the cache is.
+        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT};
+        return pinned;
+    }
+
+    if (i < 0) {
+        i = load.least_loaded(pinned, request.rotate);
+    }
+
+    if (i >= 0) {
+        entry->spill = peers[i].id;
+        decision = {i, AFFINITY_ROUTE_SESSION_SPILL};
+    }
+
+    return i;
+}
+
+}  // namespace
+
+int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
+          size_t npeers, const affinity_balance_t &balance,
+          const affinity_request_t &request,
+          affinity_decision_t &decision) noexcept
+{
+    decision = {-1, AFFINITY_ROUTE_NONE};
+
+    LoadBound load(zone, peers, npeers, balance);
+    int chosen;
+
+    if (request.has_key) {
+        chosen = route_session(zone, ring, load, peers, request, decision);
+
+    } else {
+        chosen = load.least_loaded(-1, request.rotate);
+
+        if (chosen >= 0) {
+            decision = {chosen, AFFINITY_ROUTE_FALLBACK};
+        }
+    }
+
+    if (chosen < 0) {
+        decision = {-1, AFFINITY_ROUTE_NONE};
+        return -1;
+    }
+
+    uint32_t slot = peers[chosen].slot;
+
+    if (slot < kPeerSlots) {
+        PeerSlot &counters = zone.peer_slots()[slot];
+        atomic_add<int64_t>(&counters.inflight, 1);
+        atomic_add<uint64_t>(&counters.requests, 1);
+    }
+
+    return 0;
+}
+
+}  // namespace affinity

@@ -1,0 +1,58 @@
+// Peer selection: consistent hashing with bounded loads over the in-flight
+// counters every worker shares, and the session routing built on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "affinity_core.h"
+#include "ring.h"
+#include "zone.h"
+
+namespace affinity {
+
+// The load picture of one selection: the peers' in-flight counts read once
+// from the zone, and the bound each peer may reach.
+class LoadBound {
+public:
+    LoadBound(const Zone &zone, const affinity_peer_t *peers, size_t npeers,
+              const affinity_balance_t &balance) noexcept;
+
+    size_t size() const noexcept { return npeers_; }
+    bool usable(size_t i) const noexcept
+    {
+        return peers_[i].state == AFFINITY_PEER_USABLE;
+    }
+
+    // Whether peer i may take one more request without passing its bound:
+    // inflight + 1 <= max(factor * share, share + slack), where share is the
+    // peer's weighted part of all in-flight requests plus this one.
+    bool accepts(size_t i) const noexcept;
+
+    // The usable peer with the least in-flight per weight, other than skip;
+    // ties go to the first in rotation order starting at rotate.  -1 if none.
+    int least_loaded(int skip, uint32_t rotate) const noexcept;
+
+    // The first usable peer under its bound in ring order from hash, other
+    // than skip; -1 if none.
+    int first_on_ring(const Ring &ring, uint64_t hash, int skip) const
+        noexcept;
+
+    int index_of(uint64_t peer_id) const noexcept;
+
+private:
+    const affinity_peer_t *peers_;
+    size_t npeers_;
+    int64_t inflight_[kMaxPeers];
+    double share_per_weight_;
+    double factor_;
+    double slack_;
+};
+
+// Implements affinity_route(); see affinity_core.h.
+int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
+          size_t npeers, const affinity_balance_t &balance,
+          const affinity_request_t &request,
+          affinity_decision_t &decision) noexcept;
+
+}  // namespace affinity

@@ -1,0 +1,64 @@
+// The session table: session key hash -> pinned peer, in a zone's buckets.
+//
+// Set-associative: a key maps to one bucket of kWays entries (four cache
+// lines); lookups and inserts touch that bucket only, so every operation is
+// O(1) and needs no allocation.  Inside a bucket, entries idle longer than
+// the timeout are reclaimed first, then the least recently used is evicted.
+// All functions require the zone lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zone.h"
+
+namespace affinity {
+
+struct SessionEntry {
+    uint64_t key;           // seeded key hash; 0 = empty
+    uint64_t peer;          // pinned peer id
+    uint64_t spill;         // peer that took this session's spills, or 0
+    uint32_t last_used;     // seconds
+    uint32_t reserved;
+};
+
+constexpr uint32_t kSessionWays = 8;
+
+struct alignas(64) SessionBucket {
+    SessionEntry entries[kSessionWays];
+};
+
+static_assert(sizeof(SessionBucket) == 256, "a bucket is four cache lines");
+
+class SessionTable {
+public:
+    SessionTable(Zone zone, uint32_t now, uint32_t timeout) noexcept
+        : zone_(zone), now_(now), timeout_(timeout) {}
+
+    // Buckets a region of the given size holds after the header and peer
+    // slots; 0 if it is too small.
+    static uint64_t buckets_for(size_t region_size) noexcept;
+
+    // The live entry of key, or nullptr.  Reclaims expired entries it meets.
+    SessionEntry *find(uint64_t key) noexcept;
+
+    // A new entry for key (not present), taking a free or expired way, or
+    // evicting the least recently used one.  Its peer fields are zeroed.
+    SessionEntry *insert(uint64_t key) noexcept;
+
+    // Points an entry at another peer, keeping the per-peer pin counts.
+    void repin(SessionEntry *entry, uint64_t peer) noexcept;
+
+    void touch(SessionEntry *entry) noexcept { entry->last_used = now_; }
+
+private:
+    SessionBucket &bucket_of(uint64_t key) noexcept;
+    bool expired(const SessionEntry &entry) const noexcept;
+    void drop(SessionEntry &entry) noexcept;
+
+    Zone zone_;
+    uint32_t now_;
+    uint32_t timeout_;
+};
+
+}  // namespace affinity

@@ -1,0 +1,968 @@
+
+/*
+ * Directives, shared memory zones, variables and the response header filter
+ * of ngx_http_upstream_affinity_module.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_upstream_affinity_module.h"
+
+
+/* points per unit of weight on the ring: spreads keys within a few % */
+#define NGX_HTTP_UPSTREAM_AFFINITY_RING_POINTS  160
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SIZE    (8 * 1024 * 1024)
+#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN     (128 * 1024)
+
+/* bytes before the table in a zone's allocation: its size, a cache line */
+#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64
+
+
+static ngx_int_t ngx_http_upstream_init_affinity(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us);
+static void ngx_http_upstream_affinity_ring_cleanup(void *data);
+static ngx_int_t ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone,
+    void *data);
+static ngx_int_t ngx_http_upstream_affinity_claim_slots(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
+
+static ngx_int_t ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf);
+static ngx_int_t ngx_http_upstream_affinity_route_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_upstream_affinity_session_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+
+static ngx_int_t ngx_http_upstream_affinity_header_filter(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_upstream_affinity_init(ngx_conf_t *cf);
+
+static void *ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf);
+static char *ngx_http_upstream_affinity_session(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_upstream_affinity_balance(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_upstream_affinity_zone(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *value,
+    ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **zone);
+static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
+
+
+static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
+
+    { ngx_string("session_affinity"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
+      ngx_http_upstream_affinity_session,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("affinity_balance"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
+      ngx_http_upstream_affinity_balance,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_upstream_affinity_module_ctx = {
+    ngx_http_upstream_affinity_add_variables, /* preconfiguration */
+    ngx_http_upstream_affinity_init,       /* postconfiguration */
+
+    NULL,                                  /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    ngx_http_upstream_affinity_create_conf, /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    NULL,                                  /* create location configuration */
+    NULL                                   /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_upstream_affinity_module = {
+    NGX_MODULE_V1,
+    &ngx_http_upstream_affinity_module_ctx, /* module context */
+    ngx_http_upstream_affinity_commands,   /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    NULL,                                  /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    NULL,                                  /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+static ngx_http_variable_t  ngx_http_upstream_affinity_vars[] = {
+
+    { ngx_string("affinity_route"), NULL,
+      ngx_http_upstream_affinity_route_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("affinity_session"), NULL,
+      ngx_http_upstream_affinity_session_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+static ngx_str_t  ngx_http_upstream_affinity_routes[] = {
+    ngx_null_string,                       /* AFFINITY_ROUTE_NONE */
+    ngx_string("session_hit"),
+    ngx_string("session_new"),
+    ngx_string("session_moved"),
+    ngx_string("session_moved"),           /* spilled: served off its pin */
+    ngx_string("fallback")
+};
+
+
+static ngx_str_t  ngx_http_upstream_affinity_default_header =
+    ngx_string("X-Session-ID");
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+
+
+static ngx_int_t
+ngx_http_upstream_init_affinity(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_uint_t                              i, n;
+    ngx_pool_cleanup_t                     *cln;
+    affinity_ring_peer_t                   *ring_peers;
+    ngx_http_upstream_rr_peer_t            *peer;
+    ngx_http_upstream_rr_peers_t           *peers, *backup;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    ascf = ngx_http_conf_upstream_srv_conf(us,
+                                           ngx_http_upstream_affinity_module);
+
+    if (ascf->session_zone == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "\"affinity_balance\" in upstream \"%V\" requires "
+                      "\"session_affinity\"", &us->host);
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    peers = us->peer.data;
+    n = peers->number;
+
+    if (n > AFFINITY_MAX_PEERS) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "upstream \"%V\" has %ui servers, affinity balancing "
+                      "supports at most %d", &us->host, n, AFFINITY_MAX_PEERS);
+        return NGX_ERROR;
+    }
+
+    ascf->npeers = n;
+    ascf->peers = ngx_pcalloc(cf->pool, n * sizeof(affinity_peer_t));
+    ring_peers = ngx_pcalloc(cf->pool, n * sizeof(affinity_ring_peer_t));
+
+    if (ascf->peers == NULL || ring_peers == NULL) {
+        return NGX_ERROR;
+    }
+
+    /*
+     * Peers are known by a hash of their address, not by their position:
+     * pins then survive reloads that reorder or extend the server list.
+     */
+
+    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
+        ascf->peers[i].id = affinity_peer_id((char *) peer->name.data,
+                                             peer->name.len);
+        ascf->peers[i].weight = peer->weight;
+        ascf->peers[i].slot = AFFINITY_NO_SLOT;
+
+        ring_peers[i].id = ascf->peers[i].id;
+        ring_peers[i].weight = peer->weight;
+    }
+
+    ascf->ring = affinity_ring_create(ring_peers, n,
+                                      NGX_HTTP_UPSTREAM_AFFINITY_RING_POINTS);
+    if (ascf->ring == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        affinity_ring_destroy(ascf->ring);
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_upstream_affinity_ring_cleanup;
+    cln->data = ascf->ring;
+
+    backup = peers->next;
+
+    if (backup) {
+        ascf->nbackup = backup->number;
+        ascf->backup_ids = ngx_pcalloc(cf->pool,
+                                       backup->number * sizeof(uint64_t));
+        ascf->backup_slots = ngx_pcalloc(cf->pool,
+                                         backup->number * sizeof(uint32_t));
+
+        if (ascf->backup_ids == NULL || ascf->backup_slots == NULL) {
+            return NGX_ERROR;
+        }
+
+        for (peer = backup->peer, i = 0; peer; peer = peer->next, i++) {
+            ascf->backup_ids[i] = affinity_peer_id((char *) peer->name.data,
+                                                   peer->name.len);
+            ascf->backup_slots[i] = AFFINITY_NO_SLOT;
+        }
+    }
+
+    us->peer.init = ngx_http_upstream_init_affinity_peer;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_upstream_affinity_ring_cleanup(void *data)
+{
+    affinity_ring_destroy(data);
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
+{
+    ngx_http_upstream_affinity_shctx_t  *oshctx = data;
+
+    u_char                              *region;
+    size_t                               size, len;
+    affinity_attach_e                    rc;
+    ngx_slab_pool_t                     *shpool;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+    char                                 err[160];
+
+    shctx = shm_zone->data;
+    shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (oshctx) {
+        /* a reload with the same zone name and size: keep what was learned */
+
+        if (oshctx->kind != shctx->kind) {
+            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                          "affinity zone \"%V\" was used for another kind of "
+                          "table; give it a new name or size, or restart",
+                          &shm_zone->shm.name);
+            return NGX_ERROR;
+        }
+
+        shctx->shpool = oshctx->shpool;
+        shctx->zone = oshctx->zone;
+
+        return ngx_http_upstream_affinity_claim_slots(shctx,
+                                                      shm_zone->shm.log);
+    }
+
+    shctx->shpool = shpool;
+
+    if (!shm_zone->shm.exists) {
+        len = sizeof(" in affinity zone \"\"") + shm_zone->shm.name.len;
+
+        shpool->log_ctx = ngx_slab_alloc(shpool, len);
+        if (shpool->log_ctx == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_sprintf(shpool->log_ctx, " in affinity zone \"%V\"%Z",
+                    &shm_zone->shm.name);
+
+        /*
+         * The table takes every free page of the zone in one allocation:
+         * a fixed-capacity table needs no allocator after this.  The first
+         * cache line keeps the size, for processes that attach on their own
+         * (shm.exists, on Windows).
+         */
+
+        size = shpool->pfree << ngx_pagesize_shift;
+
+        region = ngx_slab_alloc(shpool, size);
+        if (region == NULL) {
+            return NGX_ERROR;
+        }
+
+        *(size_t *) region = size;
+        shpool->data = region;
+    }
+
+    region = shpool->data;
+    size = *(size_t *) region - NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
+    region += NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
+
+    rc = affinity_zone_attach(region, size, shctx->kind, &shctx->zone,
+                              err, sizeof(err));
+
+    if (shctx->zone == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "affinity zone \"%V\" cannot be used: %s%s",
+                      &shm_zone->shm.name, err,
+                      rc == AFFINITY_ATTACH_TOO_SMALL
+                      ? "; make the zone larger" : "");
+        return NGX_ERROR;
+    }
+
+    shpool->log_nomem = 0;
+
+    return ngx_http_upstream_affinity_claim_slots(shctx, shm_zone->shm.log);
+}
+
+
+/*
+ * Gives every peer of the upstreams using a zone its counter slot there.
+ * Runs in the master at (re)configuration, before workers start; the slots
+ * are keyed by peer id, so a reload finds the counters it left.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_claim_slots(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log)
+{
+    ngx_uint_t                               i, j;
+    ngx_http_upstream_affinity_srv_conf_t  **confs, *ascf;
+
+    confs = shctx->confs.elts;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+
+    for (i = 0; i < shctx->confs.nelts; i++) {
+        ascf = confs[i];
+
+        for (j = 0; j < ascf->npeers; j++) {
+            ascf->peers[j].slot = affinity_zone_peer_slot(shctx->zone,
+                                                          ascf->peers[j].id);
+        }
+
+        for (j = 0; j < ascf->nbackup; j++) {
+            ascf->backup_slots[j] = affinity_zone_peer_slot(shctx->zone,
+                                                        ascf->backup_ids[j]);
+        }
+    }
+
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    for (i = 0; i < shctx->confs.nelts; i++) {
+        ascf = confs[i];
+
+        for (j = 0; j < ascf->npeers; j++) {
+            if (ascf->peers[j].slot == AFFINITY_NO_SLOT) {
+                ngx_log_error(NGX_LOG_WARN, log, 0,
+                              "affinity zone is out of peer counter slots; "
+                              "some peers of upstream \"%V\" are balanced "
+                              "without their in-flight counts", &ascf->name);
+                break;
+            }
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_upstream_affinity_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t                         *route;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE
+        || ctx->route > AFFINITY_ROUTE_FALLBACK)
+    {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    route = &ngx_http_upstream_affinity_routes[ctx->route];
+
+    v->len = route->len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = route->data;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || !ctx->keyed) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = ctx->key.len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = ctx->key.data;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Echoes the session key to the client: in the configured header (so a
+ * client that did not send one learns its generated id) and, with cookie=,
+ * in Set-Cookie.  Keys that are unsafe in a header are never echoed.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_header_filter(ngx_http_request_t *r)
+{
+    u_char                                 *p;
+    ngx_uint_t                              i;
+    ngx_list_part_t                        *part;
+    ngx_table_elt_t                        *h;
+    ngx_http_upstream_affinity_ctx_t       *ctx;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    if (r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || !ctx->echo) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ascf = ctx->conf;
+
+    /* do not repeat a header the backend already set */
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash
+            && h[i].key.len == ascf->echo_header.len
+            && ngx_strncasecmp(h[i].key.data, ascf->echo_header.data,
+                               ascf->echo_header.len) == 0)
+        {
+            goto cookie;
+        }
+    }
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key = ascf->echo_header;
+    h->value = ctx->key;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+cookie:
+
+    /*
+     * Set the cookie when the client cannot have it yet: the key was
+     * generated, or came from somewhere other than that cookie.
+     */
+
+    if (ascf->echo_cookie.len == 0
+        || (!ctx->generated
+            && ctx->source == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE))
+    {
+        return ngx_http_next_header_filter(r);
+    }
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->value.len = ascf->echo_cookie.len + 1 + ctx->key.len
+                   + sizeof("; Path=/; HttpOnly; SameSite=Lax") - 1;
+
+    h->value.data = ngx_pnalloc(r->pool, h->value.len);
+    if (h->value.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_copy(h->value.data, ascf->echo_cookie.data, ascf->echo_cookie.len);
+    *p++ = '=';
+    p = ngx_copy(p, ctx->key.data, ctx->key.len);
+    ngx_memcpy(p, "; Path=/; HttpOnly; SameSite=Lax",
+               sizeof("; Path=/; HttpOnly; SameSite=Lax") - 1);
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Set-Cookie");
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_upstream_affinity_header_filter;
+
+    return NGX_OK;
+}
+
+
+static void *
+ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
+{
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool,
+                       sizeof(ngx_http_upstream_affinity_srv_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     conf->sources = NULL;
+     *     conf->echo_header = { 0, NULL };
+     *     conf->echo_cookie = { 0, NULL };
+     *     conf->generate = 0;
+     *     conf->session_zone = NULL;
+     *     conf->ring = NULL;
+     *     conf->peers = NULL;
+     *     conf->npeers = 0;
+     *     conf->backup_slots = NULL;
+     *     conf->backup_ids = NULL;
+     *     conf->nbackup = 0;
+     *     conf->name = { 0, NULL };
+     */
+
+    conf->session_timeout = 3600;
+    conf->factor = 1250;
+    conf->slack = 2;
+
+    return conf;
+}
+
+
+static char *
+ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
+
+    time_t                                timeout;
+    u_char                               *p;
+    ngx_str_t                            *value, s, zone;
+    ngx_uint_t                            i, type;
+    ngx_http_upstream_affinity_source_t  *src;
+
+    static ngx_str_t  suffix = ngx_string("_sessions");
+
+    if (ascf->session_zone) {
+        return "is duplicate";
+    }
+
+    ascf->sources = ngx_array_create(cf->pool, 2,
+                                  sizeof(ngx_http_upstream_affinity_source_t));
+    if (ascf->sources == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    value = cf->args->elts;
+    ngx_str_null(&zone);
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "header=", 7) == 0) {
+            type = NGX_HTTP_UPSTREAM_AFFINITY_HEADER;
+            s.data = value[i].data + 7;
+            s.len = value[i].len - 7;
+
+        } else if (ngx_strncmp(value[i].data, "cookie=", 7) == 0) {
+            type = NGX_HTTP_UPSTREAM_AFFINITY_COOKIE;
+            s.data = value[i].data + 7;
+            s.len = value[i].len - 7;
+
+        } else if (ngx_strncmp(value[i].data, "field=", 6) == 0) {
+            type = NGX_HTTP_UPSTREAM_AFFINITY_FIELD;
+            s.data = value[i].data + 6;
+            s.len = value[i].len - 6;
+
+        } else if (ngx_strcmp(value[i].data, "generate") == 0) {
+            ascf->generate = 1;
+            continue;
+
+        } else if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
+            zone.data = value[i].data + 5;
+            zone.len = value[i].len - 5;
+            continue;
+
+        } else if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
+            s.data = value[i].data + 8;
+            s.len = value[i].len - 8;
+
+            timeout = ngx_parse_time(&s, 1);
+            if (timeout == (time_t) NGX_ERROR || timeout == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid timeout \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            ascf->session_timeout = timeout;
+            continue;
+
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\"", &value[i]);
+            return NGX_CONF_ERROR;
+        }
+
+        /* a key source: check its name */
+
+        if (s.len == 0) {
+            goto invalid;
+        }
+
+        for (p = s.data; p < s.data + s.len; p++) {
+
+            if (type == NGX_HTTP_UPSTREAM_AFFINITY_FIELD) {
+                if (*p == '.' && (p == s.data || p == s.data + s.len - 1
+                                  || p[-1] == '.'))
+                {
+                    goto invalid;
+                }
+
+                if (*p <= ' ' || *p >= 0x7f) {
+                    goto invalid;
+                }
+
+                continue;
+            }
+
+            /* header and cookie names are HTTP tokens */
+
+            if (*p <= ' ' || *p >= 0x7f
+                || ngx_strchr("()<>@,;:\\\"/[]?={}", *p) != NULL)
+            {
+                goto invalid;
+            }
+        }
+
+        src = ngx_array_push(ascf->sources);
+        if (src == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        src->type = type;
+        src->name = s;
+
+        if (type == NGX_HTTP_UPSTREAM_AFFINITY_HEADER
+            && ascf->echo_header.len == 0)
+        {
+            ascf->echo_header = s;
+        }
+
+        if (type == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE
+            && ascf->echo_cookie.len == 0)
+        {
+            ascf->echo_cookie = s;
+        }
+
+        continue;
+
+    invalid:
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid key source \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ascf->sources->nelts == 0) {
+        src = ngx_array_push(ascf->sources);
+        if (src == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        src->type = NGX_HTTP_UPSTREAM_AFFINITY_HEADER;
+        src->name = ngx_http_upstream_affinity_default_header;
+    }
+
+    if (ascf->echo_header.len == 0) {
+        ascf->echo_header = ngx_http_upstream_affinity_default_header;
+    }
+
+    if (ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
+                                        &suffix, AFFINITY_ZONE_SESSIONS,
+                                        &ascf->session_zone)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_upstream_affinity_set_method(cf, ascf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_upstream_affinity_balance(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
+
+    ngx_int_t    n;
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "factor=", 7) == 0) {
+
+            n = ngx_atofp(value[i].data + 7, value[i].len - 7, 3);
+
+            /* below 1 the bounds could not hold all requests */
+
+            if (n == NGX_ERROR || n < 1000 || n > 100000) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid factor \"%V\", it must be "
+                                   "a number from 1 to 100", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            ascf->factor = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "slack=", 6) == 0) {
+
+            n = ngx_atoi(value[i].data + 6, value[i].len - 6);
+
+            if (n == NGX_ERROR || n > 1000000) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid slack \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            ascf->slack = n;
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_upstream_affinity_set_method(cf, ascf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * Adds the zone of "zone=NAME:SIZE", or when value is NULL the default zone
+ * named after the upstream (NAME + suffix, 8m).
+ */
+
+static char *
+ngx_http_upstream_affinity_zone(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *value,
+    ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **zone)
+{
+    u_char                               *p;
+    ssize_t                               size;
+    ngx_str_t                             name, s;
+    ngx_shm_zone_t                       *shm_zone;
+    ngx_http_upstream_srv_conf_t         *uscf;
+    ngx_http_upstream_affinity_shctx_t   *shctx;
+    ngx_http_upstream_affinity_srv_conf_t **confp;
+
+    uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
+
+    ascf->name = uscf->host;
+
+    if (value == NULL) {
+        name.len = uscf->host.len + suffix->len;
+        name.data = ngx_pnalloc(cf->pool, name.len);
+        if (name.data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        ngx_memcpy(ngx_cpymem(name.data, uscf->host.data, uscf->host.len),
+                   suffix->data, suffix->len);
+
+        size = NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SIZE;
+
+    } else {
+        p = (u_char *) ngx_strchr(value->data, ':');
+
+        if (p == NULL || p == value->data) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid zone \"%V\", it must be NAME:SIZE",
+                               value);
+            return NGX_CONF_ERROR;
+        }
+
+        name.data = value->data;
+        name.len = p - value->data;
+
+        s.data = p + 1;
+        s.len = value->data + value->len - s.data;
+
+        size = ngx_parse_size(&s);
+
+        if (size == NGX_ERROR) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid zone size \"%V\"", value);
+            return NGX_CONF_ERROR;
+        }
+
+        if (size < NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "zone \"%V\" is too small, the minimum is %uzk",
+                               value,
+                               (size_t) NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN
+                               / 1024);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    shm_zone = ngx_shared_memory_add(cf, &name, size,
+                                     &ngx_http_upstream_affinity_module);
+    if (shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    shctx = shm_zone->data;
+
+    if (shctx == NULL) {
+        shctx = ngx_pcalloc(cf->pool,
+                            sizeof(ngx_http_upstream_affinity_shctx_t));
+        if (shctx == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (ngx_array_init(&shctx->confs, cf->pool, 2,
+                           sizeof(ngx_http_upstream_affinity_srv_conf_t *))
+            != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+
+        shctx->kind = kind;
+
+        shm_zone->init = ngx_http_upstream_affinity_init_zone;
+        shm_zone->data = shctx;
+
+    } else if (shctx->kind != kind) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "zone \"%V\" is already used for another kind "
+                           "of affinity table", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    /* upstreams may share a zone: peers are keyed by address there */
+
+    confp = ngx_array_push(&shctx->confs);
+    if (confp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *confp = ascf;
+    *zone = shm_zone;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    ngx_http_upstream_srv_conf_t  *uscf;
+
+    uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
+
+    if (uscf->peer.init_upstream
+        && uscf->peer.init_upstream != ngx_http_upstream_init_affinity)
+    {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "load balancing method redefined");
+    }
+
+    uscf->peer.init_upstream = ngx_http_upstream_init_affinity;
+
+    uscf->flags = NGX_HTTP_UPSTREAM_CREATE
+                  |NGX_HTTP_UPSTREAM_WEIGHT
+                  |NGX_HTTP_UPSTREAM_MAX_CONNS
+                  |NGX_HTTP_UPSTREAM_MAX_FAILS
+                  |NGX_HTTP_UPSTREAM_FAIL_TIMEOUT
+                  |NGX_HTTP_UPSTREAM_DOWN
+                  |NGX_HTTP_UPSTREAM_BACKUP;
+
+    return NGX_OK;
+}

@@ -1,0 +1,94 @@
+
+/*
+ * ngx_http_upstream_affinity_module: routes requests to LLM inference
+ * replicas so that their KV caches are reused and none is overloaded.  The
+ * nginx side (this shim) parses directives, owns the shared memory zones and
+ * plugs into the upstream balancer; the decisions are made by the C++ core
+ * behind affinity_core.h.
+ */
+
+
+#ifndef _NGX_HTTP_UPSTREAM_AFFINITY_MODULE_H_INCLUDED_
+#define _NGX_HTTP_UPSTREAM_AFFINITY_MODULE_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <affinity_core.h>
+
+#include "ngx_http_upstream_affinity_compat.h"
+
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_HEADER  0
+#define NGX_HTTP_UPSTREAM_AFFINITY_COOKIE  1
+#define NGX_HTTP_UPSTREAM_AFFINITY_FIELD   2
+
+
+typedef struct {
+    ngx_uint_t                              type;
+    ngx_str_t                               name;
+} ngx_http_upstream_affinity_source_t;
+
+
+/* shm_zone->data of an affinity zone */
+typedef struct {
+    ngx_slab_pool_t                        *shpool;
+    affinity_zone_t                        *zone;
+    affinity_zone_kind_e                    kind;
+    ngx_array_t                             confs;  /* of srv conf pointers */
+} ngx_http_upstream_affinity_shctx_t;
+
+
+typedef struct {
+    /* session_affinity */
+    ngx_array_t                            *sources;
+    ngx_str_t                               echo_header;
+    ngx_str_t                               echo_cookie;
+    ngx_flag_t                              generate;
+    ngx_shm_zone_t                         *session_zone;
+    time_t                                  session_timeout;
+
+    /* affinity_balance */
+    ngx_uint_t                              factor;     /* per mille */
+    ngx_uint_t                              slack;
+
+    /* built by init_upstream from the configured peers */
+    affinity_ring_t                        *ring;
+    affinity_peer_t                        *peers;
+    ngx_uint_t                              npeers;
+    uint32_t                               *backup_slots;
+    uint64_t                               *backup_ids;
+    ngx_uint_t                              nbackup;
+
+    ngx_str_t                               name;       /* upstream name */
+} ngx_http_upstream_affinity_srv_conf_t;
+
+
+/* per request, shared by the balancer, the variables and the filter */
+typedef struct {
+    ngx_str_t                               key;
+    ngx_uint_t                              route;      /* affinity_route_e */
+    ngx_uint_t                              source;     /* where key came from */
+    unsigned                                keyed:1;
+    unsigned                                generated:1;
+    unsigned                                echo:1;
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
+} ngx_http_upstream_affinity_ctx_t;
+
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_GENERATED  ((ngx_uint_t) -1)
+
+
+extern ngx_module_t  ngx_http_upstream_affinity_module;
+
+
+ngx_int_t ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
+ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_ctx_t *ctx);
+
+
+#endif /* _NGX_HTTP_UPSTREAM_AFFINITY_MODULE_H_INCLUDED_ */
