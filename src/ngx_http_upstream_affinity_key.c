@@ -241,15 +241,19 @@ ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
     ngx_str_t    *type;
     ngx_chain_t  *cl;
 
-    if (r->request_body == NULL || r->request_body->bufs == NULL) {
-        return;
-    }
+    /* an unbuffered body is still on its way: only part of it is here */
 
-    if (r->request_body_no_buffering) {
+    if (r->request_body_no_buffering
+        && (r->headers_in.content_length_n > 0 || r->headers_in.chunked))
+    {
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED,
             "affinity: request body is not buffered "
             "(proxy_request_buffering off), session fields ignored", NULL);
+        return;
+    }
+
+    if (r->request_body == NULL || r->request_body->bufs == NULL) {
         return;
     }
 

@@ -1,0 +1,80 @@
+package AffinityConf;
+
+# Configuration snippets and log readers shared by the e2e tests: an
+# upstream "llm" over the given backend ports, a proxy server on the
+# harness's listen port, and a route log recording the module's variables.
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+our @EXPORT_OK = qw(proxy_conf servers routes session_request);
+
+# servers(\@ports, %extra) - "server 127.0.0.1:PORT ...;" lines; $extra{PORT}
+# appends parameters (weight=2, backup, down, ...) to that server.
+sub servers {
+    my ($ports, %extra) = @_;
+    return join '', map {
+        my $x = $extra{$_} ? " $extra{$_}" : '';
+        "        server 127.0.0.1:$_$x;\n";
+    } @$ports;
+}
+
+# proxy_conf($t, $upstream_body, %opt) - the http{} body: upstream llm with
+# $upstream_body, the proxy server, and $opt{http} / $opt{location} extras.
+sub proxy_conf {
+    my ($t, $upstream, %opt) = @_;
+    my $port = $t->listen_port;
+    my $log = $t->path('logs/route.log');
+    my $http = $opt{http} // '';
+    my $location = $opt{location} // '';
+
+    return <<"EOF";
+    log_format route '\$affinity_route|\$affinity_session|\$upstream_addr|\$status';
+    client_body_buffer_size 1m;
+    client_max_body_size 8m;
+$http
+    upstream llm {
+$upstream
+    }
+
+    server {
+        listen 127.0.0.1:$port;
+        access_log "$log" route;
+
+        location / {
+            proxy_pass http://llm;
+            proxy_next_upstream error timeout http_502;
+$location
+        }
+    }
+EOF
+}
+
+# routes($t) - the route log as a list of {route, session, upstream, status}.
+sub routes {
+    my ($t) = @_;
+    my $log = $t->path('logs/route.log');
+    open my $fh, '<', $log or return ();
+    my @r;
+    while (my $line = <$fh>) {
+        chomp $line;
+        my ($route, $session, $upstream, $status) = split /\|/, $line, 4;
+        push @r, { route => $route, session => $session,
+                   upstream => $upstream, status => $status };
+    }
+    close $fh;
+    return @r;
+}
+
+# session_request($id, %opt) - a request spec for $t->parallel carrying
+# X-Session-ID $id (or no session header when $id is undef).
+sub session_request {
+    my ($id, %opt) = @_;
+    my %h = %{ $opt{headers} // {} };
+    $h{'X-Session-ID'} = $id if defined $id;
+    return { method => $opt{method} // 'GET', path => $opt{path} // '/',
+             headers => \%h, (defined $opt{body} ? (body => $opt{body}) : ()) };
+}
+
+1;

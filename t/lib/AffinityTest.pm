@@ -1,0 +1,712 @@
+package AffinityTest;
+
+=head1 NAME
+
+AffinityTest - harness for the upstream affinity module tests
+
+=head1 SYNOPSIS
+
+    use FindBin;
+    use lib "$FindBin::Bin/lib";
+    use Test::More;
+    use AffinityTest;
+
+    my $t = AffinityTest->new;
+    my @ports = $t->start_backends(3, delay_ms => 0);
+    my $listen = $t->listen_port;
+
+    $t->write_conf(<<"EOF");
+        upstream app { server 127.0.0.1:$ports[0]; server 127.0.0.1:$ports[1]; }
+        server {
+            listen 127.0.0.1:$listen;
+            location / { proxy_pass http://app; }
+        }
+    EOF
+    $t->start_nginx;
+
+    my $res = $t->http(GET => '/');
+    is $res->{status}, 200;
+
+=head1 DESCRIPTION
+
+Runs a private nginx (with the module loaded) against mock backends
+(F<t/backend.pl>) in a fresh temporary directory, and offers small HTTP
+client helpers.  Everything listens on and connects to 127.0.0.1 only.
+
+Environment:
+
+    AFFINITY_MODULE      path of the module .so
+                         (default: <repo>/build/ngx_http_upstream_affinity_module.so)
+    NGINX_BIN            nginx binary (default: /usr/sbin/nginx, else nginx in PATH)
+    AFFINITY_TEST_KEEP   if 1, keep the temporary directory after the test
+
+A missing module or nginx binary is a hard failure (BAIL_OUT), never a skip.
+
+All processes started by the harness are stopped when the object is
+destroyed or the test program exits, even if the test dies.
+
+=head1 METHODS
+
+See the comment above each method.
+
+=cut
+
+use strict;
+use warnings;
+
+use Carp qw(croak);
+use Cwd qw(abs_path);
+use Errno qw(EAGAIN EWOULDBLOCK EINTR EINPROGRESS);
+use Fcntl qw(F_GETFL F_SETFL O_NONBLOCK);
+use File::Basename qw(dirname);
+use File::Spec;
+use File::Temp ();
+use IO::Select;
+use IO::Socket::INET;
+use POSIX qw(WNOHANG);
+use Scalar::Util qw(weaken);
+use Socket qw(PF_INET SOCK_STREAM IPPROTO_TCP SOL_SOCKET SO_ERROR
+              pack_sockaddr_in inet_aton);
+use Test::More ();
+use Time::HiRes qw(time sleep);
+
+my $T_DIR     = dirname(dirname(abs_path(__FILE__)));    # .../t
+my $REPO_DIR  = dirname($T_DIR);
+my $BACKEND   = File::Spec->catfile($T_DIR, 'backend.pl');
+my $MODULE_SO = 'ngx_http_upstream_affinity_module.so';
+
+my %USED_PORTS;    # ports handed out by port() in this process
+my @INSTANCES;     # weak references, for cleanup in END
+
+# Writing to a connection the peer already closed must not kill the test,
+# and an interrupted test must still stop its processes (END blocks run).
+$SIG{PIPE} = 'IGNORE';
+my %SIGNUM = (HUP => 1, INT => 2, TERM => 15);
+for my $sig (keys %SIGNUM) {
+    next if $SIG{$sig} && $SIG{$sig} ne 'DEFAULT';
+    $SIG{$sig} = sub { exit 128 + $SIGNUM{$sig} };
+}
+
+END {
+    my $status = $?;
+    $_ && $_->_cleanup for @INSTANCES;
+    $? = $status;
+}
+
+# ---------------------------------------------------------------------------
+# Construction
+
+# AffinityTest->new(no_module => 0, workers => 4)
+sub new {
+    my ($class, %opt) = @_;
+
+    my $keep = ($ENV{AFFINITY_TEST_KEEP} // '') eq '1';
+    my $dir  = File::Temp->newdir('affinity-test-XXXXXX', TMPDIR => 1, CLEANUP => !$keep);
+
+    my $self = bless {
+        owner     => $$,
+        tmpdir    => $dir,    # the File::Temp object removes the directory
+        dir       => $dir->dirname,
+        no_module => $opt{no_module} ? 1 : 0,
+        workers   => $opt{workers} // 4,    # default for write_conf
+        backends  => {},      # port => { pid, delay_ms }
+    }, $class;
+
+    # nginx workers run as an unprivileged user when started by root.
+    chmod 0755, $self->{dir};
+    for my $sub (qw(logs tmp)) {
+        mkdir $self->path($sub) or croak "mkdir $sub: $!";
+        chmod 0755, $self->path($sub);
+    }
+
+    $self->{nginx}  = _find_nginx();
+    $self->{module} = File::Spec->rel2abs($ENV{AFFINITY_MODULE}
+        // File::Spec->catfile($REPO_DIR, 'build', $MODULE_SO));
+
+    Test::More::BAIL_OUT(defined $ENV{NGINX_BIN}
+            ? "NGINX_BIN is not an executable: $ENV{NGINX_BIN}"
+            : 'nginx binary not found (set NGINX_BIN or install nginx)')
+        unless defined $self->{nginx};
+    Test::More::BAIL_OUT("module not found: $self->{module} "
+            . '(build it first, or set AFFINITY_MODULE)')
+        unless $self->{no_module} || -f $self->{module};
+
+    $self->{listen_port} = $self->port;
+    Test::More::diag("test directory kept: $self->{dir}") if $keep;
+
+    push @INSTANCES, $self;
+    weaken($INSTANCES[-1]);
+    return $self;
+}
+
+sub _find_nginx {
+    return $ENV{NGINX_BIN} if defined $ENV{NGINX_BIN} && -x $ENV{NGINX_BIN};
+    return undef if defined $ENV{NGINX_BIN};
+    return '/usr/sbin/nginx' if -x '/usr/sbin/nginx';
+    for my $dir (File::Spec->path) {
+        my $bin = File::Spec->catfile($dir, 'nginx');
+        return $bin if -f $bin && -x _;
+    }
+    return undef;
+}
+
+# $t->path($rel) - absolute path of $rel inside the test directory.
+sub path {
+    my ($self, $rel) = @_;
+    return defined $rel ? File::Spec->catfile($self->{dir}, $rel) : $self->{dir};
+}
+
+# $t->listen_port - port reserved for the test's nginx server block.
+sub listen_port { $_[0]{listen_port} }
+
+# $t->module_path, $t->nginx_bin - what is being tested.
+sub module_path { $_[0]{module} }
+sub nginx_bin   { $_[0]{nginx} }
+
+# $t->port - a free TCP port on 127.0.0.1, never the same twice per process.
+sub port {
+    for (1 .. 100) {
+        my $sock = IO::Socket::INET->new(
+            LocalAddr => '127.0.0.1',
+            LocalPort => 0,
+            Proto     => 'tcp',
+        ) or croak "cannot bind a free port: $!";
+        my $port = $sock->sockport;
+        close $sock;
+        next if $USED_PORTS{$port}++;
+        return $port;
+    }
+    croak 'no unused free port found';
+}
+
+# ---------------------------------------------------------------------------
+# Backends
+
+# $t->start_backends($n, delay_ms => 0) - starts $n backends, returns ports.
+sub start_backends {
+    my ($self, $n, %opt) = @_;
+    my @ports = map { $self->port } 1 .. $n;
+    $self->_spawn_backend($_, %opt) for @ports;
+    $self->_wait_backend($_) for @ports;
+    return wantarray ? @ports : $ports[0];
+}
+
+# $t->start_backend($port, delay_ms => 0) - (re)starts a backend on $port.
+sub start_backend {
+    my ($self, $port, %opt) = @_;
+    croak "backend on port $port is already running" if $self->{backends}{$port};
+    $self->_spawn_backend($port, %opt);
+    $self->_wait_backend($port);
+    return $port;
+}
+
+# $t->stop_backend($port) - stops it; afterwards the port refuses connections.
+sub stop_backend {
+    my ($self, $port) = @_;
+    my $b = delete $self->{backends}{$port} or croak "no backend on port $port";
+    _terminate($b->{pid}, 'TERM', 10);
+    return;
+}
+
+# $t->backend_ports - ports of the running backends.
+sub backend_ports { sort { $a <=> $b } keys %{ $_[0]{backends} } }
+
+sub _spawn_backend {
+    my ($self, $port, %opt) = @_;
+    my $delay = $opt{delay_ms} // 0;
+    my $log   = $self->path("logs/backend-$port.log");
+    my $ppid  = $$;
+
+    my $pid = fork // croak "fork: $!";
+    if ($pid == 0) {
+        open STDIN, '<', File::Spec->devnull;
+        open STDOUT, '>>', $log;
+        open STDERR, '>&', \*STDOUT;
+        { exec $^X, $BACKEND, '--port', $port, '--delay-ms', $delay,
+            '--pidfile', $self->path("tmp/backend-$port.pid"), '--watch-pid', $ppid };
+        print STDERR "exec $^X $BACKEND: $!\n";
+        POSIX::_exit(127);
+    }
+    $self->{backends}{$port} = { pid => $pid, delay_ms => $delay };
+}
+
+sub _wait_backend {
+    my ($self, $port) = @_;
+    my $pid = $self->{backends}{$port}{pid};
+    my $deadline = time + 15;
+
+    until (_port_open($port)) {
+        if (waitpid($pid, WNOHANG) == $pid) {
+            delete $self->{backends}{$port};
+            croak "backend on port $port exited (status $?): "
+                . _slurp($self->path("logs/backend-$port.log"));
+        }
+        croak "backend on port $port did not start within 15 s" if time > $deadline;
+        sleep 0.02;
+    }
+}
+
+# $t->backend_stats($port) - { port, inflight, max_inflight, requests }.
+sub backend_stats {
+    my ($self, $port) = @_;
+    my $res = $self->http(GET => '/__stats', port => $port);
+    croak "GET /__stats on backend $port failed: "
+        . ($res->{error} // "status $res->{status}")
+        unless $res->{status} == 200;
+    return { $res->{body} =~ /(\w+)=(\d+)/g };
+}
+
+# $t->backend_reset($port) - zero max_inflight and requests of a backend.
+sub backend_reset {
+    my ($self, $port) = @_;
+    my $res = $self->http(GET => '/__reset', port => $port);
+    croak "GET /__reset on backend $port failed" unless $res->{status} == 200;
+    return 1;
+}
+
+# ---------------------------------------------------------------------------
+# nginx
+
+# $t->write_conf($http_body, no_module => 0, workers => 4,
+#     worker_connections => 1024, access_log_format => undef, main_conf => '')
+# Writes <dir>/nginx.conf and returns its path.
+sub write_conf {
+    my ($self, $http_body, %opt) = @_;
+    my $no_module = $opt{no_module} // $self->{no_module};
+    $self->{conf_workers} = $opt{workers} // $self->{workers};
+
+    my %p = map { $_ => '"' . $self->path($_) . '"' }
+        qw(logs/error.log logs/nginx.pid logs/access.log
+           tmp/client_body tmp/proxy tmp/fastcgi tmp/uwsgi tmp/scgi);
+    my $load = $no_module ? '' : qq{load_module "$self->{module}";\n};
+    my $format = defined $opt{access_log_format} ? " $opt{access_log_format}" : '';
+    my $main = $opt{main_conf} // '';
+    my $wc   = $opt{worker_connections} // 1024;
+
+    my $conf = <<"EOF";
+${load}worker_processes $self->{conf_workers};
+error_log $p{'logs/error.log'} info;
+pid $p{'logs/nginx.pid'};
+$main
+events {
+    worker_connections $wc;
+}
+
+http {
+    access_log $p{'logs/access.log'}$format;
+
+    client_body_temp_path $p{'tmp/client_body'};
+    proxy_temp_path $p{'tmp/proxy'};
+    fastcgi_temp_path $p{'tmp/fastcgi'};
+    uwsgi_temp_path $p{'tmp/uwsgi'};
+    scgi_temp_path $p{'tmp/scgi'};
+
+$http_body
+}
+EOF
+
+    my $file = $self->path('nginx.conf');
+    open my $fh, '>', $file or croak "write $file: $!";
+    print {$fh} $conf;
+    close $fh or croak "write $file: $!";
+    return $file;
+}
+
+# $t->nginx_test - runs "nginx -t", returns (exit code, combined output).
+sub nginx_test {
+    my ($self) = @_;
+    return _run($self->_nginx_cmd, '-t');
+}
+
+# $t->start_nginx(port => listen_port) - starts nginx, dies with its output
+# on failure; waits for the pid file, the workers and the listening port.
+sub start_nginx {
+    my ($self, %opt) = @_;
+    croak 'nginx is already running' if $self->{nginx_pid};
+    my $port    = $opt{port} // $self->{listen_port};
+    my $pidfile = $self->path('logs/nginx.pid');
+    my $out     = $self->path('logs/nginx.out');
+    unlink $pidfile;
+
+    my $pid = fork // croak "fork: $!";
+    if ($pid == 0) {
+        open STDIN, '<', File::Spec->devnull;
+        open STDOUT, '>>', $out;
+        open STDERR, '>&', \*STDOUT;
+        { exec $self->_nginx_cmd, '-g', 'daemon off;' };
+        print STDERR "exec $self->{nginx}: $!\n";
+        POSIX::_exit(127);
+    }
+    $self->{nginx_pid} = $pid;
+
+    my $deadline = time + 15;
+    my $ready = sub {
+        return 0 unless _slurp($pidfile) =~ /^\s*$pid\s*$/;
+        return 0 if $port && !_port_open($port);
+        my @workers = $self->worker_pids;
+        return @workers >= $self->_expected_workers;
+    };
+    until ($ready->()) {
+        if (waitpid($pid, WNOHANG) == $pid) {
+            my $status = $?;
+            delete $self->{nginx_pid};
+            croak "nginx failed to start (exit code " . ($status >> 8) . "):\n" . _slurp($out)
+                . "\n--- error.log ---\n" . $self->error_log;
+        }
+        if (time > $deadline) {
+            croak "nginx did not become ready within 15 s:\n" . _slurp($out)
+                . "\n--- error.log ---\n" . $self->error_log;
+        }
+        sleep 0.02;
+    }
+    return $pid;
+}
+
+# $t->reload_nginx - HUP, then waits until all old workers are gone and the
+# new ones are running (15 s timeout).
+sub reload_nginx {
+    my ($self) = @_;
+    my $master = $self->{nginx_pid} or croak 'nginx is not running';
+    my %old = map { $_ => 1 } $self->worker_pids;
+    my $log_size = -s $self->path('logs/error.log') // 0;
+
+    kill 'HUP', $master or croak "kill HUP $master: $!";
+
+    my $deadline = time + 15;
+    while (1) {
+        my @now = $self->worker_pids;
+        my @new = grep { !$old{$_} } @now;
+        return scalar @new
+            if @new >= $self->_expected_workers && !grep { $old{$_} } @now;
+
+        my $fresh = substr($self->error_log, $log_size);
+        croak "nginx reload failed:\n$fresh" if $fresh =~ /\[emerg\]/;
+        croak "nginx master $master exited during reload" unless kill 0, $master;
+        croak "nginx reload did not finish within 15 s (old: @{[sort keys %old]}, "
+            . "now: @now)" if time > $deadline;
+        sleep 0.05;
+    }
+}
+
+# $t->stop_nginx - graceful shutdown (QUIT) and wait for the master to exit.
+sub stop_nginx {
+    my ($self) = @_;
+    my $pid = delete $self->{nginx_pid} or return;
+    _terminate($pid, 'QUIT', 15);
+    return;
+}
+
+# $t->master_pid - pid of the nginx master process, undef if not running.
+sub master_pid { $_[0]{nginx_pid} }
+
+# $t->worker_pids - pids of the current children of the nginx master.
+sub worker_pids {
+    my ($self) = @_;
+    my $master = $self->{nginx_pid} or return;
+    return _children_of($master);
+}
+
+sub _expected_workers {
+    my ($self) = @_;
+    my $n = $self->{conf_workers} // $self->{workers};
+    return $n =~ /^\d+$/ ? $n : 1;    # "auto": at least one
+}
+
+sub _nginx_cmd {
+    my ($self) = @_;
+    my @cmd = ($self->{nginx}, '-p', $self->{dir} . '/', '-c', $self->path('nginx.conf'));
+    push @cmd, '-e', $self->path('logs/error.log') if $self->_nginx_supports_e;
+    return @cmd;
+}
+
+# "-e" appeared in nginx 1.19.5.
+sub _nginx_supports_e {
+    my ($self) = @_;
+    $self->{supports_e} //= do {
+        my (undef, $out) = _run($self->{nginx}, '-v');
+        my ($maj, $min, $patch) = $out =~ m{nginx/(\d+)\.(\d+)\.(\d+)};
+        defined $maj && sprintf('%03d%03d%03d', $maj, $min, $patch) ge '001019005' ? 1 : 0;
+    };
+}
+
+# $t->error_log - full text of logs/error.log.
+sub error_log {
+    my ($self) = @_;
+    my $file = $self->path('logs/error.log');
+    return -e $file ? _slurp($file) : '';
+}
+
+# $t->log_problems - error.log lines with [alert], [crit], [emerg] or a
+# process that exited on a signal.
+sub log_problems {
+    my ($self) = @_;
+    return grep { /\[(?:alert|crit|emerg)\]/ || /exited on signal/ }
+        split /\n/, $self->error_log;
+}
+
+# ---------------------------------------------------------------------------
+# HTTP client
+
+# $t->http($method, $path, headers => {..} | [k => v, ..], body => $str,
+#     port => listen_port, timeout => 30)
+# Returns { status, headers => { lc name => value ("\n"-joined if repeated) },
+#     set_cookie => [..], body, raw }, or { status => 0, error => ".." }.
+sub http {
+    my ($self, $method, $path, %opt) = @_;
+    my ($res) = $self->parallel(
+        [ { %opt, method => $method, path => $path } ],
+        timeout => $opt{timeout},
+    );
+    return $res;
+}
+
+# $t->parallel(\@requests, timeout => 30) - each request is
+# { method, path, headers, body, port }; all connections are opened at once.
+# Returns the responses (as from http) in the same order.
+sub parallel {
+    my ($self, $requests, %opt) = @_;
+    my $deadline = time + ($opt{timeout} // 30);
+    my $rsel = IO::Select->new;
+    my $wsel = IO::Select->new;
+    my (@slots, %by_fd);
+
+    for my $req (@$requests) {
+        my $port = $req->{port} // $self->{listen_port};
+        my $slot = { out => _build_request($req), in => '' };
+        push @slots, $slot;
+
+        my ($sock, $err) = _connect_nb($port);
+        if (!$sock) {
+            $slot->{res} = { status => 0, error => "connect to 127.0.0.1:$port: $err" };
+            next;
+        }
+        $slot->{sock} = $sock;
+        $slot->{connecting} = 1;
+        $by_fd{ fileno $sock } = $slot;
+        $wsel->add($sock);
+    }
+
+    my $finish = sub {
+        my ($slot, $error) = @_;
+        $rsel->remove($slot->{sock});
+        $wsel->remove($slot->{sock});
+        delete $by_fd{ fileno $slot->{sock} };
+        close delete $slot->{sock};
+        $slot->{res} = length $slot->{in}
+            ? _parse_response($slot->{in})
+            : { status => 0, error => $error // 'connection closed without response' };
+    };
+
+    while (%by_fd) {
+        my $left = $deadline - time;
+        last if $left <= 0;
+        my ($readable, $writable) = IO::Select->select($rsel, $wsel, undef, $left);
+
+        for my $sock (@{ $writable || [] }) {
+            my $slot = $by_fd{ fileno $sock } or next;
+            if (delete $slot->{connecting}) {
+                my $errno = unpack 'i', getsockopt($sock, SOL_SOCKET, SO_ERROR);
+                if ($errno) {
+                    local $! = $errno;
+                    $finish->($slot, "connect: $!");
+                    next;
+                }
+            }
+            my $n = syswrite($sock, $slot->{out});
+            if (!defined $n) {
+                next if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
+                $slot->{out} = '';    # peer closed early: read what it sent
+            }
+            else {
+                substr($slot->{out}, 0, $n, '');
+            }
+            if (!length $slot->{out}) {
+                $wsel->remove($sock);
+                $rsel->add($sock);
+            }
+        }
+
+        for my $sock (@{ $readable || [] }) {
+            my $slot = $by_fd{ fileno $sock } or next;
+            my $n = sysread($sock, $slot->{in}, 65536, length $slot->{in});
+            if (!defined $n) {
+                next if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
+                $finish->($slot, "read: $!");
+            }
+            elsif ($n == 0) {
+                $finish->($slot);
+            }
+        }
+    }
+
+    for my $slot (grep { $_->{sock} } @slots) {
+        close delete $slot->{sock};
+        $slot->{res} = { status => 0, error => 'timeout', raw => $slot->{in} };
+    }
+    return map { $_->{res} } @slots;
+}
+
+sub _connect_nb {
+    my ($port) = @_;
+    socket(my $sock, PF_INET, SOCK_STREAM, IPPROTO_TCP) or return (undef, "socket: $!");
+    my $flags = fcntl($sock, F_GETFL, 0);
+    fcntl($sock, F_SETFL, $flags | O_NONBLOCK) or return (undef, "fcntl: $!");
+    my $addr = pack_sockaddr_in($port, inet_aton('127.0.0.1'));
+    return ($sock) if connect($sock, $addr) || $! == EINPROGRESS;
+    return (undef, "$!");
+}
+
+sub _build_request {
+    my ($req) = @_;
+    my $method = $req->{method} // 'GET';
+    my $path   = $req->{path} // '/';
+    my $h      = $req->{headers} // [];
+    my @pairs  = ref $h eq 'HASH' ? map { $_ => $h->{$_} } sort keys %$h : @$h;
+
+    my (%have, @lines);
+    while (my ($name, $value) = splice @pairs, 0, 2) {
+        $have{ lc $name } = 1;
+        push @lines, "$name: $value";
+    }
+    my $body = $req->{body};
+
+    # Caller-supplied headers win over the defaults.
+    unshift @lines, 'Host: localhost' unless $have{host};
+    push @lines, 'Connection: close' unless $have{connection};
+    push @lines, 'Content-Length: ' . length($body)
+        if defined $body && !$have{'content-length'} && !$have{'transfer-encoding'};
+
+    return join("\r\n", "$method $path HTTP/1.1", @lines, '', '') . ($body // '');
+}
+
+sub _parse_response {
+    my ($raw) = @_;
+    my $end = index $raw, "\r\n\r\n";
+    return { status => 0, error => 'incomplete response header', raw => $raw } if $end < 0;
+
+    my ($status_line, @lines) = split /\r\n/, substr($raw, 0, $end);
+    my ($status) = $status_line =~ m{^HTTP/\d\.\d\s+(\d{3})}
+        or return { status => 0, error => "bad status line: $status_line", raw => $raw };
+
+    my (%headers, @cookies);
+    for my $line (@lines) {
+        my ($name, $value) = $line =~ /^([^:]+?)\s*:\s*(.*?)\s*$/ or next;
+        $name = lc $name;
+        $headers{$name} = exists $headers{$name} ? "$headers{$name}\n$value" : $value;
+        push @cookies, $value if $name eq 'set-cookie';
+    }
+
+    my $body = substr $raw, $end + 4;
+    if (($headers{'transfer-encoding'} // '') =~ /chunked/i) {
+        $body = _decode_chunked($body);
+    }
+    elsif (defined $headers{'content-length'} && $headers{'content-length'} =~ /^(\d+)$/) {
+        $body = substr $body, 0, $1;
+    }
+
+    return {
+        status     => $status + 0,
+        headers    => \%headers,
+        set_cookie => \@cookies,
+        body       => $body,
+        raw        => $raw,
+    };
+}
+
+sub _decode_chunked {
+    my ($data) = @_;
+    my $body = '';
+    while ($data =~ s/\A([0-9a-fA-F]+)[^\r\n]*\r?\n//) {
+        my $size = hex $1;
+        last if $size == 0;
+        $body .= substr $data, 0, $size, '';
+        $data =~ s/\A\r?\n//;
+    }
+    return $body;
+}
+
+# ---------------------------------------------------------------------------
+# Process helpers
+
+sub _port_open {
+    my ($port) = @_;
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $port,
+        Proto    => 'tcp',
+        Timeout  => 1,
+    ) or return 0;
+    close $sock;
+    return 1;
+}
+
+# Runs a command without a shell; returns (exit code, stdout+stderr).
+sub _run {
+    my (@cmd) = @_;
+    my $pid = open(my $fh, '-|') // croak "fork: $!";
+    if ($pid == 0) {
+        open STDERR, '>&', \*STDOUT;
+        exec @cmd or print "exec $cmd[0]: $!\n";
+        POSIX::_exit(127);
+    }
+    my $out = do { local $/; <$fh> } // '';
+    close $fh;
+    return ($? >> 8, $out);
+}
+
+# Sends $signal to our child $pid and reaps it, escalating to KILL after
+# $timeout seconds.
+sub _terminate {
+    my ($pid, $signal, $timeout) = @_;
+    kill $signal, $pid;
+    my $deadline = time + $timeout;
+    while (1) {
+        my $r = waitpid($pid, WNOHANG);
+        return if $r == $pid || $r == -1;
+        if (time > $deadline) {
+            kill 'KILL', $pid;
+            waitpid($pid, 0);
+            return;
+        }
+        sleep 0.02;
+    }
+}
+
+sub _slurp {
+    my ($file) = @_;
+    open my $fh, '<', $file or return '';
+    local $/;
+    return scalar <$fh> // '';
+}
+
+sub _cleanup {
+    my ($self) = @_;
+    return if $self->{cleaned} || $self->{owner} != $$;
+    $self->{cleaned} = 1;
+
+    if (my $master = delete $self->{nginx_pid}) {
+        my @workers = _children_of($master);
+        _terminate($master, 'TERM', 10);
+        kill 'KILL', grep { kill 0, $_ } @workers;
+    }
+    for my $port (keys %{ $self->{backends} }) {
+        my $b = delete $self->{backends}{$port};
+        kill 'TERM', $b->{pid};
+        push @{ $self->{stopping} }, $b->{pid};
+    }
+    _terminate($_, 'TERM', 10) for @{ delete $self->{stopping} // [] };
+}
+
+sub _children_of {
+    my ($pid) = @_;
+    my (undef, $out) = _run('ps', '-o', 'pid=', '--ppid', $pid);
+    return map { /(\d+)/ ? $1 : () } split /\n/, $out;
+}
+
+sub DESTROY {
+    my ($self) = @_;
+    local ($., $@, $!, $^E, $?);
+    $self->_cleanup;
+}
+
+1;
