@@ -1,0 +1,81 @@
+#!/usr/bin/env perl
+
+# Directive validation: "nginx -t" fails on bad parameters with a message
+# that names the parameter, and accepts the documented forms.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use Test::More;
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers);
+
+my $t = AffinityTest->new;
+my $up = servers([ $t->port, $t->port ]);
+
+sub nginx_t {
+    my ($upstream) = @_;
+    $t->write_conf(proxy_conf($t, $up . $upstream));
+    return $t->nginx_test;
+}
+
+my @bad = (
+    [ 'session_affinity foo=bar;',           qr/invalid parameter "foo=bar"/ ],
+    [ 'session_affinity generate=1;',        qr/invalid parameter "generate=1"/ ],
+    [ 'session_affinity timeout=soon;',      qr/invalid timeout "timeout=soon"/ ],
+    [ 'session_affinity timeout=0;',         qr/invalid timeout "timeout=0"/ ],
+    [ 'session_affinity zone=nosize;',       qr/invalid zone "nosize"/ ],
+    [ 'session_affinity zone=z:lots;',       qr/invalid zone size "z:lots"/ ],
+    [ 'session_affinity zone=z:16k;',        qr/zone "z:16k" is too small/ ],
+    [ 'session_affinity header=;',           qr/invalid key source "header="/ ],
+    [ 'session_affinity header=X:Y;',        qr/invalid key source "header=X:Y"/ ],
+    [ 'session_affinity "cookie=a;b";',      qr/invalid key source "cookie=a;b"/ ],
+    [ 'session_affinity field=a..b;',        qr/invalid key source "field=a..b"/ ],
+    [ 'session_affinity field=.a;',          qr/invalid key source "field=.a"/ ],
+    [ "session_affinity;\n session_affinity;", qr/"session_affinity" directive is duplicate/ ],
+    [ "session_affinity;\n affinity_balance factor=0.5;", qr/invalid factor "factor=0.5"/ ],
+    [ "session_affinity;\n affinity_balance factor=x;",   qr/invalid factor "factor=x"/ ],
+    [ "session_affinity;\n affinity_balance slack=-1;",   qr/invalid slack "slack=-1"/ ],
+    [ "session_affinity;\n affinity_balance spread=2;",   qr/invalid parameter "spread=2"/ ],
+    [ 'affinity_balance factor=1.5;',        qr/"affinity_balance" in upstream "llm" requires "session_affinity"/ ],
+);
+
+for my $case (@bad) {
+    my ($directive, $message) = @$case;
+    my ($rc, $out) = nginx_t("        $directive\n");
+    isnt $rc, 0, "rejected: $directive";
+    like $out, $message, '  with a message naming it';
+}
+
+my @good = (
+    'session_affinity;',
+    'session_affinity header=X-Session-ID cookie=llm_session field=prompt_cache_key '
+        . 'field=metadata.session_id generate zone=llm_sessions:16m timeout=1h;',
+    "session_affinity header=A header=B timeout=90s;\n affinity_balance factor=1.25 slack=2;",
+    "affinity_balance factor=2 slack=0;\n session_affinity zone=z:128k;",
+);
+
+for my $directive (@good) {
+    my ($rc, $out) = nginx_t("        $directive\n");
+    is $rc, 0, "accepted: $directive" or diag $out;
+}
+
+# outside an upstream block
+$t->write_conf(proxy_conf($t, $up . "        session_affinity;\n",
+                          location => '            session_affinity;'));
+my ($rc, $out) = $t->nginx_test;
+isnt $rc, 0, 'rejected in a location';
+like $out, qr/"session_affinity" directive is not allowed here/, '  not allowed here';
+
+# two upstreams cannot share a zone name with different sizes
+$t->write_conf(proxy_conf($t, $up . "        session_affinity zone=shared:1m;\n",
+    http => "    upstream other {\n$up        session_affinity zone=shared:2m;\n    }\n"));
+($rc, $out) = $t->nginx_test;
+isnt $rc, 0, 'a zone declared with two sizes is rejected';
+like $out, qr/shared/, '  naming the zone';
+
+done_testing;
