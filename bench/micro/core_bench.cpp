@@ -1,0 +1,149 @@
+// Microbenchmarks of what the balancer runs per request: hashing a key,
+// routing a session through the zone (lookup, bound check, ring walk,
+// counters), and finding a session field in JSON bodies of several sizes.
+
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "affinity_core.h"
+
+namespace {
+
+struct Fleet {
+    explicit Fleet(size_t npeers, size_t zone_bytes = 8 << 20)
+        : region(std::aligned_alloc(64, zone_bytes)), peers(npeers)
+    {
+        std::vector<affinity_ring_peer_t> ring_peers(npeers);
+
+        affinity_zone_attach(region, zone_bytes, AFFINITY_ZONE_SESSIONS,
+                             &zone, nullptr, 0);
+
+        for (size_t i = 0; i < npeers; i++) {
+            std::string name = "10.0.0." + std::to_string(i + 1) + ":8000";
+            peers[i].id = affinity_peer_id(name.data(), name.size());
+            peers[i].weight = 1;
+            peers[i].slot = affinity_zone_peer_slot(zone, peers[i].id);
+            peers[i].state = AFFINITY_PEER_USABLE;
+            ring_peers[i] = {peers[i].id, 1};
+        }
+
+        ring = affinity_ring_create(ring_peers.data(), npeers, 160);
+    }
+
+    ~Fleet()
+    {
+        affinity_ring_destroy(ring);
+        std::free(region);
+    }
+
+    // Routes key and releases the in-flight count, as a request would.
+    int route(const std::string &key, uint32_t now)
+    {
+        affinity_request_t request{};
+        request.has_key = 1;
+        request.key_hash = affinity_zone_key_hash(zone, key.data(),
+                                                  key.size());
+        request.ring_hash = affinity_ring_hash(key.data(), key.size());
+        request.now = now;
+        request.timeout = 3600;
+
+        affinity_decision_t decision;
+        affinity_route(zone, ring, peers.data(), peers.size(), &balance,
+                       &request, &decision);
+        affinity_zone_peer_release(zone, peers[decision.peer].slot);
+        return decision.peer;
+    }
+
+    void *region;
+    affinity_zone_t *zone = nullptr;
+    affinity_ring_t *ring = nullptr;
+    std::vector<affinity_peer_t> peers;
+    affinity_balance_t balance{1.25, 2};
+};
+
+std::vector<std::string> session_keys(size_t n)
+{
+    std::vector<std::string> keys;
+    for (size_t i = 0; i < n; i++) {
+        keys.push_back("3f2b9c1e-5d4a-4e8b-9a7c-" + std::to_string(100000 + i));
+    }
+    return keys;
+}
+
+void BM_KeyHashes(benchmark::State &state)
+{
+    Fleet fleet(8);
+    std::string key = "3f2b9c1e-5d4a-4e8b-9a7c-1234567890ab";
+
+    for (auto _ : state) {
+        benchmark::DoNotOptimize(
+            affinity_zone_key_hash(fleet.zone, key.data(), key.size()));
+        benchmark::DoNotOptimize(affinity_ring_hash(key.data(), key.size()));
+    }
+}
+BENCHMARK(BM_KeyHashes);
+
+// A pinned session: table lookup, bound check, counters.
+void BM_RouteSessionHit(benchmark::State &state)
+{
+    Fleet fleet(static_cast<size_t>(state.range(0)));
+    auto keys = session_keys(10000);
+
+    for (auto &k : keys) {
+        fleet.route(k, 1000);
+    }
+
+    size_t i = 0;
+    for (auto _ : state) {
+        benchmark::DoNotOptimize(fleet.route(keys[i++ % keys.size()], 1000));
+    }
+}
+BENCHMARK(BM_RouteSessionHit)->Arg(4)->Arg(16)->Arg(64);
+
+// New sessions: ring walk and insert (evicting when the zone is full).
+void BM_RouteSessionNew(benchmark::State &state)
+{
+    Fleet fleet(static_cast<size_t>(state.range(0)), 1 << 20);
+    uint64_t n = 0;
+
+    for (auto _ : state) {
+        std::string key = "new-session-" + std::to_string(n++);
+        benchmark::DoNotOptimize(fleet.route(key, 1000));
+    }
+}
+BENCHMARK(BM_RouteSessionNew)->Arg(4)->Arg(64);
+
+std::string chat_body(size_t bytes)
+{
+    std::string text;
+    while (text.size() < bytes) {
+        text += "The quick brown fox jumps over the lazy dog. ";
+    }
+    text.resize(bytes);
+
+    return R"({"model":"llama-3-8b","messages":[{"role":"system","content":")"
+           + text + R"("}],"temperature":0.2,"user":"session-42"})";
+}
+
+// Worst case for a session field: it comes after the prompt.
+void BM_JsonFieldAfterPrompt(benchmark::State &state)
+{
+    std::string body = chat_body(static_cast<size_t>(state.range(0)));
+    std::string padded = body + std::string(AFFINITY_JSON_PADDING, '\0');
+    char out[256];
+    size_t len;
+
+    for (auto _ : state) {
+        benchmark::DoNotOptimize(affinity_json_field(
+            padded.data(), body.size(), "user", 4, out, sizeof(out), &len));
+    }
+
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));
+}
+BENCHMARK(BM_JsonFieldAfterPrompt)->Arg(4 << 10)->Arg(32 << 10)->Arg(128 << 10);
+
+}  // namespace
