@@ -1,0 +1,771 @@
+// Peer selection: bounded loads, spills, moves, and the keyless fallback.
+//
+// The bound (selection.h, LoadBound::accepts): with T requests in flight on
+// the peers that are not FAILED, W the sum of their weights, and
+//   share_i = (T + 1) * weight_i / W      (this request included)
+// peer i may take a request when
+//   inflight_i + 1 <= max(factor * share_i, share_i + slack).
+// Pins, spills and new placements only go to a usable peer that passes this
+// test; only when no usable peer passes it does the request go to the least
+// loaded one (or stay on its pinned peer).  With n equal, usable peers and
+// slack >= 1 some peer always passes: the least loaded one has
+// inflight + 1 <= (T + n) / n = share + (n - 1) / n < share + slack.  So the
+// chosen peer ends with inflight <= max(factor * mean, mean + slack), where
+// mean = T' / n and T' = T + 1 is the total after the placement; the other
+// peers did not change and their bound only grew.  Without releases, after
+// every placement every peer satisfies
+//   inflight_i <= max(factor * mean, mean + slack).
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "affinity_core.h"
+#include "test_support.h"
+
+using namespace affinity_test;
+
+namespace {
+
+constexpr uint32_t kHit = AFFINITY_ROUTE_SESSION_HIT;
+constexpr uint32_t kNew = AFFINITY_ROUTE_SESSION_NEW;
+constexpr uint32_t kMoved = AFFINITY_ROUTE_SESSION_MOVED;
+constexpr uint32_t kSpill = AFFINITY_ROUTE_SESSION_SPILL;
+constexpr uint32_t kFallback = AFFINITY_ROUTE_FALLBACK;
+
+constexpr double kFactor = 1.25;
+constexpr double kSlack = 2.0;
+
+double bound_for(double share)
+{
+    return std::max(kFactor * share, share + kSlack);
+}
+
+// Whether peer i would take one more request (the documented bound), from
+// the counters as they are now.
+bool would_accept(const Upstream &up, size_t i)
+{
+    int64_t total = 0;
+    uint64_t weights = 0;
+    for (size_t j = 0; j < up.size(); j++) {
+        if (up.peers()[j].state != AFFINITY_PEER_FAILED) {
+            total += up.inflight(j);
+            weights += up.peers()[j].weight;
+        }
+    }
+    double share = double(total + 1) * up.peers()[i].weight / double(weights);
+    return double(up.inflight(i) + 1) <= bound_for(share) + 1e-9;
+}
+
+void expect_within_bound(const Upstream &up, const char *when)
+{
+    int64_t total = up.total_inflight();
+    double mean = double(total) / double(up.size());
+    double bound = bound_for(mean);
+
+    for (size_t i = 0; i < up.size(); i++) {
+        EXPECT_LE(double(up.inflight(i)), bound + 1e-9)
+            << when << ": peer " << i << " has " << up.inflight(i)
+            << " in flight, total " << total;
+    }
+}
+
+TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+
+    Routed first = router.route_key("hot");
+    ASSERT_EQ(first.rc, 0);
+    ASSERT_EQ(first.decision.route, kNew);
+    const int pinned = first.decision.peer;
+
+    std::map<uint32_t, size_t> routes;
+
+    // 400 concurrent requests of one session, none finished.
+    for (int n = 1; n < 400; n++) {
+        Routed r = router.route_key("hot");
+        ASSERT_EQ(r.rc, 0);
+        ASSERT_GE(r.decision.peer, 0);
+        routes[r.decision.route]++;
+
+        ASSERT_TRUE(r.decision.route == kHit || r.decision.route == kSpill)
+            << route_name(r.decision.route);
+        if (r.decision.route == kHit) {
+            EXPECT_EQ(r.decision.peer, pinned);
+        } else {
+            EXPECT_NE(r.decision.peer, pinned);
+        }
+
+        expect_within_bound(up, "after a placement");
+        if (testing::Test::HasFailure()) {
+            FAIL() << "at request " << n;
+        }
+    }
+
+    EXPECT_EQ(up.total_inflight(), 400);
+    EXPECT_GT(routes[kSpill], 0u);
+    EXPECT_GT(routes[kHit], 0u);
+
+    // The pinned peer carries its share, not everything.
+    EXPECT_GE(up.inflight(size_t(pinned)), 90);
+
+    // One session, one pin, on the first peer.
+    EXPECT_EQ(z.info().used, 1u);
+    EXPECT_EQ(up.total_pins(), 1);
+    EXPECT_EQ(up.stats(size_t(pinned)).pins, 1);
+
+    // Once the load is gone the session is back on its peer.
+    up.release_all();
+    Routed after = router.route_key("hot");
+    EXPECT_EQ(after.decision.route, kHit);
+    EXPECT_EQ(after.decision.peer, pinned);
+}
+
+TEST(BoundedLoad, BoundHoldsWithBackgroundLoadAndManyKeys)
+{
+    // Concurrent requests of many sessions, a few hot, with some finishing.
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+    std::vector<int> live;     // peers of requests in flight
+
+    uint32_t x = 1;
+    for (int n = 0; n < 4000; n++) {
+        x = x * 1103515245u + 12345u;
+        size_t k = (x >> 16) % 10 < 5 ? (x >> 8) % 3 : (x >> 8) % 500;
+        Routed r = router.route_key(key_name(k));
+        ASSERT_EQ(r.rc, 0);
+        ASSERT_GE(r.decision.peer, 0);
+        live.push_back(r.decision.peer);
+
+        // Releases lower the mean afterwards, so the bound is checked on
+        // the peer just chosen, against the total including its request.
+        double mean = double(up.total_inflight()) / double(up.size());
+        ASSERT_LE(double(up.inflight(size_t(r.decision.peer))),
+                  bound_for(mean) + 1e-9)
+            << "peer " << r.decision.peer << " at request " << n;
+
+        if ((x >> 20) % 3 == 0 && !live.empty()) {
+            size_t j = (x >> 4) % live.size();
+            up.release(size_t(live[j]));
+            live.erase(live.begin() + long(j));
+        }
+    }
+}
+
+TEST(BoundedLoad, WeightedBoundHolds)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 3, 2});
+    Router router(z.get(), up, {kFactor, kSlack});
+    const double weights = 6;
+
+    for (int n = 0; n < 600; n++) {
+        Routed r = router.route_key(n % 2 ? "hot" : key_name(size_t(n)));
+        ASSERT_EQ(r.rc, 0);
+
+        double total = double(up.total_inflight());
+        for (size_t i = 0; i < up.size(); i++) {
+            double share = total * up.peers()[i].weight / weights;
+            ASSERT_LE(double(up.inflight(i)), bound_for(share) + 1e-9)
+                << "peer " << i << " at request " << n;
+        }
+    }
+
+    // Heavier peers carry more.
+    EXPECT_GT(up.inflight(1), up.inflight(2));
+    EXPECT_GT(up.inflight(2), up.inflight(0));
+    EXPECT_GT(up.inflight(0), 0);
+}
+
+TEST(BoundedLoad, FailedPeersLoadDoesNotRaiseTheBound)
+{
+    // Requests still in flight on a failed peer are no capacity of the
+    // others: the bound is over the peers that can take requests.
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+
+    Routed first = router.route_key("hot");
+    ASSERT_EQ(first.decision.route, kNew);
+    const size_t pinned = size_t(first.decision.peer);
+    const size_t failed = (pinned + 1) % up.size();
+
+    for (int i = 0; i < 100; i++) {
+        up.acquire(failed);
+    }
+    up.set_state(failed, AFFINITY_PEER_FAILED);
+
+    for (int n = 0; n < 60; n++) {
+        Routed r = router.route_key("hot");
+        ASSERT_EQ(r.rc, 0);
+        ASSERT_NE(size_t(r.decision.peer), failed);
+
+        int64_t total = up.total_inflight() - up.inflight(failed);
+        double mean = double(total) / double(up.size() - 1);
+        for (size_t i = 0; i < up.size(); i++) {
+            if (i != failed) {
+                ASSERT_LE(double(up.inflight(i)), bound_for(mean) + 1e-9)
+                    << "peer " << i << " at request " << n;
+            }
+        }
+    }
+    EXPECT_EQ(up.stats(pinned).pins, 1);
+}
+
+TEST(BoundedLoad, SpillsPreferThePeerThatTookEarlierSpills)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+
+    Routed first = router.route_key("hot");
+    ASSERT_EQ(first.decision.route, kNew);
+    const int pinned = first.decision.peer;
+
+    int last_spill = -1;
+    std::set<int> spill_peers;
+    size_t spills = 0, sticky = 0;
+
+    for (int n = 1; n < 400; n++) {
+        bool spill_peer_fits =
+            last_spill >= 0 && would_accept(up, size_t(last_spill));
+
+        Routed r = router.route_key("hot");
+        ASSERT_EQ(r.rc, 0);
+
+        if (r.decision.route != kSpill) {
+            continue;
+        }
+
+        spills++;
+        spill_peers.insert(r.decision.peer);
+        if (spill_peer_fits) {
+            EXPECT_EQ(r.decision.peer, last_spill)
+                << "spill went elsewhere though the earlier spill peer "
+                   "had room, request "
+                << n;
+            sticky++;
+        }
+        last_spill = r.decision.peer;
+    }
+
+    EXPECT_GT(spills, 10u);
+    EXPECT_GT(sticky, 0u);
+    EXPECT_EQ(spill_peers.count(pinned), 0u);
+}
+
+TEST(BoundedLoad, SpillPeerIsRememberedOverRingOrder)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+    std::string key = "sticky";
+
+    Routed first = router.route_key_released(key);
+    ASSERT_EQ(first.decision.route, kNew);
+    const size_t pinned = size_t(first.decision.peer);
+
+    // The key's ring order: pinned, then r1, r2, ...
+    uint32_t walk[4];
+    ASSERT_EQ(affinity_ring_walk(up.ring(),
+                                 affinity_ring_hash(key.data(), key.size()),
+                                 walk, 4),
+              4u);
+    ASSERT_EQ(walk[0], pinned);
+    const size_t r1 = walk[1], r2 = walk[2];
+
+    // Pinned peer busy, r1 busy too: the spill goes to r2.
+    up.set_state(pinned, AFFINITY_PEER_BUSY);
+    up.set_state(r1, AFFINITY_PEER_BUSY);
+    Routed s1 = router.route_key_released(key);
+    EXPECT_EQ(s1.decision.route, kSpill);
+    EXPECT_EQ(size_t(s1.decision.peer), r2);
+
+    // r1 is fine again, the pinned peer still busy: the session goes back
+    // to r2, whose cache it warmed, rather than to r1 (first on the ring).
+    up.set_state(r1, AFFINITY_PEER_USABLE);
+    for (int i = 0; i < 5; i++) {
+        Routed s = router.route_key_released(key);
+        EXPECT_EQ(s.decision.route, kSpill);
+        EXPECT_EQ(size_t(s.decision.peer), r2);
+    }
+
+    // The pin never moved.
+    EXPECT_EQ(up.stats(pinned).pins, 1);
+    up.set_state(pinned, AFFINITY_PEER_USABLE);
+    Routed back = router.route_key_released(key);
+    EXPECT_EQ(back.decision.route, kHit);
+    EXPECT_EQ(size_t(back.decision.peer), pinned);
+}
+
+TEST(BoundedLoad, OverloadedSpillPeerIsReplaced)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+
+    Routed first = router.route_key_released("k");
+    const size_t pinned = size_t(first.decision.peer);
+
+    up.set_state(pinned, AFFINITY_PEER_BUSY);
+    Routed s1 = router.route_key_released("k");
+    ASSERT_EQ(s1.decision.route, kSpill);
+    const size_t spill = size_t(s1.decision.peer);
+
+    // The spill peer gets heavily loaded by others.
+    for (int i = 0; i < 30; i++) {
+        up.acquire(spill);
+    }
+    ASSERT_FALSE(would_accept(up, spill));
+
+    Routed s2 = router.route_key_released("k");
+    EXPECT_EQ(s2.decision.route, kSpill);
+    EXPECT_NE(size_t(s2.decision.peer), spill);
+    EXPECT_NE(size_t(s2.decision.peer), pinned);
+}
+
+TEST(Selection, FailedPinnedPeerMovesTheSession)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    Routed first = router.route_key_released("dave");
+    ASSERT_EQ(first.decision.route, kNew);
+    const size_t old_peer = size_t(first.decision.peer);
+
+    up.set_state(old_peer, AFFINITY_PEER_FAILED);
+    Routed moved = router.route_key_released("dave");
+    ASSERT_EQ(moved.rc, 0);
+    EXPECT_EQ(moved.decision.route, kMoved);
+    ASSERT_GE(moved.decision.peer, 0);
+    const size_t new_peer = size_t(moved.decision.peer);
+    EXPECT_NE(new_peer, old_peer);
+
+    EXPECT_EQ(up.stats(old_peer).pins, 0);
+    EXPECT_EQ(up.stats(new_peer).pins, 1);
+    EXPECT_EQ(z.info().used, 1u);
+
+    // Following requests stay on the new peer, also once the old one is
+    // back: the session's state is there now.
+    EXPECT_EQ(router.route_key_released("dave").decision.route, kHit);
+    up.set_state(old_peer, AFFINITY_PEER_USABLE);
+    for (int i = 0; i < 5; i++) {
+        Routed r = router.route_key_released("dave");
+        EXPECT_EQ(r.decision.route, kHit);
+        EXPECT_EQ(size_t(r.decision.peer), new_peer);
+    }
+    EXPECT_EQ(up.stats(old_peer).pins, 0);
+    EXPECT_EQ(up.stats(new_peer).pins, 1);
+}
+
+TEST(Selection, BusyPinnedPeerSpillsAndKeepsThePin)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    Routed first = router.route_key_released("erin");
+    const size_t pinned = size_t(first.decision.peer);
+
+    up.set_state(pinned, AFFINITY_PEER_BUSY);
+    for (int i = 0; i < 3; i++) {
+        Routed r = router.route_key_released("erin");
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.route, kSpill);
+        EXPECT_NE(size_t(r.decision.peer), pinned);
+        EXPECT_EQ(up.stats(pinned).pins, 1);
+    }
+    EXPECT_EQ(up.total_pins(), 1);
+
+    up.set_state(pinned, AFFINITY_PEER_USABLE);
+    Routed back = router.route_key_released("erin");
+    EXPECT_EQ(back.decision.route, kHit);
+    EXPECT_EQ(size_t(back.decision.peer), pinned);
+}
+
+TEST(Selection, OverloadedPinnedPeerSpillsAndKeepsThePin)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+
+    Routed first = router.route_key_released("fay");
+    const size_t pinned = size_t(first.decision.peer);
+
+    for (int i = 0; i < 20; i++) {
+        up.acquire(pinned);
+    }
+    ASSERT_FALSE(would_accept(up, pinned));
+
+    Routed r = router.route_key_released("fay");
+    EXPECT_EQ(r.decision.route, kSpill);
+    EXPECT_NE(size_t(r.decision.peer), pinned);
+    EXPECT_EQ(up.stats(pinned).pins, 1);
+
+    for (int i = 0; i < 20; i++) {
+        up.release(pinned);
+    }
+    Routed back = router.route_key_released("fay");
+    EXPECT_EQ(back.decision.route, kHit);
+    EXPECT_EQ(size_t(back.decision.peer), pinned);
+}
+
+TEST(Selection, OnlyTheFailedPeersKeysMove)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+    const size_t nkeys = 1000;
+
+    std::vector<int> pin(nkeys);
+    for (size_t k = 0; k < nkeys; k++) {
+        Routed r = router.route_key_released(key_name(k));
+        ASSERT_EQ(r.decision.route, kNew);
+        pin[k] = r.decision.peer;
+    }
+
+    for (size_t failed = 0; failed < up.size(); failed++) {
+        SCOPED_TRACE(testing::Message() << "failed peer " << failed);
+        up.set_state(failed, AFFINITY_PEER_FAILED);
+
+        size_t moved = 0;
+        for (size_t k = 0; k < nkeys; k++) {
+            Routed r = router.route_key_released(key_name(k));
+            ASSERT_EQ(r.rc, 0);
+            if (pin[k] == int(failed)) {
+                ASSERT_EQ(r.decision.route, kMoved) << "key " << k;
+                ASSERT_NE(r.decision.peer, int(failed));
+                pin[k] = r.decision.peer;
+                moved++;
+            } else {
+                ASSERT_EQ(r.decision.route, kHit) << "key " << k;
+                ASSERT_EQ(r.decision.peer, pin[k]) << "key " << k;
+            }
+        }
+
+        EXPECT_GT(moved, 0u);
+        EXPECT_EQ(up.stats(failed).pins, 0);
+        EXPECT_EQ(up.total_pins(), int64_t(nkeys));
+        up.set_state(failed, AFFINITY_PEER_USABLE);
+    }
+}
+
+TEST(Selection, MovedKeysFollowTheRing)
+{
+    // A failed peer's sessions go where the ring sends them without it:
+    // several nginx instances move them alike.
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    std::vector<int> pin(300);
+    for (size_t k = 0; k < pin.size(); k++) {
+        pin[k] = router.route_key_released(key_name(k)).decision.peer;
+    }
+
+    up.set_state(2, AFFINITY_PEER_FAILED);
+    for (size_t k = 0; k < pin.size(); k++) {
+        std::string key = key_name(k);
+        Routed r = router.route_key_released(key);
+        if (pin[k] != 2) {
+            continue;
+        }
+        uint32_t walk[5];
+        affinity_ring_walk(up.ring(), affinity_ring_hash(key.data(), key.size()),
+                           walk, 5);
+        ASSERT_EQ(walk[0], 2u);
+        EXPECT_EQ(uint32_t(r.decision.peer), walk[1]) << key;
+    }
+}
+
+TEST(Selection, PeerRemovedFromTheListMovesItsKeysOnly)
+{
+    // A reload drops a server: the zone still has pins to its id.
+    TestZone z;
+    Upstream five(z.get(), {1, 1, 1, 1, 1});
+    Router router5(z.get(), five);
+
+    std::vector<uint64_t> pin_id(500);
+    for (size_t k = 0; k < pin_id.size(); k++) {
+        Routed r = router5.route_key_released(key_name(k));
+        pin_id[k] = five.peer(size_t(r.decision.peer)).id;
+    }
+
+    // The new configuration: peers 0, 1, 2, 3 (same names, same ids).
+    Upstream four(z.get(), {1, 1, 1, 1});
+    const uint64_t removed = five.peer(4).id;
+    Router router4(z.get(), four);
+
+    for (size_t k = 0; k < pin_id.size(); k++) {
+        Routed r = router4.route_key_released(key_name(k));
+        ASSERT_EQ(r.rc, 0);
+        uint64_t now = four.peer(size_t(r.decision.peer)).id;
+        if (pin_id[k] == removed) {
+            EXPECT_EQ(r.decision.route, kMoved);
+        } else {
+            EXPECT_EQ(r.decision.route, kHit);
+            EXPECT_EQ(now, pin_id[k]);
+        }
+    }
+}
+
+TEST(Selection, PinsSurviveAReorderedPeerList)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    std::vector<uint64_t> pin_id(300);
+    for (size_t k = 0; k < pin_id.size(); k++) {
+        Routed r = router.route_key_released(key_name(k));
+        pin_id[k] = up.peer(size_t(r.decision.peer)).id;
+    }
+
+    // Same servers, written in reverse order.
+    std::vector<affinity_peer_t> peers(up.peers().rbegin(), up.peers().rend());
+    std::vector<affinity_ring_peer_t> rp;
+    for (auto &p : peers) {
+        rp.push_back({p.id, p.weight});
+    }
+    RingPtr ring = make_ring(rp);
+    affinity_balance_t balance{1.25, 2};
+
+    for (size_t k = 0; k < pin_id.size(); k++) {
+        std::string key = key_name(k);
+        affinity_request_t req{};
+        req.key_hash = affinity_zone_key_hash(z.get(), key.data(), key.size());
+        req.ring_hash = affinity_ring_hash(key.data(), key.size());
+        req.has_key = 1;
+        req.now = 1000;
+        req.timeout = 3600;
+        affinity_decision_t d{};
+        ASSERT_EQ(affinity_route(z.get(), ring.get(), peers.data(), peers.size(),
+                                 &balance, &req, &d),
+                  0);
+        EXPECT_EQ(d.route, kHit);
+        EXPECT_EQ(peers[size_t(d.peer)].id, pin_id[k]);
+        affinity_zone_peer_release(z.get(), peers[size_t(d.peer)].slot);
+    }
+}
+
+TEST(Fallback, NoKeyGoesToTheLeastLoadedPeer)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    const int loads[4] = {3, 1, 2, 5};
+    for (size_t i = 0; i < 4; i++) {
+        for (int n = 0; n < loads[i]; n++) {
+            up.acquire(i);
+        }
+    }
+
+    for (int round = 0; round < 4; round++) {
+        Routed r = router.route_nokey();
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.route, kFallback);
+        EXPECT_EQ(r.decision.peer, 1);
+        up.release(1);
+    }
+
+    // Nothing was pinned.
+    EXPECT_EQ(z.info().used, 0u);
+    EXPECT_EQ(up.total_pins(), 0);
+    // Each request was counted.
+    EXPECT_EQ(up.stats(1).requests, 1u + 4u);
+}
+
+TEST(Fallback, SkipsBusyAndFailedPeers)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1});
+    Router router(z.get(), up);
+
+    up.acquire(0);
+    up.acquire(0);
+    up.set_state(1, AFFINITY_PEER_BUSY);
+    up.set_state(2, AFFINITY_PEER_FAILED);
+
+    for (int i = 0; i < 5; i++) {
+        Routed r = router.route_nokey();
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.peer, 0);
+        EXPECT_EQ(r.decision.route, kFallback);
+    }
+}
+
+TEST(Fallback, TiesAreSpreadOverThePeers)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    std::vector<int> count(4, 0);
+    for (int i = 0; i < 400; i++) {
+        Routed r = router.route_nokey();
+        ASSERT_EQ(r.rc, 0);
+        count[size_t(r.decision.peer)]++;
+        up.release(size_t(r.decision.peer));
+    }
+    for (int c : count) {
+        EXPECT_EQ(c, 100);
+    }
+}
+
+TEST(Fallback, RespectsWeights)
+{
+    TestZone z;
+    Upstream up(z.get(), {3, 1});
+    Router router(z.get(), up);
+
+    // Less in flight per weight on the heavy peer: 2/3 against 1/1.
+    up.acquire(0);
+    up.acquire(0);
+    up.acquire(1);
+    EXPECT_EQ(router.route_nokey().decision.peer, 0);
+    up.release(0);
+
+    // More on the heavy peer: 6/3 against 1/1.
+    for (int i = 0; i < 4; i++) {
+        up.acquire(0);
+    }
+    ASSERT_EQ(up.inflight(0), 6);
+    EXPECT_EQ(router.route_nokey().decision.peer, 1);
+    up.release_all();
+
+    // Concurrent keyless requests split 3:1.
+    for (int i = 0; i < 400; i++) {
+        ASSERT_EQ(router.route_nokey().rc, 0);
+    }
+    EXPECT_NEAR(double(up.inflight(0)), 300.0, 3.0);
+    EXPECT_NEAR(double(up.inflight(1)), 100.0, 3.0);
+}
+
+TEST(Selection, NoUsablePeerRefusesAndCountsNothing)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1});
+    Router router(z.get(), up);
+
+    // A session pinned while the peers were fine.
+    Routed pinned = router.route_key_released("pinned");
+    ASSERT_EQ(pinned.decision.route, kNew);
+
+    auto snapshot = [&]() {
+        std::vector<int64_t> v;
+        for (size_t i = 0; i < up.size(); i++) {
+            affinity_peer_stats_t s = up.stats(i);
+            v.push_back(s.inflight);
+            v.push_back(int64_t(s.requests));
+            v.push_back(s.pins);
+        }
+        v.push_back(int64_t(z.info().used));
+        return v;
+    };
+
+    for (affinity_peer_state_e state :
+         {AFFINITY_PEER_FAILED, AFFINITY_PEER_BUSY}) {
+        SCOPED_TRACE(testing::Message() << "all peers in state " << state);
+        for (size_t i = 0; i < up.size(); i++) {
+            up.set_state(i, state);
+        }
+        auto before = snapshot();
+
+        for (const char *key : {"new-key", "pinned"}) {
+            Routed r = router.route_key(key);
+            EXPECT_EQ(r.rc, -1) << key;
+            EXPECT_EQ(r.decision.peer, -1) << key;
+            EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_NONE}) << key;
+        }
+
+        Routed r = router.route_nokey();
+        EXPECT_EQ(r.rc, -1);
+        EXPECT_EQ(r.decision.peer, -1);
+        EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_NONE});
+
+        EXPECT_EQ(snapshot(), before);
+    }
+
+    // Peers back: the old pin is intact, the refused key was never pinned.
+    for (size_t i = 0; i < up.size(); i++) {
+        up.set_state(i, AFFINITY_PEER_USABLE);
+    }
+    Routed r = router.route_key_released("pinned");
+    EXPECT_EQ(r.decision.route, kHit);
+    EXPECT_EQ(r.decision.peer, pinned.decision.peer);
+    EXPECT_EQ(router.route_key_released("new-key").decision.route, kNew);
+}
+
+TEST(Selection, NoPeersAtAll)
+{
+    TestZone z;
+    affinity_balance_t balance{1.25, 2};
+    affinity_request_t req{};
+    req.has_key = 1;
+    req.key_hash = 99;
+    req.ring_hash = 99;
+    affinity_decision_t d{7, 7};
+
+    EXPECT_EQ(affinity_route(z.get(), nullptr, nullptr, 0, &balance, &req, &d),
+              -1);
+    EXPECT_EQ(d.peer, -1);
+    EXPECT_EQ(z.info().used, 0u);
+}
+
+TEST(Selection, WithoutARingKeysGoToTheLeastLoaded)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1});
+    affinity_balance_t balance{1.25, 2};
+
+    up.acquire(0);
+    up.acquire(2);
+
+    affinity_request_t req{};
+    std::string key = "no-ring";
+    req.key_hash = affinity_zone_key_hash(z.get(), key.data(), key.size());
+    req.ring_hash = affinity_ring_hash(key.data(), key.size());
+    req.has_key = 1;
+    req.now = 10;
+    req.timeout = 100;
+    affinity_decision_t d{};
+
+    ASSERT_EQ(affinity_route(z.get(), nullptr, up.peers().data(), up.size(),
+                             &balance, &req, &d),
+              0);
+    EXPECT_EQ(d.route, kNew);
+    EXPECT_EQ(d.peer, 1);
+
+    ASSERT_EQ(affinity_route(z.get(), nullptr, up.peers().data(), up.size(),
+                             &balance, &req, &d),
+              0);
+    EXPECT_EQ(d.route, kHit);
+    EXPECT_EQ(d.peer, 1);
+}
+
+TEST(Selection, PeersWithoutSlotsAreRoutedButNotCounted)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    up.peer(0).slot = AFFINITY_NO_SLOT;
+    up.peer(1).slot = AFFINITY_NO_SLOT;
+    Router router(z.get(), up);
+
+    Routed r = router.route_key("k");
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_GE(r.decision.peer, 0);
+    Routed nk = router.route_nokey();
+    ASSERT_EQ(nk.rc, 0);
+    EXPECT_GE(nk.decision.peer, 0);
+}
+
+}  // namespace

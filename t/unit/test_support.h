@@ -1,0 +1,274 @@
+// Shared fixtures of the unit tests: a zone in an aligned buffer, a set of
+// upstream peers with their ring and counter slots, and a router that sends
+// keyed or unkeyed requests through affinity_route().
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "affinity_core.h"
+
+namespace affinity_test {
+
+// The ring density the nginx module uses.
+constexpr uint32_t kPointsPerWeight = 160;
+
+struct FreeDeleter {
+    void operator()(void *p) const noexcept { std::free(p); }
+};
+
+// A 64-byte aligned buffer, filled with a non-zero pattern so that tests see
+// whether the zone initializes everything it uses.
+class AlignedBuffer {
+public:
+    explicit AlignedBuffer(size_t size, unsigned char fill = 0xa5)
+        : size_(size),
+          data_(std::aligned_alloc(64, round_up(size)))
+    {
+        if (data_) {
+            std::memset(data_.get(), fill, round_up(size));
+        }
+    }
+
+    void *get() const noexcept { return data_.get(); }
+    size_t size() const noexcept { return size_; }
+
+private:
+    static size_t round_up(size_t n) { return (n + 63) / 64 * 64; }
+
+    size_t size_;
+    std::unique_ptr<void, FreeDeleter> data_;
+};
+
+// A zone created in a fresh buffer.
+class TestZone {
+public:
+    explicit TestZone(size_t size = 1 << 20) : buffer_(size)
+    {
+        char err[256] = "";
+        affinity_attach_e rc =
+            affinity_zone_attach(buffer_.get(), buffer_.size(),
+                                 AFFINITY_ZONE_SESSIONS, &zone_, err,
+                                 sizeof(err));
+        EXPECT_EQ(rc, AFFINITY_ATTACH_CREATED) << err;
+    }
+
+    affinity_zone_t *get() const noexcept { return zone_; }
+    void *region() const noexcept { return buffer_.get(); }
+
+    affinity_zone_info_t info() const
+    {
+        affinity_zone_info_t i{};
+        affinity_zone_info(zone_, &i);
+        return i;
+    }
+
+private:
+    AlignedBuffer buffer_;
+    affinity_zone_t *zone_ = nullptr;
+};
+
+inline std::string peer_name(size_t i)
+{
+    return "10.0." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1)
+           + ":8000";
+}
+
+inline uint64_t peer_id_of(const std::string &name)
+{
+    return affinity_peer_id(name.data(), name.size());
+}
+
+struct RingDeleter {
+    void operator()(affinity_ring_t *r) const noexcept
+    {
+        affinity_ring_destroy(r);
+    }
+};
+
+using RingPtr = std::unique_ptr<affinity_ring_t, RingDeleter>;
+
+inline RingPtr make_ring(const std::vector<affinity_ring_peer_t> &peers,
+                         uint32_t points = kPointsPerWeight)
+{
+    return RingPtr(affinity_ring_create(peers.data(), peers.size(), points));
+}
+
+// An upstream: peers with ids, weights, zone counter slots and a ring.
+class Upstream {
+public:
+    Upstream(affinity_zone_t *zone, const std::vector<uint32_t> &weights)
+        : zone_(zone)
+    {
+        std::vector<affinity_ring_peer_t> ring_peers;
+
+        for (size_t i = 0; i < weights.size(); i++) {
+            affinity_peer_t p{};
+            p.id = peer_id_of(peer_name(i));
+            p.weight = weights[i];
+            p.slot = affinity_zone_peer_slot(zone, p.id);
+            p.state = AFFINITY_PEER_USABLE;
+            EXPECT_NE(p.slot, AFFINITY_NO_SLOT);
+            peers_.push_back(p);
+            ring_peers.push_back({p.id, p.weight});
+        }
+
+        ring_ = make_ring(ring_peers);
+        EXPECT_NE(ring_, nullptr);
+    }
+
+    size_t size() const noexcept { return peers_.size(); }
+    affinity_peer_t &peer(size_t i) { return peers_[i]; }
+    const std::vector<affinity_peer_t> &peers() const { return peers_; }
+    const affinity_ring_t *ring() const { return ring_.get(); }
+
+    void set_state(size_t i, affinity_peer_state_e s)
+    {
+        peers_[i].state = s;
+    }
+
+    affinity_peer_stats_t stats(size_t i) const
+    {
+        affinity_peer_stats_t s{};
+        affinity_zone_peer_stats(zone_, peers_[i].slot, &s);
+        return s;
+    }
+
+    int64_t inflight(size_t i) const { return stats(i).inflight; }
+
+    int64_t total_inflight() const
+    {
+        int64_t total = 0;
+        for (size_t i = 0; i < size(); i++) {
+            total += inflight(i);
+        }
+        return total;
+    }
+
+    int64_t total_pins() const
+    {
+        int64_t total = 0;
+        for (size_t i = 0; i < size(); i++) {
+            total += stats(i).pins;
+        }
+        return total;
+    }
+
+    void release(size_t i) { affinity_zone_peer_release(zone_, peers_[i].slot); }
+    void acquire(size_t i) { affinity_zone_peer_acquire(zone_, peers_[i].slot); }
+
+    void release_all()
+    {
+        for (size_t i = 0; i < size(); i++) {
+            while (inflight(i) > 0) {
+                release(i);
+            }
+        }
+    }
+
+    int index_of_id(uint64_t id) const
+    {
+        for (size_t i = 0; i < size(); i++) {
+            if (peers_[i].id == id) {
+                return static_cast<int>(i);
+            }
+        }
+        return -1;
+    }
+
+private:
+    affinity_zone_t *zone_;
+    std::vector<affinity_peer_t> peers_;
+    RingPtr ring_;
+};
+
+struct Routed {
+    int rc;
+    affinity_decision_t decision;
+};
+
+// Sends requests through affinity_route() with a clock and a timeout.
+class Router {
+public:
+    Router(affinity_zone_t *zone, Upstream &upstream,
+           affinity_balance_t balance = {1.25, 2.0})
+        : zone_(zone), upstream_(upstream), balance_(balance) {}
+
+    uint32_t now = 1000;
+    uint32_t timeout = 3600;
+    uint32_t rotate = 0;
+
+    Routed route_key(const std::string &key)
+    {
+        affinity_request_t r{};
+        r.key_hash = affinity_zone_key_hash(zone_, key.data(), key.size());
+        r.ring_hash = affinity_ring_hash(key.data(), key.size());
+        r.has_key = 1;
+        r.now = now;
+        r.timeout = timeout;
+        r.rotate = rotate++;
+        return send(r);
+    }
+
+    Routed route_nokey()
+    {
+        affinity_request_t r{};
+        r.has_key = 0;
+        r.now = now;
+        r.timeout = timeout;
+        r.rotate = rotate++;
+        return send(r);
+    }
+
+    // Routes and ends the request at once.
+    Routed route_key_released(const std::string &key)
+    {
+        Routed r = route_key(key);
+        if (r.rc == 0 && r.decision.peer >= 0) {
+            upstream_.release(static_cast<size_t>(r.decision.peer));
+        }
+        return r;
+    }
+
+private:
+    Routed send(const affinity_request_t &r)
+    {
+        Routed out{};
+        out.decision.peer = 12345;     // must be overwritten
+        out.decision.route = 12345;
+        out.rc = affinity_route(zone_, upstream_.ring(),
+                                upstream_.peers().data(), upstream_.size(),
+                                &balance_, &r, &out.decision);
+        return out;
+    }
+
+    affinity_zone_t *zone_;
+    Upstream &upstream_;
+    affinity_balance_t balance_;
+};
+
+inline const char *route_name(uint32_t route)
+{
+    switch (route) {
+    case AFFINITY_ROUTE_NONE: return "NONE";
+    case AFFINITY_ROUTE_SESSION_HIT: return "SESSION_HIT";
+    case AFFINITY_ROUTE_SESSION_NEW: return "SESSION_NEW";
+    case AFFINITY_ROUTE_SESSION_MOVED: return "SESSION_MOVED";
+    case AFFINITY_ROUTE_SESSION_SPILL: return "SESSION_SPILL";
+    case AFFINITY_ROUTE_FALLBACK: return "FALLBACK";
+    default: return "?";
+    }
+}
+
+inline std::string key_name(size_t i)
+{
+    return "session-" + std::to_string(i);
+}
+
+}  // namespace affinity_test
