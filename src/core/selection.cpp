@@ -121,8 +121,6 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         return i;
     }
 
-    table.touch(entry);
-
     int pinned = load.index_of(entry->peer);
 
     if (pinned >= 0 && load.usable(pinned) && load.accepts(pinned)) {

@@ -23,76 +23,46 @@ SessionBucket &SessionTable::bucket_of(uint64_t key) noexcept
     return zone_.buckets<SessionBucket>()[index];
 }
 
-bool SessionTable::expired(const SessionEntry &entry) const noexcept
-{
-    // A clock that went backwards does not expire anything.
-    return now_ > entry.last_used && now_ - entry.last_used > timeout_;
-}
-
-void SessionTable::drop(SessionEntry &entry) noexcept
+void SessionTable::drop(const SessionEntry &entry) noexcept
 {
     zone_.add_pins(entry.peer, -1);
-    entry = SessionEntry{};
     zone_.header().used--;
+}
+
+size_t SessionTable::expire(SessionBucket &bucket) noexcept
+{
+    return bucket.expire(now_, timeout_, [this](const SessionEntry &entry) {
+        drop(entry);
+        zone_.header().expiries++;
+    });
 }
 
 SessionEntry *SessionTable::find(uint64_t key) noexcept
 {
     SessionBucket &bucket = bucket_of(key);
-    SessionEntry *found = nullptr;
+    SessionEntry *entry = bucket.find(key, expire(bucket));
 
-    for (SessionEntry &entry : bucket.entries) {
-        if (entry.key == 0) {
-            continue;
-        }
-
-        if (expired(entry)) {
-            drop(entry);
-            zone_.header().expiries++;
-            continue;
-        }
-
-        if (entry.key == key) {
-            found = &entry;
-        }
+    if (entry) {
+        entry->last_used = now_;
     }
 
-    return found;
+    return entry;
 }
 
 SessionEntry *SessionTable::insert(uint64_t key) noexcept
 {
     SessionBucket &bucket = bucket_of(key);
-    SessionEntry *victim = nullptr;
+    SessionEntry *entry = bucket.push_front(
+        expire(bucket), [this](const SessionEntry &victim) {
+            drop(victim);
+            zone_.header().evictions++;
+        });
 
-    for (SessionEntry &entry : bucket.entries) {
-        if (entry.key == 0) {
-            victim = &entry;
-            break;
-        }
-
-        if (expired(entry)) {
-            drop(entry);
-            zone_.header().expiries++;
-            victim = &entry;
-            break;
-        }
-
-        if (victim == nullptr || entry.last_used < victim->last_used) {
-            victim = &entry;
-        }
-    }
-
-    if (victim->key != 0) {
-        drop(*victim);
-        zone_.header().evictions++;
-    }
-
-    victim->key = key;
-    victim->last_used = now_;
+    entry->key = key;
+    entry->last_used = now_;
     zone_.header().used++;
 
-    return victim;
+    return entry;
 }
 
 void SessionTable::repin(SessionEntry *entry, uint64_t peer) noexcept

@@ -1,15 +1,17 @@
 // The session table: session key hash -> pinned peer, in a zone's buckets.
 //
-// Set-associative: a key maps to one bucket of kWays entries (four cache
-// lines); lookups and inserts touch that bucket only, so every operation is
-// O(1) and needs no allocation.  Inside a bucket, entries idle longer than
-// the timeout are reclaimed first, then the least recently used is evicted.
-// All functions require the zone lock.
+// Set-associative: a key maps to one bucket of kSessionWays entries (four
+// cache lines); lookups and inserts touch that bucket only, so every
+// operation is O(1) and needs no allocation.  Inside a bucket, entries idle
+// longer than the timeout are reclaimed first, then the least recently used
+// is evicted (exact LRU, see lru_bucket.h).  All functions require the zone
+// lock.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "lru_bucket.h"
 #include "zone.h"
 
 namespace affinity {
@@ -24,8 +26,7 @@ struct SessionEntry {
 
 constexpr uint32_t kSessionWays = 8;
 
-struct alignas(64) SessionBucket {
-    SessionEntry entries[kSessionWays];
+struct alignas(64) SessionBucket : LruBucket<SessionEntry, kSessionWays> {
 };
 
 static_assert(sizeof(SessionBucket) == 256, "a bucket is four cache lines");
@@ -39,22 +40,22 @@ public:
     // slots; 0 if it is too small.
     static uint64_t buckets_for(size_t region_size) noexcept;
 
-    // The live entry of key, or nullptr.  Reclaims expired entries it meets.
+    // The live entry of key, made the most recently used; nullptr if
+    // absent.  Reclaims the expired entries of the bucket.
     SessionEntry *find(uint64_t key) noexcept;
 
-    // A new entry for key (not present), taking a free or expired way, or
-    // evicting the least recently used one.  Its peer fields are zeroed.
+    // A new entry for key (not present), evicting the bucket's least
+    // recently used entry when it is full.  Its peer fields are zeroed.
+    // Invalidates entries returned earlier.
     SessionEntry *insert(uint64_t key) noexcept;
 
     // Points an entry at another peer, keeping the per-peer pin counts.
     void repin(SessionEntry *entry, uint64_t peer) noexcept;
 
-    void touch(SessionEntry *entry) noexcept { entry->last_used = now_; }
-
 private:
     SessionBucket &bucket_of(uint64_t key) noexcept;
-    bool expired(const SessionEntry &entry) const noexcept;
-    void drop(SessionEntry &entry) noexcept;
+    size_t expire(SessionBucket &bucket) noexcept;
+    void drop(const SessionEntry &entry) noexcept;
 
     Zone zone_;
     uint32_t now_;

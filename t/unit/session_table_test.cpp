@@ -417,17 +417,26 @@ TEST_F(SessionTableTest, FindReclaimsExpiredEntries)
     ASSERT_EQ(pins(slot_a_), 3);
 
     {
-        // Not yet idle for longer than the timeout.
+        // Not yet idle for longer than the timeout; a lookup is a use.
         affinity::SessionTable table(zone_, 150, 60);
         EXPECT_NE(table.find(neighbour(0)), nullptr);
         EXPECT_EQ(z_.info().expiries, 0u);
     }
 
     {
+        // 1 and 2 were idle since 100, 0 only since 150.
         affinity::SessionTable table(zone_, 100 + 61, 60);
-        EXPECT_EQ(table.find(neighbour(0)), nullptr);
+        EXPECT_NE(table.find(neighbour(0)), nullptr);
         EXPECT_EQ(table.find(neighbour(1)), nullptr);
         EXPECT_EQ(table.find(neighbour(2)), nullptr);
+    }
+    EXPECT_EQ(z_.info().used, 1u);
+    EXPECT_EQ(z_.info().expiries, 2u);
+    EXPECT_EQ(pins(slot_a_), 1);
+
+    {
+        affinity::SessionTable table(zone_, 161 + 61, 60);
+        EXPECT_EQ(table.find(neighbour(0)), nullptr);
     }
     EXPECT_EQ(z_.info().used, 0u);
     EXPECT_EQ(z_.info().expiries, 3u);
@@ -449,9 +458,7 @@ TEST_F(SessionTableTest, FullBucketEvictsTheLeastRecentlyUsed)
     // The oldest entry is used again.
     {
         affinity::SessionTable table(zone_, 100, timeout);
-        affinity::SessionEntry *e = table.find(neighbour(0));
-        ASSERT_NE(e, nullptr);
-        table.touch(e);
+        ASSERT_NE(table.find(neighbour(0)), nullptr);
     }
 
     // A new key in the full bucket evicts the least recently used one:
@@ -519,3 +526,30 @@ TEST(SessionTableGeometry, BucketsFitInTheRegion)
 }
 
 }  // namespace
+
+TEST_F(SessionTableTest, EvictionOrderIsExactWithinOneSecond)
+{
+    // Every entry used in the same second: order of use alone decides.
+    const uint32_t ways = affinity::kSessionWays;
+    const uint32_t now = 500;
+    affinity::SessionTable table(zone_, now, 3600);
+
+    for (uint32_t i = 0; i < ways; i++) {
+        table.repin(table.insert(neighbour(i)), peer_a_);
+    }
+    ASSERT_NE(table.find(neighbour(0)), nullptr);
+
+    // Two new keys push out the two least recently used: 1 and 2.
+    table.repin(table.insert(neighbour(ways)), peer_b_);
+    table.repin(table.insert(neighbour(ways + 1)), peer_b_);
+    EXPECT_EQ(z_.info().evictions, 2u) << "the keys did not share a bucket";
+
+    EXPECT_EQ(table.find(neighbour(1)), nullptr);
+    EXPECT_EQ(table.find(neighbour(2)), nullptr);
+    EXPECT_NE(table.find(neighbour(0)), nullptr);
+    EXPECT_NE(table.find(neighbour(ways)), nullptr);
+    EXPECT_NE(table.find(neighbour(ways + 1)), nullptr);
+    for (uint32_t i = 3; i < ways; i++) {
+        EXPECT_NE(table.find(neighbour(i)), nullptr) << i;
+    }
+}
