@@ -10,9 +10,11 @@
 
 #include "hashing.h"
 #include "json_field.h"
+#include "prompt_levels.h"
 #include "ring.h"
 #include "selection.h"
 #include "session_key.h"
+#include "prefix_table.h"
 #include "session_table.h"
 #include "zone.h"
 
@@ -73,6 +75,10 @@ affinity_attach_e initialize(void *region, size_t size,
     h->peers_offset = sizeof(ZoneHeader);
     h->buckets_offset = sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot);
     h->buckets = buckets;
+    // Both tables share one geometry: 8 ways of 32-byte entries.
+    static_assert(sizeof(SessionBucket) == sizeof(PrefixBucket)
+                      && kSessionWays == kPrefixWays,
+                  "session and prefix zones share their geometry");
     h->ways = kSessionWays;
     h->entry_size = sizeof(SessionEntry);
 
@@ -298,6 +304,31 @@ affinity_field_e affinity_json_field(const char *body, size_t len,
 
     } catch (...) {
         return AFFINITY_FIELD_INVALID;
+    }
+}
+
+size_t affinity_level_schedule(const uint32_t *lengths, size_t nlengths,
+                               uint32_t step, uint32_t growth_percent,
+                               uint32_t max, uint32_t *out,
+                               size_t out_cap) noexcept
+{
+    return level_schedule(lengths, nlengths, step, growth_percent, max, out,
+                          out_cap);
+}
+
+affinity_prompt_e affinity_prompt_levels(const char *body, size_t len,
+                                         const uint32_t *schedule,
+                                         size_t nschedule,
+                                         affinity_level_t *out,
+                                         size_t out_cap, size_t *nout) noexcept
+{
+    try {
+        return prompt_levels(std::string_view(body, len), schedule, nschedule,
+                             out, out_cap, nout);
+
+    } catch (...) {
+        *nout = 0;
+        return AFFINITY_PROMPT_INVALID;
     }
 }
 

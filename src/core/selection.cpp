@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "prefix_table.h"
 #include "session_table.h"
 
 namespace affinity {
@@ -58,11 +59,7 @@ int LoadBound::least_loaded(int skip, uint32_t rotate) const noexcept
             continue;
         }
 
-        // Compare (inflight + 1) / weight without division.
-        if (best < 0
-            || (inflight_[i] + 1) * int64_t(peers_[best].weight)
-                   < (inflight_[best] + 1) * int64_t(peers_[i].weight))
-        {
+        if (best < 0 || less_loaded(i, static_cast<size_t>(best))) {
             best = static_cast<int>(i);
         }
     }
@@ -83,6 +80,17 @@ int LoadBound::index_of(uint64_t peer_id) const noexcept
 {
     for (size_t i = 0; i < npeers_; i++) {
         if (peers_[i].id == peer_id) {
+            return static_cast<int>(i);
+        }
+    }
+
+    return -1;
+}
+
+int LoadBound::index_of_short(uint32_t short_id) const noexcept
+{
+    for (size_t i = 0; i < npeers_; i++) {
+        if (short_peer_id(peers_[i].id) == short_id) {
             return static_cast<int>(i);
         }
     }
@@ -115,7 +123,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
         if (i >= 0) {
             table.repin(table.insert(request.key_hash), peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_NEW};
+            decision = {i, AFFINITY_ROUTE_SESSION_NEW, 0};
         }
 
         return i;
@@ -124,7 +132,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     int pinned = load.index_of(entry->peer);
 
     if (pinned >= 0 && load.usable(pinned) && load.accepts(pinned)) {
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT};
+        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
         return pinned;
     }
 
@@ -135,7 +143,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
         if (i >= 0) {
             table.repin(entry, peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_MOVED};
+            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, 0};
         }
 
         return i;
@@ -150,7 +158,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     if (spill >= 0 && spill != pinned && load.usable(spill)
         && load.accepts(spill))
     {
-        decision = {spill, AFFINITY_ROUTE_SESSION_SPILL};
+        decision = {spill, AFFINITY_ROUTE_SESSION_SPILL, 0};
         return spill;
     }
 
@@ -158,7 +166,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
     if (i < 0 && load.usable(pinned)) {
         // Everyone is over the bound: stay where the cache is.
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT};
+        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
         return pinned;
     }
 
@@ -168,7 +176,55 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
     if (i >= 0) {
         entry->spill = peers[i].id;
-        decision = {i, AFFINITY_ROUTE_SESSION_SPILL};
+        decision = {i, AFFINITY_ROUTE_SESSION_SPILL, 0};
+    }
+
+    return i;
+}
+
+// The longest level of the prompt that a usable peer under the bound served
+// recently; among the peers remembered for it, the least loaded (ties: the
+// most recent).  Cold prompts go to the ring position of their longest
+// level, with bounded load.
+int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
+                 const affinity_request_t &request,
+                 affinity_decision_t &decision) noexcept
+{
+    for (size_t j = request.nlevels; j-- > 0;) {
+        PrefixEntry *entry = table.find(table.key(request.levels[j].hash));
+
+        if (entry == nullptr) {
+            continue;
+        }
+
+        int best = -1;
+
+        for (uint32_t id : entry->peers) {
+            if (id == 0) {
+                break;
+            }
+
+            int i = load.index_of_short(id);
+
+            if (i >= 0 && load.usable(i) && load.accepts(i)
+                && (best < 0 || load.less_loaded(i, best)))
+            {
+                best = i;
+            }
+        }
+
+        if (best >= 0) {
+            decision = {best, AFFINITY_ROUTE_PREFIX_HIT,
+                        request.levels[j].length};
+            return best;
+        }
+    }
+
+    int i = place(load, ring, request.levels[request.nlevels - 1].hash, -1,
+                  request.rotate);
+
+    if (i >= 0) {
+        decision = {i, AFFINITY_ROUTE_PREFIX_NEW, 0};
     }
 
     return i;
@@ -181,25 +237,43 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
           const affinity_request_t &request,
           affinity_decision_t &decision) noexcept
 {
-    decision = {-1, AFFINITY_ROUTE_NONE};
+    decision = {-1, AFFINITY_ROUTE_NONE, 0};
 
     LoadBound load(zone, peers, npeers, balance);
+    bool sessions = zone.header().kind
+                    == static_cast<uint32_t>(ZoneKind::Sessions);
+    bool prefixes = request.prefixes != nullptr && request.nlevels > 0
+                    && request.levels != nullptr;
+    Zone index(request.prefixes);
+    PrefixTable table(index, request.now, request.prefix_timeout);
     int chosen;
 
-    if (request.has_key) {
+    if (request.has_key && sessions) {
         chosen = route_session(zone, ring, load, peers, request, decision);
+
+    } else if (prefixes) {
+        chosen = route_prefix(table, ring, load, request, decision);
 
     } else {
         chosen = load.least_loaded(-1, request.rotate);
 
         if (chosen >= 0) {
-            decision = {chosen, AFFINITY_ROUTE_FALLBACK};
+            decision = {chosen, AFFINITY_ROUTE_FALLBACK, 0};
         }
     }
 
     if (chosen < 0) {
-        decision = {-1, AFFINITY_ROUTE_NONE};
+        decision = {-1, AFFINITY_ROUTE_NONE, 0};
         return -1;
+    }
+
+    // The chosen peer now holds every level of this prompt in its cache:
+    // later prompts that extend it will find it, whatever routed this one.
+    if (prefixes) {
+        for (size_t j = 0; j < request.nlevels; j++) {
+            table.record(table.key(request.levels[j].hash),
+                         request.levels[j].length, peers[chosen].id);
+        }
     }
 
     uint32_t slot = peers[chosen].slot;

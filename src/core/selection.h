@@ -40,6 +40,17 @@ public:
 
     int index_of(uint64_t peer_id) const noexcept;
 
+    // Index of the peer whose id has these low 32 bits (prefix entries
+    // keep short ids), or -1.
+    int index_of_short(uint32_t short_id) const noexcept;
+
+    // Whether peer a has fewer in-flight requests per weight than peer b.
+    bool less_loaded(size_t a, size_t b) const noexcept
+    {
+        return (inflight_[a] + 1) * int64_t(peers_[b].weight)
+               < (inflight_[b] + 1) * int64_t(peers_[a].weight);
+    }
+
 private:
     const affinity_peer_t *peers_;
     size_t npeers_;

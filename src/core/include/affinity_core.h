@@ -87,7 +87,8 @@ AFFINITY_API size_t affinity_ring_walk(const affinity_ring_t *ring,
 typedef struct affinity_zone_s  affinity_zone_t;
 
 typedef enum {
-    AFFINITY_ZONE_SESSIONS = 1
+    AFFINITY_ZONE_SESSIONS = 1,     /* session key -> pinned peer */
+    AFFINITY_ZONE_PREFIXES          /* prompt level -> recent peers */
 } affinity_zone_kind_e;
 
 typedef enum {
@@ -190,36 +191,56 @@ typedef enum {
     AFFINITY_ROUTE_SESSION_MOVED,   /* pinned peer failed: pinned anew */
     AFFINITY_ROUTE_SESSION_SPILL,   /* pinned peer over the bound or busy:
                                        served elsewhere, pin kept */
-    AFFINITY_ROUTE_FALLBACK         /* no key: weighted least in-flight */
+    AFFINITY_ROUTE_FALLBACK,        /* no key and no known prefix:
+                                       weighted least in-flight */
+    AFFINITY_ROUTE_PREFIX_HIT,      /* to a peer that served the longest
+                                       known prefix of the prompt */
+    AFFINITY_ROUTE_PREFIX_NEW       /* no prefix known: placed on the ring */
 } affinity_route_e;
+
+typedef struct affinity_level_s  affinity_level_t;
 
 typedef struct {
     uint64_t    key_hash;   /* affinity_zone_key_hash() of the key */
     uint64_t    ring_hash;  /* affinity_ring_hash() of the key */
-    uint32_t    has_key;
+    uint32_t    has_key;    /* a session key (the zone holds sessions) */
     uint32_t    now;        /* seconds, monotonic enough for idle expiry */
     uint32_t    timeout;    /* idle expiry of pins, seconds */
     uint32_t    rotate;     /* varies per request: breaks fallback ties */
+
+    /* prompt prefixes (affinity_prompt_levels()), or none */
+    affinity_zone_t         *prefixes;      /* the prefix index zone */
+    const affinity_level_t  *levels;        /* shortest first */
+    uint32_t                 nlevels;
+    uint32_t                 prefix_timeout;
 } affinity_request_t;
 
 typedef struct {
     int32_t     peer;       /* index into the peers array, -1 if none */
     uint32_t    route;      /* affinity_route_e */
+    uint32_t    prefix_len; /* code points of the level matched, or 0 */
 } affinity_decision_t;
 
 /*
  * Chooses a peer for a request among peers[0..npeers) and counts it in the
- * chosen peer's in-flight counter.  With a key: the pinned peer while it is
- * usable and under the load bound; a spill to the next peer on the ring
- * (remembered) when it is merely busy or overloaded; a new pin, placed on
- * the ring with bounded load, when the key is new or its peer failed.
- * Without a key: the usable peer with the least in-flight per weight.
- * The bound is soft: when every usable peer is over it, the least loaded
- * one is chosen, so a request is never refused for load.
+ * chosen peer's in-flight counter in zone (the zone holding the counters,
+ * and the session table when it is a session zone).
  *
- * Caller holds the zone lock.  No allocation; at most 256 peers are
- * considered.  Returns 0, or -1 when no peer is usable (decision->peer is
- * then -1 and nothing is counted).
+ * With a session key: the pinned peer while it is usable and under the load
+ * bound; a spill to the next peer on the ring (remembered) when it is merely
+ * busy or overloaded; a new pin, placed on the ring with bounded load, when
+ * the key is new or its peer failed.
+ * Else, with prompt levels: among the peers that recently served the
+ * longest known level, the least loaded one under the bound; if no level is
+ * known, the ring position of the longest level, with bounded load.
+ * Else: the usable peer with the least in-flight per weight.
+ * Every level of the prompt is then recorded for the chosen peer.  The
+ * bound is soft: when every usable peer is over it, the least loaded one is
+ * chosen, so a request is never refused for load.
+ *
+ * Caller holds the lock of zone and of request->prefixes.  No allocation;
+ * at most 256 peers are considered.  Returns 0, or -1 when no peer is
+ * usable (decision->peer is then -1 and nothing is counted).
  */
 AFFINITY_API int affinity_route(affinity_zone_t *zone,
     const affinity_ring_t *ring, const affinity_peer_t *peers, size_t npeers,
@@ -268,6 +289,48 @@ typedef enum {
 AFFINITY_API affinity_field_e affinity_json_field(const char *body,
     size_t len, const char *path, size_t path_len, char *out,
     size_t out_cap, size_t *out_len) AFFINITY_NOEXCEPT;
+
+
+
+/* ---- prompt prefixes -------------------------------------------------- */
+
+/* Most levels a prompt is hashed at. */
+#define AFFINITY_MAX_LEVELS  128
+
+struct affinity_level_s {
+    uint32_t    length;     /* code points of canonical text hashed */
+    uint32_t    reserved;
+    uint64_t    hash;       /* XXH3, fixed seed (same in every instance) */
+};
+
+typedef enum {
+    AFFINITY_PROMPT_OK = 0,
+    AFFINITY_PROMPT_NONE,       /* valid JSON object without a prompt */
+    AFFINITY_PROMPT_INVALID     /* not a JSON object, malformed, or not
+                                   UTF-8 */
+} affinity_prompt_e;
+
+/*
+ * The lengths (code points) a prompt is hashed at: the given lengths
+ * (sorted, duplicates dropped), then, after the last one, lengths growing
+ * by max(step, previous * growth_percent / 100) up to max.  step 0 adds
+ * nothing after the given lengths.  Returns how many were written to out.
+ */
+AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
+    size_t nlengths, uint32_t step, uint32_t growth_percent, uint32_t max,
+    uint32_t *out, size_t out_cap) AFFINITY_NOEXCEPT;
+
+/*
+ * Builds the canonical prompt text of a chat completions, completions or
+ * Responses API body (body[0..len), AFFINITY_JSON_PADDING readable bytes
+ * after it) and hashes its first L code points for each scheduled L it
+ * reaches; a text shorter than schedule[0] gives one level of its own
+ * length.  Parsing stops at the last scheduled length.  Levels are written
+ * shortest first.  No allocation once warm (per-thread buffers).
+ */
+AFFINITY_API affinity_prompt_e affinity_prompt_levels(const char *body,
+    size_t len, const uint32_t *schedule, size_t nschedule,
+    affinity_level_t *out, size_t out_cap, size_t *nout) AFFINITY_NOEXCEPT;
 
 
 #ifdef __cplusplus

@@ -1,0 +1,84 @@
+#include "prefix_table.h"
+
+#include <cstring>
+
+namespace affinity {
+
+uint64_t PrefixTable::key(uint64_t level_hash) const noexcept
+{
+    // Level hashes are the same in every instance (fixed seed); the zone's
+    // seed makes their buckets unpredictable.  Mixed with the final step of
+    // MurmurHash3, which spreads every input bit over the output.
+    uint64_t k = level_hash ^ zone_.header().seed;
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k != 0 ? k : 1;
+}
+
+PrefixBucket &PrefixTable::bucket_of(uint64_t key) noexcept
+{
+    uint64_t n = zone_.header().buckets;
+    uint64_t index = static_cast<uint64_t>(
+        (static_cast<unsigned __int128>(key) * n) >> 64);
+
+    return zone_.buckets<PrefixBucket>()[index];
+}
+
+size_t PrefixTable::expire(PrefixBucket &bucket) noexcept
+{
+    return bucket.expire(now_, timeout_, [this](const PrefixEntry &) {
+        zone_.header().used--;
+        zone_.header().expiries++;
+    });
+}
+
+PrefixEntry *PrefixTable::find(uint64_t key) noexcept
+{
+    PrefixBucket &bucket = bucket_of(key);
+    PrefixEntry *entry = bucket.find(key, expire(bucket));
+
+    if (entry) {
+        entry->last_used = now_;
+    }
+
+    return entry;
+}
+
+void PrefixTable::record(uint64_t key, uint32_t length,
+                         uint64_t peer_id) noexcept
+{
+    PrefixBucket &bucket = bucket_of(key);
+    size_t live = expire(bucket);
+    PrefixEntry *entry = bucket.find(key, live);
+
+    if (entry == nullptr) {
+        entry = bucket.push_front(live, [this](const PrefixEntry &) {
+            zone_.header().used--;
+            zone_.header().evictions++;
+        });
+        entry->key = key;
+        entry->length = length;
+        zone_.header().used++;
+    }
+
+    entry->last_used = now_;
+
+    // Move (or insert) the peer to the front of the entry's list.
+    uint32_t id = short_peer_id(peer_id);
+    size_t at = kPrefixPeers - 1;
+
+    for (size_t i = 0; i < kPrefixPeers; i++) {
+        if (entry->peers[i] == id || entry->peers[i] == 0) {
+            at = i;
+            break;
+        }
+    }
+
+    std::memmove(&entry->peers[1], &entry->peers[0], at * sizeof(uint32_t));
+    entry->peers[0] = id;
+}
+
+}  // namespace affinity

@@ -1,0 +1,687 @@
+#include "prompt_levels.h"
+
+#include <algorithm>
+#include <string>
+
+#include <simdjson.h>
+
+namespace affinity {
+
+namespace {
+
+// Fixed: a prefix hashes alike in every nginx instance, so that several
+// instances place a cold prompt on the same peer.
+constexpr uint64_t kPrefixSeed = 0x70726566'69783031ULL;    // "prefix01"
+
+constexpr char kUnitSep = '\x1f';
+constexpr char kRecordSep = '\x1e';
+constexpr char kGroupSep = '\x1d';
+
+size_t count_code_points(const char *p, size_t n) noexcept
+{
+    // Every byte but UTF-8 continuation bytes (10xxxxxx) starts one.
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        count += (static_cast<unsigned char>(p[i]) & 0xc0) != 0x80;
+    }
+    return count;
+}
+
+}  // namespace
+
+LevelHasher::LevelHasher(const uint32_t *schedule, size_t nschedule,
+                         affinity_level_t *out, size_t out_cap) noexcept
+    : schedule_(schedule), nschedule_(nschedule), out_(out), out_cap_(out_cap)
+{
+    XXH3_INITSTATE(&state_);
+    XXH3_64bits_reset_withSeed(&state_, kPrefixSeed);
+}
+
+void LevelHasher::emit(uint32_t length) noexcept
+{
+    if (nout_ < out_cap_) {
+        out_[nout_++] = {length, 0, XXH3_64bits_digest(&state_)};
+    }
+}
+
+bool LevelHasher::append(std::string_view text) noexcept
+{
+    const char *p = text.data();
+    size_t n = text.size();
+
+    while (n > 0 && !done()) {
+        uint64_t need = schedule_[next_] - code_points_;
+        size_t count = count_code_points(p, n);
+
+        if (count < need) {
+            XXH3_64bits_update(&state_, p, n);
+            code_points_ += count;
+            return true;
+        }
+
+        // The level ends inside this text: before the lead byte of code
+        // point need + 1, or at the end.
+        size_t end = 0;
+        for (uint64_t seen = 0; end < n; end++) {
+            if ((static_cast<unsigned char>(p[end]) & 0xc0) != 0x80) {
+                if (seen == need) {
+                    break;
+                }
+                seen++;
+            }
+        }
+
+        XXH3_64bits_update(&state_, p, end);
+        code_points_ += need;
+        emit(schedule_[next_]);
+        next_++;
+
+        p += end;
+        n -= end;
+    }
+
+    return !done();
+}
+
+size_t LevelHasher::finish() noexcept
+{
+    if (nout_ == 0 && code_points_ > 0) {
+        emit(static_cast<uint32_t>(
+            std::min<uint64_t>(code_points_, UINT32_MAX)));
+    }
+
+    return nout_;
+}
+
+namespace {
+
+using namespace simdjson;
+
+enum class Step { More, Done, Invalid };
+
+// Walks a request body and feeds its canonical prompt text to a hasher.
+class PromptWalker {
+public:
+    explicit PromptWalker(LevelHasher &hasher) : hasher_(hasher) {}
+
+    affinity_prompt_e walk(ondemand::object body);
+
+private:
+    Step add(std::string_view text)
+    {
+        return hasher_.append(text) ? Step::More : Step::Done;
+    }
+
+    Step record(std::string_view tag, std::string_view text);
+    Step model(ondemand::object body);
+    Step tools(ondemand::object body);
+    Step messages(ondemand::array list, bool responses_items);
+    Step message(ondemand::object msg);
+    Step content(ondemand::value content);
+    Step part(ondemand::object part);
+    Step compact(std::string_view tag, std::string_view raw);
+    Step completion_prompt(ondemand::value prompt);
+
+    LevelHasher &hasher_;
+    bool found_prompt_ = false;
+};
+
+// tag US text RS
+Step PromptWalker::record(std::string_view tag, std::string_view text)
+{
+    if (add(tag) == Step::Done || hasher_.append_byte(kUnitSep) == false
+        || add(text) == Step::Done || hasher_.append_byte(kRecordSep) == false)
+    {
+        return Step::Done;
+    }
+    return Step::More;
+}
+
+// tag US compact-json RS
+Step PromptWalker::compact(std::string_view tag, std::string_view raw)
+{
+    // One buffer per thread, grown as needed and reused.
+    thread_local std::string minified;
+
+    if (minified.size() < raw.size()) {
+        minified.resize(std::max(raw.size(), minified.size() * 2));
+    }
+
+    size_t len = 0;
+    if (simdjson::minify(raw.data(), raw.size(), minified.data(), len)
+        != SUCCESS)
+    {
+        return Step::Invalid;
+    }
+
+    return record(tag, std::string_view(minified.data(), len));
+}
+
+Step PromptWalker::model(ondemand::object body)
+{
+    std::string_view name;
+    error_code error = body.find_field_unordered("model").get_string().get(name);
+
+    if (error == NO_SUCH_FIELD || error == INCORRECT_TYPE) {
+        return Step::More;
+    }
+    if (error != SUCCESS) {
+        return Step::Invalid;
+    }
+    return record("model", name);
+}
+
+Step PromptWalker::tools(ondemand::object body)
+{
+    ondemand::array list;
+    error_code error = body.find_field_unordered("tools").get_array().get(list);
+
+    if (error == NO_SUCH_FIELD || error == INCORRECT_TYPE) {
+        return Step::More;
+    }
+    if (error != SUCCESS) {
+        return Step::Invalid;
+    }
+
+    for (auto element : list) {
+        ondemand::object tool;
+        std::string_view raw;
+
+        if (element.get_object().get(tool) != SUCCESS
+            || tool.raw_json().get(raw) != SUCCESS)
+        {
+            return Step::Invalid;
+        }
+
+        Step step = compact("tool", raw);
+        if (step != Step::More) {
+            return step;
+        }
+    }
+
+    return Step::More;
+}
+
+// A non-text content part: its type and a hash of what it refers to (the
+// URL or inline data), so equal images make equal prompts at a few bytes.
+Step PromptWalker::part(ondemand::object part)
+{
+    std::string_view type;
+    error_code error = part.find_field_unordered("type").get_string().get(type);
+    if (error != SUCCESS && error != NO_SUCH_FIELD) {
+        return Step::Invalid;
+    }
+
+    if (type == "text" || type == "input_text" || type == "output_text") {
+        std::string_view text;
+        error = part.find_field_unordered("text").get_string().get(text);
+        if (error == NO_SUCH_FIELD) {
+            return Step::More;
+        }
+        if (error != SUCCESS) {
+            return Step::Invalid;
+        }
+        return add(text);
+    }
+
+    // The reference: a string member, or the "url"/"data"/"file_data"/
+    // "file_id" of an object member (image_url, input_audio, file, ...).
+    std::string_view ref;
+    bool found = false;
+
+    if (part.reset().error() != SUCCESS) {
+        return Step::Invalid;
+    }
+
+    for (auto field : part) {
+        std::string_view key;
+        ondemand::value value;
+
+        if (field.unescaped_key().get(key) != SUCCESS
+            || field.value().get(value) != SUCCESS)
+        {
+            return Step::Invalid;
+        }
+
+        if (key == "type") {
+            continue;
+        }
+
+        ondemand::json_type kind;
+        if (value.type().get(kind) != SUCCESS) {
+            return Step::Invalid;
+        }
+
+        if (kind == ondemand::json_type::string) {
+            if (value.get_string().get(ref) != SUCCESS) {
+                return Step::Invalid;
+            }
+            found = true;
+            break;
+        }
+
+        if (kind == ondemand::json_type::object) {
+            ondemand::object inner;
+            if (value.get_object().get(inner) != SUCCESS) {
+                return Step::Invalid;
+            }
+            for (const char *name : {"url", "data", "file_data", "file_id"}) {
+                if (inner.find_field_unordered(name).get_string().get(ref)
+                    == SUCCESS)
+                {
+                    found = true;
+                    break;
+                }
+            }
+            if (found) {
+                break;
+            }
+        }
+    }
+
+    char tag[1 + 32 + 1 + 16 + 1];
+    static const char hex[] = "0123456789abcdef";
+    uint64_t h = found ? XXH3_64bits(ref.data(), ref.size()) : 0;
+    size_t n = 0;
+
+    tag[n++] = kGroupSep;
+    for (size_t i = 0; i < type.size() && i < 32; i++) {
+        tag[n++] = type[i];
+    }
+    tag[n++] = ':';
+    for (int shift = 60; shift >= 0; shift -= 4) {
+        tag[n++] = hex[(h >> shift) & 0xf];
+    }
+    tag[n++] = kGroupSep;
+
+    return add(std::string_view(tag, n));
+}
+
+Step PromptWalker::content(ondemand::value content)
+{
+    ondemand::json_type kind;
+    if (content.type().get(kind) != SUCCESS) {
+        return Step::Invalid;
+    }
+
+    if (kind == ondemand::json_type::string) {
+        std::string_view text;
+        if (content.get_string().get(text) != SUCCESS) {
+            return Step::Invalid;
+        }
+        return add(text);
+    }
+
+    if (kind != ondemand::json_type::array) {
+        return Step::More;      // null: an assistant turn with tool calls
+    }
+
+    ondemand::array parts;
+    if (content.get_array().get(parts) != SUCCESS) {
+        return Step::Invalid;
+    }
+
+    for (auto element : parts) {
+        ondemand::json_type part_kind;
+        if (element.type().get(part_kind) != SUCCESS) {
+            return Step::Invalid;
+        }
+
+        Step step;
+
+        if (part_kind == ondemand::json_type::string) {
+            std::string_view text;
+            if (element.get_string().get(text) != SUCCESS) {
+                return Step::Invalid;
+            }
+            step = add(text);
+
+        } else if (part_kind == ondemand::json_type::object) {
+            ondemand::object p;
+            if (element.get_object().get(p) != SUCCESS) {
+                return Step::Invalid;
+            }
+            step = part(p);
+
+        } else {
+            continue;
+        }
+
+        if (step != Step::More) {
+            return step;
+        }
+    }
+
+    return Step::More;
+}
+
+// role US content [tool calls] RS
+Step PromptWalker::message(ondemand::object msg)
+{
+    std::string_view role;
+    error_code error = msg.find_field_unordered("role").get_string().get(role);
+    if (error != SUCCESS && error != NO_SUCH_FIELD) {
+        return Step::Invalid;
+    }
+
+    if (add(role) == Step::Done || !hasher_.append_byte(kUnitSep)) {
+        return Step::Done;
+    }
+
+    ondemand::value value;
+    error = msg.find_field_unordered("content").get(value);
+    if (error == SUCCESS) {
+        Step step = content(value);
+        if (step != Step::More) {
+            return step;
+        }
+    } else if (error != NO_SUCH_FIELD) {
+        return Step::Invalid;
+    }
+
+    // Agent loops: an assistant turn may be only tool calls.
+    ondemand::array calls;
+    error = msg.find_field_unordered("tool_calls").get_array().get(calls);
+    if (error == SUCCESS) {
+        std::string_view raw;
+        if (calls.raw_json().get(raw) != SUCCESS) {
+            return Step::Invalid;
+        }
+        Step step = compact("tool_calls", raw);
+        if (step != Step::More) {
+            return step;
+        }
+    } else if (error != NO_SUCH_FIELD && error != INCORRECT_TYPE) {
+        return Step::Invalid;
+    }
+
+    return hasher_.append_byte(kRecordSep) ? Step::More : Step::Done;
+}
+
+// Chat "messages", or Responses "input" items: items with a role are
+// messages; the others (function calls and their outputs, ...) are their
+// type and compact JSON.
+Step PromptWalker::messages(ondemand::array list, bool responses_items)
+{
+    for (auto element : list) {
+        ondemand::object msg;
+        error_code error = element.get_object().get(msg);
+
+        if (error == INCORRECT_TYPE) {
+            continue;
+        }
+        if (error != SUCCESS) {
+            return Step::Invalid;
+        }
+
+        found_prompt_ = true;
+
+        Step step;
+
+        if (responses_items) {
+            std::string_view probe;
+            error = msg.find_field_unordered("role").get_string().get(probe);
+
+            if (error == NO_SUCH_FIELD) {
+                std::string_view type, raw;
+                if (msg.reset().error() != SUCCESS) {
+                    return Step::Invalid;
+                }
+                error = msg.find_field_unordered("type").get_string().get(type);
+                if ((error != SUCCESS && error != NO_SUCH_FIELD)
+                    || msg.reset().error() != SUCCESS
+                    || msg.raw_json().get(raw) != SUCCESS)
+                {
+                    return Step::Invalid;
+                }
+                step = compact(type, raw);
+
+                if (step != Step::More) {
+                    return step;
+                }
+                continue;
+            }
+
+            if (error != SUCCESS || msg.reset().error() != SUCCESS) {
+                return Step::Invalid;
+            }
+        }
+
+        step = message(msg);
+        if (step != Step::More) {
+            return step;
+        }
+    }
+
+    return Step::More;
+}
+
+// Completions: a string, or the first element of a list (a string, or a
+// list of token ids, taken as compact JSON).
+Step PromptWalker::completion_prompt(ondemand::value prompt)
+{
+    ondemand::json_type kind;
+    if (prompt.type().get(kind) != SUCCESS) {
+        return Step::Invalid;
+    }
+
+    if (kind == ondemand::json_type::string) {
+        std::string_view text;
+        if (prompt.get_string().get(text) != SUCCESS) {
+            return Step::Invalid;
+        }
+        found_prompt_ = true;
+        return record("prompt", text);
+    }
+
+    if (kind != ondemand::json_type::array) {
+        return Step::More;
+    }
+
+    ondemand::array list;
+    std::string_view raw;
+    if (prompt.get_array().get(list) != SUCCESS) {
+        return Step::Invalid;
+    }
+
+    for (auto first : list) {
+        ondemand::json_type first_kind;
+        if (first.type().get(first_kind) != SUCCESS) {
+            return Step::Invalid;
+        }
+
+        if (first_kind == ondemand::json_type::string) {
+            std::string_view text;
+            if (first.get_string().get(text) != SUCCESS) {
+                return Step::Invalid;
+            }
+            found_prompt_ = true;
+            return record("prompt", text);
+        }
+
+        if (first_kind == ondemand::json_type::array) {
+            ondemand::array tokens;
+            if (first.get_array().get(tokens) != SUCCESS
+                || tokens.raw_json().get(raw) != SUCCESS)
+            {
+                return Step::Invalid;
+            }
+            found_prompt_ = true;
+            return compact("prompt", raw);
+        }
+
+        break;      // a list of token ids: the whole list below
+    }
+
+    if (list.reset().error() != SUCCESS || list.raw_json().get(raw) != SUCCESS) {
+        return Step::Invalid;
+    }
+    found_prompt_ = true;
+    return compact("prompt", raw);
+}
+
+affinity_prompt_e PromptWalker::walk(ondemand::object body)
+{
+    Step step = model(body);
+
+    if (step == Step::More) {
+        step = tools(body);
+    }
+
+    if (step == Step::More) {
+        ondemand::array list;
+        error_code error = body.find_field_unordered("messages").get_array()
+                               .get(list);
+
+        if (error == SUCCESS) {
+            step = messages(list, false);
+
+        } else if (error != NO_SUCH_FIELD && error != INCORRECT_TYPE) {
+            step = Step::Invalid;
+
+        } else {
+            ondemand::value prompt;
+            error = body.find_field_unordered("prompt").get(prompt);
+
+            if (error == SUCCESS) {
+                step = completion_prompt(prompt);
+
+            } else if (error != NO_SUCH_FIELD) {
+                step = Step::Invalid;
+
+            } else {
+                // Responses API: instructions, then input.
+                std::string_view text;
+                error = body.find_field_unordered("instructions").get_string()
+                            .get(text);
+                if (error == SUCCESS) {
+                    found_prompt_ = true;
+                    step = record("instructions", text);
+                } else if (error != NO_SUCH_FIELD && error != INCORRECT_TYPE) {
+                    step = Step::Invalid;
+                }
+
+                ondemand::value input;
+                if (step == Step::More
+                    && body.find_field_unordered("input").get(input) == SUCCESS)
+                {
+                    ondemand::json_type kind;
+                    if (input.type().get(kind) != SUCCESS) {
+                        step = Step::Invalid;
+
+                    } else if (kind == ondemand::json_type::string) {
+                        found_prompt_ = true;
+                        step = input.get_string().get(text) == SUCCESS
+                               ? record("user", text) : Step::Invalid;
+
+                    } else if (kind == ondemand::json_type::array) {
+                        step = input.get_array().get(list) == SUCCESS
+                               ? messages(list, true) : Step::Invalid;
+                    }
+                }
+            }
+        }
+    }
+
+    if (step == Step::Invalid) {
+        return AFFINITY_PROMPT_INVALID;
+    }
+
+    return found_prompt_ ? AFFINITY_PROMPT_OK : AFFINITY_PROMPT_NONE;
+}
+
+ondemand::parser &thread_parser()
+{
+    thread_local ondemand::parser parser;
+    return parser;
+}
+
+}  // namespace
+
+affinity_prompt_e prompt_levels(std::string_view padded_body,
+                                const uint32_t *schedule, size_t nschedule,
+                                affinity_level_t *out, size_t out_cap,
+                                size_t *nout)
+{
+    *nout = 0;
+
+    if (nschedule == 0) {
+        return AFFINITY_PROMPT_NONE;
+    }
+
+    ondemand::document doc;
+    ondemand::object body;
+
+    if (thread_parser()
+            .iterate(padded_body.data(), padded_body.size(),
+                     padded_body.size() + AFFINITY_JSON_PADDING)
+            .get(doc)
+            != SUCCESS
+        || doc.get_object().get(body) != SUCCESS)
+    {
+        return AFFINITY_PROMPT_INVALID;
+    }
+
+    LevelHasher hasher(schedule, nschedule, out, out_cap);
+    affinity_prompt_e rc = PromptWalker(hasher).walk(body);
+
+    if (rc != AFFINITY_PROMPT_OK) {
+        return rc;
+    }
+
+    *nout = hasher.finish();
+    return *nout ? AFFINITY_PROMPT_OK : AFFINITY_PROMPT_NONE;
+}
+
+size_t level_schedule(const uint32_t *lengths, size_t nlengths, uint32_t step,
+                      uint32_t growth_percent, uint32_t max, uint32_t *out,
+                      size_t out_cap) noexcept
+{
+    size_t n = 0;
+    uint32_t last = 0;
+
+    // The given lengths, sorted and without duplicates (insertion: a few).
+    for (size_t i = 0; i < nlengths; i++) {
+        uint32_t length = lengths[i];
+        if (length == 0) {
+            continue;
+        }
+        size_t at = 0;
+        while (at < n && out[at] < length) {
+            at++;
+        }
+        if ((at < n && out[at] == length) || n == out_cap) {
+            continue;
+        }
+        for (size_t k = n; k > at; k--) {
+            out[k] = out[k - 1];
+        }
+        out[at] = length;
+        n++;
+    }
+
+    if (n > 0) {
+        last = out[n - 1];
+    }
+
+    if (step == 0) {
+        return n;
+    }
+
+    while (n < out_cap) {
+        uint64_t gap = std::max<uint64_t>(
+            step, uint64_t{last} * growth_percent / 100);
+        uint64_t next = uint64_t{last} + gap;
+
+        if (next > max) {
+            break;
+        }
+
+        last = static_cast<uint32_t>(next);
+        out[n++] = last;
+    }
+
+    return n;
+}
+
+}  // namespace affinity
