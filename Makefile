@@ -3,9 +3,13 @@
 #   make                 install missing Debian packages, build the module
 #                        into build/ngx_http_upstream_affinity_module.so
 #   make NGINX_SRC=dir   build against another nginx source tree
-#   make test            unit tests (also under ASan+UBSan) and e2e tests
-#   make demo            start nginx with the module and three backends,
-#                        and show where each session's requests go
+#   make test            unit tests (also under ASan+UBSan), tests of the
+#                        simulated fleet, and e2e tests
+#   make demo            a mock LLM fleet behind nginx with the module: where
+#                        requests go, hit ratios per policy, a chat client
+#   make bench-quick     trace replay on a slice, main policies (< 5 min)
+#   make bench           everything: whole trace, all policies, throughput
+#                        against hash consistent, microbenchmarks
 #   make clean
 
 NGINX_SRC ?=
@@ -13,8 +17,11 @@ NGINX_BIN ?= /usr/sbin/nginx
 BUILD     := build
 MODULE    := $(BUILD)/ngx_http_upstream_affinity_module.so
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
+# Debian's interpreter, where python3-matplotlib is installed
+PYTHON    ?= /usr/bin/python3
 
-.PHONY: all deps module unit unit-asan e2e test demo clean
+.PHONY: all deps module unit unit-asan pytests e2e test demo \
+        bench bench-quick bench-trace bench-throughput bench-micro clean
 
 all: module
 
@@ -43,7 +50,32 @@ e2e: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    prove -j 2 t/
 
-test: unit unit-asan e2e
+# The simulated fleet: mock replicas, trace replay and offline bounds.
+pytests: deps
+	@$(PYTHON) -m unittest discover -s t/py -t .
+
+test: unit unit-asan pytests e2e
+
+bench-quick: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) scripts/bench.py --quick
+
+bench-trace: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) scripts/bench.py
+
+bench-throughput: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    scripts/bench-throughput.sh
+
+bench-micro: deps
+	@cmake -S bench/micro -B $(BUILD)/micro -DCMAKE_BUILD_TYPE=Release \
+	    > /dev/null
+	@cmake --build $(BUILD)/micro -j $(JOBS)
+	@$(BUILD)/micro/affinity_micro --benchmark_min_time=0.5 \
+	    | tee bench/results/micro.txt
+
+bench: bench-micro bench-throughput bench-trace
 
 demo: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \

@@ -19,9 +19,16 @@ PACKAGES="
     nginx
     nginx-dev
     perl
+    python3
+    python3-matplotlib
     wrk
     zlib1g-dev
 "
+
+# The demo's chat client runs on Node.js; any node and npm on PATH will do.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    PACKAGES="$PACKAGES nodejs npm"
+fi
 
 missing=""
 for pkg in $PACKAGES; do

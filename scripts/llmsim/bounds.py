@@ -1,0 +1,575 @@
+"""Offline figures for a trace on the modelled fleet: what an unbounded
+cache could reuse, what a router that knows every replica's cache could
+reach while keeping load balanced, and what simple policies get, all with
+the replica model the mock backend implements (model.py), so that the
+numbers are directly comparable with a replay against the mock.
+
+Prompts.  A trace record becomes the chat request that trace.chat_body()
+sends; the mock hashes role + "\\n" + content + "\\n" of it
+(trace.chat_prompt_text), so that is the text whose model.block_chain we
+compute, and prompt tokens are model.prompt_tokens of it (input_length + 2).
+
+Speed.  The full conversation trace has ~9M model blocks of 16 tokens
+(64 characters); building 48 KB prompts and hashing them from scratch for
+every record is far too slow.  Block chains are therefore memoized per
+trace block: a trace block is 2048 characters, exactly 32 model blocks,
+so the 2048-character segment j of the mock's prompt text always covers
+model blocks 32j..32j+31.  Because of the 5-character "user\\n" head the
+segment holds the last 5 characters of trace block j-1 and the first 2043
+of trace block j, so its 32 hashes are a function of (hash before it, id
+of block j-1, id of block j) and are computed once per distinct key.  Only
+the end of each prompt (the partial last trace block and the closing
+"\\n") is hashed per record.  ChainBuilder.chain(r) is checked against
+model.block_chain by the tests.  On the full trace this takes about 10 s
+and each simulated policy about 6-10 s on one core; the chains are kept
+packed (one bytes object per segment) and unpacked only while a request is
+in flight, which keeps memory under 1 GB.
+
+The fleet simulator is a discrete-event simulation of model.py's timing
+rules, a pure function of its inputs:
+- a replica admits at most max_running requests, the others wait FIFO;
+- admitted requests take the replica's single prefill lane in FIFO order;
+  when a request gets the lane, its cached prefix is looked up in the
+  replica's PrefixCache, and prefill takes prefill_seconds(uncached);
+- when prefill ends the first token is out (TTFT = end - arrival), the
+  prompt's chain is inserted into the cache, and decoding takes
+  decode_seconds(output_tokens) concurrently with the other requests;
+- the request then leaves and frees its running slot.
+Events at equal times are handled prefill ends first, then finishes, then
+arrivals (in trace order), so a request arriving exactly when another one
+finishes sees the freed slot.  Times are in trace seconds (time_scale 1).
+"""
+
+import hashlib
+import heapq
+from bisect import bisect_right
+from collections import deque
+
+from . import model, trace
+
+# The digest size model.block_chain uses; the tests compare chains.
+DIGEST_SIZE = 12
+SEGMENT_BLOCKS = trace.TRACE_BLOCK_CHARS // model.BLOCK_CHARS       # 32
+assert SEGMENT_BLOCKS * model.BLOCK_CHARS == trace.TRACE_BLOCK_CHARS
+
+DEFAULT_FACTOR = 1.25
+DEFAULT_SLACK = 2
+RING_POINTS = 160
+
+
+# --- block chains -------------------------------------------------------
+
+def chain_continue(prev, data):
+    """Chained hashes of the full blocks of data (bytes), continuing a
+    chain whose last hash is prev (b'' for a chain's start); packed into
+    one bytes object of DIGEST_SIZE-byte hashes.  Same hashing as
+    model.block_chain: chain_continue(b'', t.encode()) packs block_chain(t).
+    """
+    blake2b, size = hashlib.blake2b, model.BLOCK_CHARS     # hot loop
+    out = []
+    append = out.append
+    for start in range(0, len(data) - size + 1, size):
+        prev = blake2b(prev + data[start:start + size],
+                       digest_size=DIGEST_SIZE).digest()
+        append(prev)
+    return b''.join(out)
+
+
+def unpack_chain(packed):
+    """The list of block hashes held in a tuple of packed chain parts."""
+    return [part[i:i + DIGEST_SIZE]
+            for part in packed for i in range(0, len(part), DIGEST_SIZE)]
+
+
+def _prompt_slice(record, start, end):
+    """prompt_text(record)[start:end], built from only the trace blocks it
+    covers."""
+    end = min(end, trace.prompt_chars(record))
+    if start >= end:
+        return ''
+    step = trace.TRACE_BLOCK_CHARS
+    first, last = start // step, (end - 1) // step
+    ids = record['hash_ids']
+    text = ''.join(trace.block_text(ids[b]) for b in range(first, last + 1))
+    return text[start - first * step:end - first * step]
+
+
+class ChainBuilder:
+    """Model block chains of the mock's prompt texts for trace records,
+    memoized per trace block (see the module docstring)."""
+
+    def __init__(self, role=trace.PROMPT_ROLE):
+        probe = trace.chat_prompt_text('', role)
+        self.head = probe[:len(role) + 1]          # role + "\n"
+        self.tail = probe[len(role) + 1:]          # "\n"
+        if len(self.head) >= trace.TRACE_BLOCK_CHARS:
+            raise ValueError('role too long for segment memoization')
+        self.segments = {}
+
+    def packed(self, record):
+        """The record's chain as a tuple of packed parts (memoized
+        segments, then the record's own end)."""
+        size = trace.prompt_chars(record)
+        head = len(self.head)
+        step = trace.TRACE_BLOCK_CHARS
+        parts = []
+        prev = b''
+        j = 0
+        while step * (j + 1) <= head + size:
+            segment = self._segment(record, j, prev)
+            parts.append(segment)
+            prev = segment[-DIGEST_SIZE:]
+            j += 1
+        rest = (self.head if j == 0 else '') \
+            + _prompt_slice(record, max(0, step * j - head), size) + self.tail
+        parts.append(chain_continue(prev, rest.encode('utf-8')))
+        return tuple(parts)
+
+    def chain(self, record):
+        """The record's chain as model.block_chain would return it."""
+        return unpack_chain(self.packed(record))
+
+    def _segment(self, record, j, prev):
+        """The 32 packed hashes of segment j, from the memo when known."""
+        ids = record['hash_ids']
+        key = (prev, ids[j - 1] if j else None, ids[j])
+        segment = self.segments.get(key)
+        if segment is None:
+            head = len(self.head)
+            step = trace.TRACE_BLOCK_CHARS
+            text = (self.head if j == 0 else '') + _prompt_slice(
+                record, max(0, step * j - head), step * (j + 1) - head)
+            segment = chain_continue(prev, text.encode('utf-8'))
+            self.segments[key] = segment
+        return segment
+
+
+class SimRequest:
+    """One trace record as the simulator needs it."""
+    __slots__ = ('index', 'arrival', 'prompt_tokens', 'output_tokens',
+                 'session', 'packed')
+
+    def __init__(self, index, arrival, prompt_tokens, output_tokens,
+                 session, packed):
+        self.index = index
+        self.arrival = arrival
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.session = session
+        self.packed = packed
+
+    def chain(self):
+        return unpack_chain(self.packed)
+
+
+def prepare_requests(records, start=0, builder=None):
+    """SimRequests for records numbered from `start`, with their chains
+    computed once (packed, so that the full trace fits in memory)."""
+    builder = builder or ChainBuilder()
+    arrivals = trace.arrival_seconds(records)
+    requests = []
+    for i, (record, arrival) in enumerate(zip(records, arrivals)):
+        text_chars = record['input_length'] * model.CHARS_PER_TOKEN \
+            + len(builder.head) + len(builder.tail)
+        tokens = -(-text_chars // model.CHARS_PER_TOKEN)   # prompt_tokens()
+        requests.append(SimRequest(
+            start + i, arrival, tokens, record['output_length'],
+            trace.session_id(record, start + i), builder.packed(record)))
+    return requests
+
+
+# --- the unbounded shared cache ----------------------------------------
+
+def infinite_cache(requests):
+    """Token-weighted prefix reuse with one shared cache of unbounded
+    capacity: each request, in arrival order, is served its longest cached
+    prefix of full blocks (as PrefixCache.cached_prefix) and then adds its
+    blocks.  A set suffices because nothing is ever evicted."""
+    seen = set()
+    prompt = cached = 0
+    for req in sorted(requests, key=lambda r: r.arrival):
+        chain = req.chain()
+        n = 0
+        for h in chain:
+            if h not in seen:
+                break
+            n += 1
+        seen.update(chain[n:])
+        prompt += req.prompt_tokens
+        cached += min(req.prompt_tokens, n * model.BLOCK_TOKENS)
+    return {'prompt_tokens': prompt, 'cached_tokens': cached,
+            'hit_ratio': cached / prompt if prompt else None}
+
+
+# --- load bound and hashing ---------------------------------------------
+
+def load_bound(total_inflight, replicas, factor=DEFAULT_FACTOR,
+               slack=DEFAULT_SLACK):
+    """The most in-flight requests a replica may hold counting the one
+    being placed: max(factor × share, share + slack), share being an equal
+    part of all in-flight requests plus the new one (the module's bound)."""
+    share = (total_inflight + 1) / replicas
+    return max(factor * share, share + slack)
+
+
+def hash64(text):
+    """A stable 64-bit hash (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode('utf-8'),
+                                          digest_size=8).digest(), 'big')
+
+
+class HashRing:
+    """A consistent-hash ring with `points` positions per replica."""
+
+    def __init__(self, replicas, points=RING_POINTS):
+        ring = sorted((hash64('replica-%d#%d' % (r, k)), r)
+                      for r in range(replicas) for k in range(points))
+        self.positions = [p for p, _ in ring]
+        self.owners = [r for _, r in ring]
+        self.replicas = replicas
+
+    def walk(self, key):
+        """Distinct replicas clockwise from the key's position."""
+        start = bisect_right(self.positions, hash64(key))
+        seen = set()
+        for i in range(len(self.owners)):
+            owner = self.owners[(start + i) % len(self.owners)]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
+                if len(seen) == self.replicas:
+                    return
+
+
+# --- the fleet ------------------------------------------------------------
+
+class Replica:
+    """The state of one simulated replica."""
+    __slots__ = ('cache', 'waiting', 'lane', 'lane_busy', 'running',
+                 'inflight', 'peak_inflight', 'served')
+
+    def __init__(self, params):
+        self.cache = model.PrefixCache(params.cache_blocks)
+        self.waiting = deque()      # not yet admitted (over max_running)
+        self.lane = deque()         # admitted, waiting for the prefill lane
+        self.lane_busy = False
+        self.running = 0
+        self.inflight = 0           # running + waiting
+        self.peak_inflight = 0
+        self.served = 0
+
+
+class Job:
+    """A request in the simulated fleet and what happened to it."""
+    __slots__ = ('req', 'chain', 'replica', 'cached_tokens', 'ttft')
+
+    def __init__(self, req, chain, replica):
+        self.req = req
+        self.chain = chain
+        self.replica = replica
+        self.cached_tokens = 0
+        self.ttft = None
+
+
+# Event kinds, in the order they are handled at equal times.
+_PREFILL_END, _FINISH = 0, 1
+
+
+class Fleet:
+    """A discrete-event simulation of `replicas` replicas (model.py's
+    timing rules, see the module docstring) fed by a routing policy."""
+
+    def __init__(self, replicas, params):
+        self.params = params
+        self.replicas = [Replica(params) for _ in range(replicas)]
+        self.events = []
+        self.seq = 0
+        self.total_inflight = 0
+
+    def run(self, requests, policy):
+        """Routes and serves requests (in arrival order, ties in list
+        order); returns the finished Jobs in that order."""
+        jobs = []
+        for req in sorted(requests, key=lambda r: r.arrival):
+            self._advance(req.arrival)
+            chain = req.chain()
+            r = policy.choose(req, chain, self)
+            job = Job(req, chain, r)
+            jobs.append(job)
+            self._arrive(job, req.arrival)
+        self._advance(float('inf'))
+        for job in jobs:
+            job.chain = None        # only needed while in flight
+        return jobs
+
+    def inflight(self, r):
+        return self.replicas[r].inflight
+
+    def under_bound(self, r, factor, slack):
+        bound = load_bound(self.total_inflight, len(self.replicas),
+                           factor, slack)
+        return self.replicas[r].inflight + 1 <= bound
+
+    def least_loaded(self, candidates):
+        """The candidate with the fewest in-flight requests; ties go to
+        the one that served fewer so far, then to the lowest index."""
+        return min(candidates, key=lambda r: (self.replicas[r].inflight,
+                                              self.replicas[r].served, r))
+
+    def _push(self, time, kind, job):
+        self.seq += 1
+        heapq.heappush(self.events, (time, kind, self.seq, job))
+
+    def _advance(self, until):
+        while self.events and self.events[0][0] <= until:
+            time, kind, _, job = heapq.heappop(self.events)
+            if kind == _PREFILL_END:
+                self._prefill_end(job, time)
+            else:
+                self._finish(job, time)
+
+    def _arrive(self, job, now):
+        rep = self.replicas[job.replica]
+        rep.inflight += 1
+        rep.served += 1
+        rep.peak_inflight = max(rep.peak_inflight, rep.inflight)
+        self.total_inflight += 1
+        if rep.running < self.params.max_running:
+            self._admit(rep, job, now)
+        else:
+            rep.waiting.append(job)
+
+    def _admit(self, rep, job, now):
+        rep.running += 1
+        rep.lane.append(job)
+        self._start_prefill(rep, now)
+
+    def _start_prefill(self, rep, now):
+        if rep.lane_busy or not rep.lane:
+            return
+        job = rep.lane.popleft()
+        job.cached_tokens = model.cached_tokens(rep.cache, job.chain,
+                                                job.req.prompt_tokens)
+        rep.lane_busy = True
+        uncached = job.req.prompt_tokens - job.cached_tokens
+        self._push(now + self.params.prefill_seconds(uncached),
+                   _PREFILL_END, job)
+
+    def _prefill_end(self, job, now):
+        rep = self.replicas[job.replica]
+        rep.cache.insert(job.chain)
+        job.ttft = now - job.req.arrival
+        rep.lane_busy = False
+        self._push(now + self.params.decode_seconds(job.req.output_tokens),
+                   _FINISH, job)
+        self._start_prefill(rep, now)
+
+    def _finish(self, job, now):
+        rep = self.replicas[job.replica]
+        rep.running -= 1
+        rep.inflight -= 1
+        self.total_inflight -= 1
+        if rep.waiting:
+            self._admit(rep, rep.waiting.popleft(), now)
+
+
+# --- routing policies ----------------------------------------------------
+
+class RoundRobin:
+    name = 'round_robin'
+
+    def __init__(self, replicas):
+        self.replicas = replicas
+        self.count = 0
+
+    def choose(self, req, chain, fleet):
+        r = self.count % self.replicas
+        self.count += 1
+        return r
+
+    def stats(self):
+        return {}
+
+
+class LeastLoaded:
+    name = 'least_loaded'
+
+    def __init__(self, replicas):
+        self.candidates = range(replicas)
+
+    def choose(self, req, chain, fleet):
+        return fleet.least_loaded(self.candidates)
+
+    def stats(self):
+        return {}
+
+
+class ConsistentHash:
+    """Consistent hashing of the session id.  Unbounded: the key's replica
+    on the ring.  Bounded (consistent hashing with bounded loads): the
+    first replica clockwise that is under the load bound, else the least
+    loaded."""
+
+    def __init__(self, replicas, bounded, factor=DEFAULT_FACTOR,
+                 slack=DEFAULT_SLACK, points=RING_POINTS):
+        self.name = 'chash_session_bounded' if bounded else 'chash_session'
+        self.ring = HashRing(replicas, points)
+        self.bounded = bounded
+        self.factor, self.slack = factor, slack
+        self.candidates = range(replicas)
+        self.moved = 0
+
+    def choose(self, req, chain, fleet):
+        walk = self.ring.walk(req.session)
+        home = next(walk)
+        if not self.bounded or fleet.under_bound(home, self.factor,
+                                                 self.slack):
+            return home
+        self.moved += 1
+        for r in walk:
+            if fleet.under_bound(r, self.factor, self.slack):
+                return r
+        return fleet.least_loaded(self.candidates)
+
+    def stats(self):
+        return {'moved_by_bound': self.moved} if self.bounded else {}
+
+
+class SessionAffinity:
+    """An approximation of the nginx module's routing (its README): a new
+    session is pinned to the first replica on the ring under the load
+    bound; a pinned session goes to its pin while that is under the bound,
+    else spills to the replica that took its last spill if that is under
+    the bound, else to the next one on the ring under the bound (the pin is
+    kept); with every replica over the bound, the least loaded serves."""
+    name = 'affinity'
+
+    def __init__(self, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
+                 points=RING_POINTS):
+        self.ring = HashRing(replicas, points)
+        self.factor, self.slack = factor, slack
+        self.candidates = range(replicas)
+        self.pins = {}
+        self.spill_peer = {}
+        self.spills = 0
+
+    def choose(self, req, chain, fleet):
+        def under(r):
+            return fleet.under_bound(r, self.factor, self.slack)
+        pin = self.pins.get(req.session)
+        if pin is None:
+            pin = next((r for r in self.ring.walk(req.session) if under(r)),
+                       None)
+            if pin is None:
+                pin = fleet.least_loaded(self.candidates)
+            self.pins[req.session] = pin
+            return pin
+        if under(pin):
+            return pin
+        self.spills += 1
+        peer = self.spill_peer.get(req.session)
+        if peer is None or not under(peer):
+            peer = next((r for r in self.ring.walk(req.session)
+                         if r != pin and under(r)), None)
+            if peer is None:
+                return fleet.least_loaded(self.candidates)
+            self.spill_peer[req.session] = peer
+        return peer
+
+    def stats(self):
+        return {'spills': self.spills, 'sessions': len(self.pins)}
+
+
+class PrefixOracle:
+    """The bound to beat: a router that sees every replica's cache.  Among
+    the replicas under the load bound it takes the one with the longest
+    cached prefix of the request; ties, and no match at all, go to the
+    least loaded of them.  The least loaded replica is always under the
+    bound, so there is always a candidate."""
+    name = 'oracle'
+
+    def __init__(self, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK):
+        self.replicas = replicas
+        self.factor, self.slack = factor, slack
+        self.diverted = 0
+
+    def choose(self, req, chain, fleet):
+        prefix = [fleet.replicas[r].cache.cached_prefix(chain)
+                  for r in range(self.replicas)]
+        eligible = [r for r in range(self.replicas)
+                    if fleet.under_bound(r, self.factor, self.slack)]
+        best = max(prefix[r] for r in eligible)
+        if best < max(prefix):
+            self.diverted += 1
+        if best == 0:
+            return fleet.least_loaded(eligible)
+        return fleet.least_loaded([r for r in eligible if prefix[r] == best])
+
+    def stats(self):
+        return {'diverted_by_bound': self.diverted}
+
+
+POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
+            'chash_session_bounded', 'affinity')
+
+
+def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
+                points=RING_POINTS):
+    """A fresh policy object (policies keep state, such as pins)."""
+    if name == 'oracle':
+        return PrefixOracle(replicas, factor, slack)
+    if name == 'round_robin':
+        return RoundRobin(replicas)
+    if name == 'least_loaded':
+        return LeastLoaded(replicas)
+    if name in ('chash_session', 'chash_session_bounded'):
+        return ConsistentHash(replicas, name == 'chash_session_bounded',
+                              factor, slack, points)
+    if name == 'affinity':
+        return SessionAffinity(replicas, factor, slack, points)
+    raise ValueError('unknown policy %r' % name)
+
+
+# --- running and summarizing ----------------------------------------------
+
+def simulate(requests, policy_name, replicas=4, params=None,
+             factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK, points=RING_POINTS):
+    """Serves requests on a fresh fleet with a fresh policy; returns
+    (summary dict, jobs).  Deterministic: same inputs, same result."""
+    params = params or model.ReplicaParams()
+    policy = make_policy(policy_name, replicas, factor, slack, points)
+    fleet = Fleet(replicas, params)
+    jobs = fleet.run(requests, policy)
+    summary = summarize(jobs, fleet)
+    summary.update(policy.stats())
+    return summary, jobs
+
+
+def summarize(jobs, fleet):
+    """Hit ratio, TTFT percentiles (trace seconds), and per-replica
+    requests and peak in-flight of a simulation run."""
+    prompt = sum(j.req.prompt_tokens for j in jobs)
+    cached = sum(j.cached_tokens for j in jobs)
+    ttfts = [j.ttft for j in jobs]
+    counts = [rep.served for rep in fleet.replicas]
+    peaks = [rep.peak_inflight for rep in fleet.replicas]
+    ttft = {k: _round(v) for k, v in trace.percentiles(ttfts).items()}
+    ttft['mean'] = _round(sum(ttfts) / len(ttfts)) if ttfts else None
+    return {
+        'requests': len(jobs),
+        'prompt_tokens': prompt,
+        'cached_tokens': cached,
+        'hit_ratio': cached / prompt if prompt else None,
+        'ttft_s': ttft,
+        'replica_requests': counts,
+        'replica_requests_max': max(counts),
+        'replica_requests_mean': sum(counts) / len(counts),
+        'peak_inflight': peaks,
+        'peak_inflight_max': max(peaks),
+        'peak_inflight_mean': sum(peaks) / len(peaks),
+    }
+
+
+def _round(value, digits=6):
+    """Seconds to the microsecond: the simulator's sums carry float noise."""
+    return None if value is None else round(value, digits)

@@ -1,0 +1,1002 @@
+#!/usr/bin/env python3
+"""Mock OpenAI-compatible inference replicas, for benchmarking the balancer.
+
+One asyncio process serves several independent replicas, one per port.  Each
+replica follows the model of scripts/llmsim/model.py: its own LRU prefix
+cache of chained block hashes, at most --max-running admitted requests (the
+others wait in FIFO order), one FIFO prefill lane whose duration depends on
+the uncached prompt tokens, then a concurrent decode phase.  Nothing is
+generated for real, so a laptop can stand in for a fleet of GPUs while the
+figures that matter to a balancer -- cached tokens, time to first token,
+queueing -- behave as on a real fleet.
+
+    python3 scripts/mock_backend.py --ports 9001,9002,9003,9004 \\
+        [--host 127.0.0.1] [--max-running 32] [--prefill-ms-per-token 0.05] \\
+        [--decode-ms-per-token 20] [--cache-tokens 262144] \\
+        [--time-scale 1.0] [--name-prefix replica] [--pidfile FILE]
+
+Replicas are named <prefix>-1, <prefix>-2, ... in the order of --ports.  A
+port of 0 picks a free port.  Once every port listens, one line
+"listening <name> <host>:<port>" per replica and then "ready" are printed.
+
+Endpoints, per replica:
+    POST /v1/chat/completions, /v1/completions, /v1/responses
+                   simulated inference, "stream": true for server-sent events
+    GET  /metrics  Prometheus text: cache and queue counters of the replica
+    GET  /stats    the same figures as JSON
+    POST /reset    empties the prefix cache and zeroes the counters
+    GET  /health, /v1/models
+Every response carries X-Replica and X-Replica-Port.
+
+The HTTP/1.x server is written on asyncio streams rather than http.server
+so that thousands of requests can wait on timers in one thread, and so that
+per-request work stays small (one json.loads, one block_chain) -- the mock
+must not be the bottleneck of the benchmark it serves.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+
+_SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _SCRIPTS_DIR not in sys.path:
+    sys.path.insert(0, _SCRIPTS_DIR)
+
+from llmsim import model  # noqa: E402  (needs the path set above)
+
+DEFAULT_OUTPUT_TOKENS = 16
+MAX_STREAM_CHUNKS = 8            # content chunks per streamed reply
+MAX_BODY_BYTES = 64 * 1024 * 1024
+STREAM_LIMIT = 256 * 1024        # asyncio buffer, also the request head limit
+JSON_SEPARATORS = (',', ':')
+
+
+# ---------------------------------------------------------------------------
+# Requests: what to simulate
+# ---------------------------------------------------------------------------
+
+class BadRequest(Exception):
+    """A request body the OpenAI API would reject with 400."""
+
+
+@dataclass
+class Job:
+    """One inference request, reduced to what the replica model needs."""
+    kind: str               # 'chat', 'completion' or 'response'
+    model_name: str
+    prompt_tokens: int
+    chain: list             # model.block_chain of the prompt text
+    output_tokens: int
+    limited: bool           # the client set the output length
+    stream: bool
+
+
+def content_text(content):
+    """Text of a message content: a string, or the text parts of a list
+    (types text/input_text), as the chat template would see them."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ''
+    if not isinstance(content, list):
+        raise BadRequest('message content must be a string or a list')
+    texts = []
+    for part in content:
+        if isinstance(part, dict) and part.get('type') in ('text', 'input_text'):
+            text = part.get('text', '')
+            if not isinstance(text, str):
+                raise BadRequest('content part text must be a string')
+            texts.append(text)
+    return ''.join(texts)
+
+
+def messages_text(messages):
+    """role + newline + text + newline for each message, concatenated, so
+    that a conversation's next turn extends the previous turn's prompt."""
+    pieces = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise BadRequest('each message must be an object')
+        role = message.get('role', '')
+        if not isinstance(role, str):
+            raise BadRequest('message role must be a string')
+        pieces.append(role + '\n' + content_text(message.get('content')) + '\n')
+    return ''.join(pieces)
+
+
+def chat_prompt(body):
+    """Prompt text of a /v1/chat/completions body."""
+    messages = body.get('messages')
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    return messages_text(messages)
+
+
+def completion_prompt(body):
+    """Prompt text of a /v1/completions body: a batch of prompts is
+    simulated as its first prompt, one request being one sequence here."""
+    prompt = body.get('prompt')
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise BadRequest("'prompt' must be a non-empty string or list of strings")
+    return prompt
+
+
+def response_prompt(body):
+    """Prompt text of a /v1/responses body: instructions, a newline, then
+    the input string or its items in the chat message form."""
+    instructions = body.get('instructions') or ''
+    items = body.get('input')
+    if not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string")
+    if isinstance(items, list):
+        items = messages_text(items)
+    elif items is None:
+        items = ''
+    elif not isinstance(items, str):
+        raise BadRequest("'input' must be a string or a list of items")
+    if not instructions and not items:
+        raise BadRequest("'input' is required")
+    return instructions + '\n' + items
+
+
+PROMPT_READERS = {
+    'chat': chat_prompt,
+    'completion': completion_prompt,
+    'response': response_prompt,
+}
+
+
+def output_tokens_of(body):
+    """The requested output length, and whether the client gave one."""
+    for field in ('max_completion_tokens', 'max_tokens', 'max_output_tokens'):
+        value = body.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadRequest("'%s' must be a positive integer" % field)
+        return value, True
+    return DEFAULT_OUTPUT_TOKENS, False
+
+
+def parse_job(kind, raw_body):
+    """Decodes and checks a request body; raises BadRequest."""
+    try:
+        body = json.loads(raw_body)
+    except (ValueError, RecursionError):
+        raise BadRequest('request body is not valid JSON') from None
+    if not isinstance(body, dict):
+        raise BadRequest('request body must be a JSON object')
+    text = PROMPT_READERS[kind](body)
+    try:
+        chain = model.block_chain(text)
+    except UnicodeEncodeError:
+        raise BadRequest('prompt is not valid Unicode') from None
+    output_tokens, limited = output_tokens_of(body)
+    model_name = body.get('model')
+    return Job(kind=kind,
+               model_name=model_name if isinstance(model_name, str) else 'mock',
+               prompt_tokens=model.prompt_tokens(text),
+               chain=chain,
+               output_tokens=output_tokens,
+               limited=limited,
+               stream=body.get('stream') is True)
+
+
+# ---------------------------------------------------------------------------
+# Replicas: the timing model
+# ---------------------------------------------------------------------------
+
+class FifoSlots:
+    """A counting semaphore that serves waiters strictly in arrival order
+    (asyncio.Semaphore lets a newcomer overtake a woken waiter)."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.in_use = 0
+        self.waiters = deque()
+
+    async def acquire(self):
+        if self.in_use < self.capacity and not self.waiters:
+            self.in_use += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()          # the slot was handed over already
+            else:
+                self.waiters.remove(waiter)
+            raise
+
+    def release(self):
+        """Hands the slot to the oldest waiter, or frees it."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.in_use -= 1
+
+
+class Once:
+    """Wraps a callback so that only its first call has an effect; the slot
+    of a request is freed by a timer or by an error, whichever comes first."""
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def __call__(self):
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
+# name, Prometheus type, help; /stats uses the same names without "mock_".
+METRICS = (
+    ('requests_total', 'counter', 'Inference requests received.'),
+    ('prompt_tokens_total', 'counter',
+     'Prompt tokens of the inference requests received.'),
+    ('cached_tokens_total', 'counter',
+     'Prompt tokens served from the prefix cache.'),
+    ('cache_hits_total', 'counter',
+     'Requests whose prefill found at least one cached token.'),
+    ('cache_misses_total', 'counter',
+     'Requests whose prefill found no cached token.'),
+    ('running', 'gauge', 'Requests admitted: prefilling or decoding.'),
+    ('waiting', 'gauge', 'Requests waiting for admission.'),
+    ('peak_inflight', 'gauge',
+     'Highest running + waiting since start or the last reset.'),
+    ('cache_blocks', 'gauge', 'Blocks held in the prefix cache.'),
+)
+COUNTERS = tuple(name for name, kind, _ in METRICS if kind == 'counter')
+
+
+class Replica:
+    """One simulated inference server: cache, queues and counters.
+
+    requests_total and prompt_tokens_total count requests when they arrive;
+    the cache counters count them when their prefill starts, the moment the
+    cache is looked up."""
+
+    def __init__(self, name, port, params):
+        self.name = name
+        self.port = port
+        self.params = params
+        self.cache = model.PrefixCache(params.cache_blocks)
+        self.admission = FifoSlots(params.max_running)
+        self.prefill_lane = FifoSlots(1)
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.peak_inflight = 0
+        self.sequence = 0
+
+    def inflight(self):
+        return self.admission.in_use + len(self.admission.waiters)
+
+    def next_id(self):
+        self.sequence += 1
+        return '%s-%d' % (self.name, self.sequence)
+
+    async def admit(self, job):
+        """Counts the request in and waits for a running slot."""
+        self.counters['requests_total'] += 1
+        self.counters['prompt_tokens_total'] += job.prompt_tokens
+        self.peak_inflight = max(self.peak_inflight, self.inflight() + 1)
+        await self.admission.acquire()
+
+    async def prefill(self, job):
+        """Waits for the prefill lane, then spends the prefill time of the
+        uncached tokens; returns the cached token count."""
+        await self.prefill_lane.acquire()
+        try:
+            cached = model.cached_tokens(self.cache, job.chain,
+                                         job.prompt_tokens)
+            self.count_lookup(cached)
+            seconds = self.params.prefill_seconds(job.prompt_tokens - cached)
+            if seconds > 0:
+                await asyncio.sleep(seconds)
+            self.cache.insert(job.chain)
+        finally:
+            self.prefill_lane.release()
+        return cached
+
+    def count_lookup(self, cached):
+        self.counters['cached_tokens_total'] += cached
+        key = 'cache_hits_total' if cached > 0 else 'cache_misses_total'
+        self.counters[key] += 1
+
+    def reset(self):
+        """A fresh start for a benchmark run; requests in flight go on."""
+        self.cache = model.PrefixCache(self.params.cache_blocks)
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.peak_inflight = self.inflight()
+
+    def stats(self):
+        """The figures of /stats and /metrics, by name without "mock_"."""
+        figures = dict(self.counters)
+        figures.update(running=self.admission.in_use,
+                       waiting=len(self.admission.waiters),
+                       peak_inflight=self.peak_inflight,
+                       cache_blocks=len(self.cache))
+        return figures
+
+    def metrics_text(self):
+        figures = self.stats()
+        label = '{replica="%s"}' % self.name
+        lines = []
+        for name, kind, help_text in METRICS:
+            full = 'mock_' + name
+            lines.append('# HELP %s %s' % (full, help_text))
+            lines.append('# TYPE %s %s' % (full, kind))
+            lines.append('%s%s %d' % (full, label, figures[name]))
+        return '\n'.join(lines) + '\n'
+
+
+# ---------------------------------------------------------------------------
+# Replies: OpenAI wire formats
+# ---------------------------------------------------------------------------
+
+FILLER_SENTENCE = ('The mock replica writes this sentence again and again '
+                   'in place of generated text. ')
+_filler = FILLER_SENTENCE
+
+
+def filler_text(tokens):
+    """Deterministic text of `tokens` tokens (CHARS_PER_TOKEN each)."""
+    global _filler
+    chars = tokens * model.CHARS_PER_TOKEN
+    while len(_filler) < chars:
+        _filler += _filler
+    return _filler[:chars]
+
+
+def to_json(obj):
+    return json.dumps(obj, separators=JSON_SEPARATORS)
+
+
+def sse_data(obj):
+    return b'data: ' + to_json(obj).encode() + b'\n\n'
+
+
+def sse_event(obj):
+    """A Responses API event: named by its type, as OpenAI sends it."""
+    return ('event: %s\ndata: %s\n\n' % (obj['type'], to_json(obj))).encode()
+
+
+SSE_DONE = b'data: [DONE]\n\n'
+
+
+class ChatFormat:
+    """chat.completion and chat.completion.chunk objects."""
+
+    def __init__(self, job, replica_id, cached):
+        self.job = job
+        self.id = 'chatcmpl-' + replica_id
+        self.created = int(time.time())
+        self.cached = cached
+
+    def finish_reason(self):
+        return 'length' if self.job.limited else 'stop'
+
+    def usage(self):
+        job = self.job
+        return {'prompt_tokens': job.prompt_tokens,
+                'completion_tokens': job.output_tokens,
+                'total_tokens': job.prompt_tokens + job.output_tokens,
+                'prompt_tokens_details': {'cached_tokens': self.cached}}
+
+    def envelope(self, obj_type, choices):
+        return {'id': self.id, 'object': obj_type, 'created': self.created,
+                'model': self.job.model_name, 'choices': choices}
+
+    def complete(self, text):
+        reply = self.envelope('chat.completion', [{
+            'index': 0,
+            'message': {'role': 'assistant', 'content': text},
+            'logprobs': None,
+            'finish_reason': self.finish_reason()}])
+        reply['usage'] = self.usage()
+        return reply
+
+    def chunk(self, delta, finish_reason=None):
+        return self.envelope('chat.completion.chunk', [{
+            'index': 0, 'delta': delta, 'logprobs': None,
+            'finish_reason': finish_reason}])
+
+    def opening(self, text):
+        return sse_data(self.chunk({'role': 'assistant', 'content': text}))
+
+    def delta(self, text):
+        return sse_data(self.chunk({'content': text}))
+
+    def closing(self, text):
+        usage = self.envelope('chat.completion.chunk', [])
+        usage['usage'] = self.usage()
+        return (sse_data(self.chunk({}, self.finish_reason()))
+                + sse_data(usage) + SSE_DONE)
+
+
+class CompletionFormat(ChatFormat):
+    """text_completion objects, streamed or not."""
+
+    def __init__(self, job, replica_id, cached):
+        super().__init__(job, replica_id, cached)
+        self.id = 'cmpl-' + replica_id
+
+    def choice(self, text, finish_reason):
+        return {'index': 0, 'text': text, 'logprobs': None,
+                'finish_reason': finish_reason}
+
+    def complete(self, text):
+        reply = self.envelope('text_completion',
+                              [self.choice(text, self.finish_reason())])
+        reply['usage'] = self.usage()
+        return reply
+
+    def opening(self, text):
+        return self.delta(text)
+
+    def delta(self, text):
+        return sse_data(self.envelope('text_completion',
+                                      [self.choice(text, None)]))
+
+    def closing(self, text):
+        final = self.envelope('text_completion',
+                              [self.choice('', self.finish_reason())])
+        usage = self.envelope('text_completion', [])
+        usage['usage'] = self.usage()
+        return sse_data(final) + sse_data(usage) + SSE_DONE
+
+
+class ResponseFormat:
+    """Responses API objects; streamed as the minimal event sequence
+    response.created, response.output_text.delta..., response.completed."""
+
+    def __init__(self, job, replica_id, cached):
+        self.job = job
+        self.id = 'resp_' + replica_id
+        self.message_id = 'msg_' + replica_id
+        self.created = int(time.time())
+        self.cached = cached
+        self.sequence = 0
+
+    def usage(self):
+        job = self.job
+        return {'input_tokens': job.prompt_tokens,
+                'input_tokens_details': {'cached_tokens': self.cached},
+                'output_tokens': job.output_tokens,
+                'output_tokens_details': {'reasoning_tokens': 0},
+                'total_tokens': job.prompt_tokens + job.output_tokens}
+
+    def response(self, status, text=None):
+        obj = {'id': self.id, 'object': 'response',
+               'created_at': self.created, 'status': status,
+               'model': self.job.model_name, 'output': [], 'usage': None}
+        if text is not None:
+            obj['output'] = [{
+                'type': 'message', 'id': self.message_id,
+                'status': 'completed', 'role': 'assistant',
+                'content': [{'type': 'output_text', 'text': text,
+                             'annotations': []}]}]
+            obj['usage'] = self.usage()
+        return obj
+
+    def complete(self, text):
+        return self.response('completed', text)
+
+    def event(self, event_type, **fields):
+        event = {'type': event_type, 'sequence_number': self.sequence}
+        event.update(fields)
+        self.sequence += 1
+        return sse_event(event)
+
+    def opening(self, text):
+        return (self.event('response.created',
+                           response=self.response('in_progress'))
+                + self.delta(text))
+
+    def delta(self, text):
+        return self.event('response.output_text.delta',
+                          item_id=self.message_id, output_index=0,
+                          content_index=0, delta=text)
+
+    def closing(self, text):
+        return self.event('response.completed',
+                          response=self.response('completed', text))
+
+
+FORMATS = {'chat': ChatFormat, 'completion': CompletionFormat,
+           'response': ResponseFormat}
+
+
+def stream_plan(output_tokens):
+    """(end token, fraction of the decode time) of each content chunk after
+    the first, which carries one token at the end of prefill.  At most
+    MAX_STREAM_CHUNKS chunks in all keep the CPU cost per request flat."""
+    rest = output_tokens - 1
+    pieces = min(MAX_STREAM_CHUNKS - 1, rest)
+    return [(1 + rest * i // pieces, i / pieces)
+            for i in range(1, pieces + 1)]
+
+
+def error_body(message, error_type='invalid_request_error'):
+    return {'error': {'message': message, 'type': error_type,
+                      'param': None, 'code': None}}
+
+
+# ---------------------------------------------------------------------------
+# HTTP/1.x
+# ---------------------------------------------------------------------------
+
+REASONS = {100: 'Continue', 200: 'OK', 400: 'Bad Request', 404: 'Not Found',
+           405: 'Method Not Allowed', 413: 'Payload Too Large',
+           431: 'Request Header Fields Too Large', 500: 'Internal Server Error',
+           501: 'Not Implemented'}
+
+
+class HttpError(Exception):
+    """A request that cannot be read; answered, then the connection closes."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    http10: bool
+    headers: dict
+    body: bytes
+
+    @property
+    def keep_alive(self):
+        """HTTP/1.1 keeps the connection unless told to close; HTTP/1.0
+        (nginx's default upstream protocol) only when asked to keep it."""
+        tokens = self.headers.get('connection', '').lower()
+        if self.http10:
+            return 'keep-alive' in tokens
+        return 'close' not in tokens
+
+
+def parse_head(head):
+    """Request line and headers of a head ending with an empty line."""
+    lines = head.decode('latin-1').split('\r\n')
+    parts = lines[0].split(' ')
+    if len(parts) != 3 or not parts[2].startswith('HTTP/1.'):
+        raise HttpError(400, 'malformed request line')
+    method, target, version = parts
+    headers = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(':')
+        if not colon or not name or name != name.strip():
+            raise HttpError(400, 'malformed header line')
+        name = name.lower()
+        value = value.strip()
+        headers[name] = headers[name] + ', ' + value if name in headers \
+            else value
+    path = target.split('?', 1)[0]
+    return method, path, version == 'HTTP/1.0', headers
+
+
+async def read_head(reader):
+    """The bytes of the next request head, or None at a clean end of the
+    connection.  Empty lines before a request line are skipped (RFC 9112)."""
+    while True:
+        try:
+            head = await reader.readuntil(b'\r\n\r\n')
+        except asyncio.IncompleteReadError as error:
+            if error.partial.strip():
+                raise HttpError(400, 'incomplete request head') from None
+            return None
+        except asyncio.LimitOverrunError:
+            raise HttpError(431, 'request head too large') from None
+        head = head.lstrip(b'\r\n')
+        if head:
+            return head
+
+
+async def read_chunked(reader):
+    """A chunked request body, without its trailers."""
+    parts = []
+    total = 0
+    while True:
+        line = await reader.readuntil(b'\r\n')
+        try:
+            size = int(line.split(b';', 1)[0].strip(), 16)
+        except ValueError:
+            raise HttpError(400, 'malformed chunk size') from None
+        if size < 0:
+            raise HttpError(400, 'malformed chunk size')
+        if size == 0:
+            break
+        total += size
+        if total > MAX_BODY_BYTES:
+            raise HttpError(413, 'request body too large')
+        parts.append(await reader.readexactly(size))
+        if await reader.readexactly(2) != b'\r\n':
+            raise HttpError(400, 'malformed chunk')
+    while await reader.readuntil(b'\r\n') != b'\r\n':
+        pass
+    return b''.join(parts)
+
+
+async def read_body(reader, writer, http10, headers):
+    """The request body, by Content-Length or chunked; answers an
+    `Expect: 100-continue` first, or curl would pause before sending."""
+    if 'chunked' in headers.get('transfer-encoding', '').lower():
+        length = None
+    else:
+        try:
+            length = int(headers.get('content-length', '0'))
+        except ValueError:
+            raise HttpError(400, 'malformed Content-Length') from None
+        if length < 0:
+            raise HttpError(400, 'malformed Content-Length')
+        if length > MAX_BODY_BYTES:
+            raise HttpError(413, 'request body too large')
+        if length == 0:
+            return b''
+    if not http10 and headers.get('expect', '').lower() == '100-continue':
+        writer.write(b'HTTP/1.1 100 Continue\r\n\r\n')
+    if length is None:
+        return await read_chunked(reader)
+    return await reader.readexactly(length)
+
+
+async def read_request(reader, writer):
+    """The next request of a connection, or None when the client is done."""
+    head = await read_head(reader)
+    if head is None:
+        return None
+    method, path, http10, headers = parse_head(head)
+    body = await read_body(reader, writer, http10, headers)
+    return Request(method, path, http10, headers, body)
+
+
+async def sleep_until(when):
+    """Sleeps to an absolute loop time, so successive waits do not drift."""
+    delay = when - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class Connection:
+    """One client connection to one replica: reads requests in turn and
+    answers each."""
+
+    GET_ROUTES = ('/metrics', '/stats', '/health', '/v1/models')
+    POST_ROUTES = ('/reset',)
+    INFERENCE_ROUTES = {'/v1/chat/completions': 'chat',
+                        '/v1/completions': 'completion',
+                        '/v1/responses': 'response'}
+
+    def __init__(self, replica, reader, writer):
+        self.replica = replica
+        self.reader = reader
+        self.writer = writer
+
+    async def serve(self):
+        try:
+            while True:
+                try:
+                    request = await read_request(self.reader, self.writer)
+                except HttpError as error:
+                    await self.send_error(None, error.status, error.message)
+                    break
+                if request is None or not await self.dispatch(request):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.writer.close()
+
+    async def dispatch(self, request):
+        """Answers one request; returns whether to read another."""
+        try:
+            return await self.route(request)
+        except ConnectionError:
+            raise
+        except Exception:
+            traceback.print_exc()
+            await self.send_error(None, 500, 'internal error', 'server_error')
+            return False
+
+    async def route(self, request):
+        path = request.path
+        kind = self.INFERENCE_ROUTES.get(path)
+        if kind is not None:
+            if request.method != 'POST':
+                return await self.send_not_allowed(request, 'POST')
+            return await self.serve_inference(request, kind)
+        if path in self.GET_ROUTES:
+            if request.method not in ('GET', 'HEAD'):
+                return await self.send_not_allowed(request, 'GET')
+            return await self.serve_info(request, path)
+        if path in self.POST_ROUTES:
+            if request.method != 'POST':
+                return await self.send_not_allowed(request, 'POST')
+            self.replica.reset()
+            return await self.send_json(
+                request, 200, {'reset': True, 'replica': self.replica.name})
+        return await self.send_error(request, 404, 'no route for %s %s'
+                                     % (request.method, path), 'not_found')
+
+    async def serve_info(self, request, path):
+        replica = self.replica
+        if path == '/metrics':
+            return await self.send(request, 200, replica.metrics_text().encode(),
+                                   'text/plain; version=0.0.4; charset=utf-8')
+        if path == '/stats':
+            figures = {'replica': replica.name, 'port': replica.port}
+            figures.update(replica.stats())
+            return await self.send_json(request, 200, figures)
+        if path == '/health':
+            return await self.send_json(request, 200, {'status': 'ok'})
+        return await self.send_json(request, 200, {'object': 'list', 'data': [
+            {'id': 'mock', 'object': 'model', 'owned_by': replica.name}]})
+
+    async def serve_inference(self, request, kind):
+        """Simulates one request through admission, prefill and decode."""
+        try:
+            job = parse_job(kind, request.body)
+        except BadRequest as error:
+            return await self.send_error(request, 400, str(error))
+        replica = self.replica
+        loop = asyncio.get_running_loop()
+        await replica.admit(job)
+        release = Once(replica.admission.release)
+        try:
+            cached = await replica.prefill(job)
+            decode_start = loop.time()
+            decode_end = decode_start + \
+                replica.params.decode_seconds(job.output_tokens)
+            # The slot is freed at the end of decode even if the client
+            # is slow to take the reply.
+            loop.call_at(decode_end, release)
+            reply = FORMATS[kind](job, replica.next_id(), cached)
+            text = filler_text(job.output_tokens)
+            if job.stream:
+                return await self.stream(request, reply, text,
+                                         decode_start, decode_end)
+            await sleep_until(decode_end)
+            return await self.send_json(request, 200, reply.complete(text))
+        finally:
+            release()
+
+    async def stream(self, request, reply, text, decode_start, decode_end):
+        """Server-sent events: the head and the first token at the end of
+        prefill (so a proxy's header time is the time to first token), then
+        a few chunks spread over the decode time."""
+        sent = model.CHARS_PER_TOKEN
+        chunked = not request.http10
+        keep_alive = chunked and request.keep_alive
+        head = self.head(200, keep_alive, 'text/event-stream',
+                         'Cache-Control: no-cache\r\n'
+                         'X-Accel-Buffering: no\r\n'
+                         + ('Transfer-Encoding: chunked\r\n' if chunked else ''))
+        await self.write(head, reply.opening(text[:sent]), chunked)
+        duration = decode_end - decode_start
+        tokens = len(text) // model.CHARS_PER_TOKEN
+        for end_token, fraction in stream_plan(tokens):
+            await sleep_until(decode_start + duration * fraction)
+            end = end_token * model.CHARS_PER_TOKEN
+            await self.write(b'', reply.delta(text[sent:end]), chunked)
+            sent = end
+        await sleep_until(decode_end)
+        await self.write(b'', reply.closing(text), chunked,
+                         last=chunked)
+        return keep_alive
+
+    async def write(self, prefix, payload, chunked, last=False):
+        """Writes payload as one chunk when chunked, after prefix."""
+        if chunked:
+            payload = b'%x\r\n%s\r\n' % (len(payload), payload)
+            if last:
+                payload += b'0\r\n\r\n'
+        self.writer.write(prefix + payload)
+        await self.writer.drain()
+
+    def head(self, status, keep_alive, content_type, extra=''):
+        if keep_alive:
+            connection = 'Connection: keep-alive\r\n'
+        else:
+            connection = 'Connection: close\r\n'
+        return ('HTTP/1.1 %d %s\r\nContent-Type: %s\r\n'
+                'X-Replica: %s\r\nX-Replica-Port: %d\r\n%s%s\r\n'
+                % (status, REASONS.get(status, 'Unknown'), content_type,
+                   self.replica.name, self.replica.port, connection, extra)
+                ).encode('latin-1')
+
+    async def send(self, request, status, body, content_type):
+        """A complete reply; returns whether the connection stays open."""
+        keep_alive = request is not None and request.keep_alive
+        head = self.head(status, keep_alive, content_type,
+                         'Content-Length: %d\r\n' % len(body))
+        if request is not None and request.method == 'HEAD':
+            body = b''
+        self.writer.write(head + body)
+        await self.writer.drain()
+        return keep_alive
+
+    async def send_json(self, request, status, obj):
+        return await self.send(request, status, to_json(obj).encode(),
+                               'application/json')
+
+    async def send_error(self, request, status, message,
+                         error_type='invalid_request_error'):
+        return await self.send_json(request, status,
+                                    error_body(message, error_type))
+
+    async def send_not_allowed(self, request, allowed):
+        return await self.send_error(
+            request, 405, '%s %s: use %s' % (request.method, request.path,
+                                             allowed))
+
+
+# ---------------------------------------------------------------------------
+# Process
+# ---------------------------------------------------------------------------
+
+def port_list(text):
+    """An argparse type: comma-separated ports, 0 meaning any free port."""
+    try:
+        ports = [int(item) for item in text.split(',') if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError('ports: comma-separated numbers')
+    if not ports or any(not 0 <= port <= 65535 for port in ports):
+        raise argparse.ArgumentTypeError('ports: numbers from 0 to 65535')
+    fixed = [port for port in ports if port]
+    if len(fixed) != len(set(fixed)):
+        raise argparse.ArgumentTypeError('ports: each port once')
+    return ports
+
+
+def positive(kind):
+    """An argparse type: a number of `kind` above zero."""
+    def convert(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError('must be positive')
+        return value
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def non_negative_float(text):
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError('must not be negative')
+    return value
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description='Mock OpenAI-compatible inference replicas, one per port.')
+    parser.add_argument('--ports', type=port_list, required=True,
+                        help='comma-separated ports, one replica each '
+                             '(0: any free port)')
+    parser.add_argument('--host', default='127.0.0.1')
+    parser.add_argument('--max-running', type=positive(int), default=32)
+    parser.add_argument('--prefill-ms-per-token', type=non_negative_float,
+                        default=0.05)
+    parser.add_argument('--decode-ms-per-token', type=non_negative_float,
+                        default=20.0)
+    parser.add_argument('--cache-tokens', type=positive(int), default=262144)
+    parser.add_argument('--time-scale', type=non_negative_float, default=1.0)
+    parser.add_argument('--name-prefix', default='replica')
+    parser.add_argument('--pidfile')
+    return parser.parse_args(argv)
+
+
+def make_replicas(args):
+    """One Replica per port, named in the order of --ports."""
+    params = model.ReplicaParams(
+        max_running=args.max_running,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_ms_per_token=args.decode_ms_per_token,
+        cache_tokens=args.cache_tokens,
+        time_scale=args.time_scale)
+    return [Replica('%s-%d' % (args.name_prefix, index), port, params)
+            for index, port in enumerate(args.ports, start=1)]
+
+
+class Fleet:
+    """The replicas' listeners and open connections, closed together."""
+
+    def __init__(self, replicas, host):
+        self.replicas = replicas
+        self.host = host
+        self.servers = []
+        self.tasks = set()
+
+    async def start(self):
+        for replica in self.replicas:
+            # A deep backlog: trace bursts open hundreds of connections at
+            # once, and the default (100) resets some of them.
+            server = await asyncio.start_server(
+                self.connection_handler(replica), self.host, replica.port,
+                limit=STREAM_LIMIT, backlog=4096)
+            replica.port = server.sockets[0].getsockname()[1]
+            self.servers.append(server)
+
+    def connection_handler(self, replica):
+        async def handle(reader, writer):
+            task = asyncio.current_task()
+            self.tasks.add(task)
+            try:
+                await Connection(replica, reader, writer).serve()
+            finally:
+                self.tasks.discard(task)
+        return handle
+
+    async def close(self):
+        for server in self.servers:
+            server.close()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for server in self.servers:
+            await server.wait_closed()
+
+
+async def run(args):
+    """Serves until SIGTERM or SIGINT; "ready" is printed last, so a
+    caller that waits for it knows every port is listening."""
+    fleet = Fleet(make_replicas(args), args.host)
+    await fleet.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    for replica in fleet.replicas:
+        print('listening %s %s:%d' % (replica.name, args.host, replica.port))
+    try:
+        if args.pidfile:
+            write_pidfile(args.pidfile)
+        print('ready', flush=True)
+        await stop.wait()
+    finally:
+        await fleet.close()
+        if args.pidfile:
+            remove_pidfile(args.pidfile)
+
+
+def write_pidfile(path):
+    with open(path, 'w') as pidfile:
+        pidfile.write('%d\n' % os.getpid())
+
+
+def remove_pidfile(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        asyncio.run(run(args))
+    except OSError as error:
+        print('mock_backend: %s' % error, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

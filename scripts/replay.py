@@ -1,0 +1,583 @@
+#!/usr/bin/python3
+"""Replays a Mooncake-style trace against an OpenAI-compatible endpoint
+(nginx in front of the mock fleet, or the mock directly) and measures what
+the routing achieved: prefix-cache hit ratio, time to first token, and how
+evenly requests and in-flight load were spread over the replicas.
+
+    /usr/bin/python3 scripts/replay.py \\
+        --url http://127.0.0.1:8080/v1/chat/completions --trace PATH \\
+        [--limit N] [--start K] [--speed 20] [--session-header] \\
+        [--stats-urls http://127.0.0.1:9001/stats,...] [--label NAME] \\
+        [--output result.json] [--timeout 120]
+
+The replay is open loop: record i is sent timestamp_i / speed seconds
+after the start whether or not earlier requests have finished, as users
+would.  The mock replicas should run with time_scale = 1 / speed, so that
+measured TTFTs multiplied by speed are trace seconds, comparable with
+scripts/bounds.py.
+
+The HTTP client is a small HTTP/1.1 implementation on asyncio streams, one
+connection per request with Connection: close: thousands of requests may
+be in flight at once, and a pooled client library would queue them behind
+its pool limit and distort the open-loop arrival times.
+"""
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from llmsim import trace
+
+DEFAULT_TRACE = (Path(__file__).resolve().parent.parent / '..' / 'shared'
+                 / 'traces' / 'mooncake-fast25' / 'conversation_trace.jsonl')
+START_LEAD_S = 0.05     # so that the first sends are not already late
+
+
+class HttpError(Exception):
+    """A response that is not valid HTTP/1.1."""
+
+
+# --- HTTP/1.1 client ------------------------------------------------------
+
+def split_url(url):
+    """(host, port, path) of an http:// URL."""
+    parts = urlsplit(url)
+    if parts.scheme != 'http':
+        raise ValueError('only http:// URLs are supported: %s' % url)
+    path = parts.path or '/'
+    if parts.query:
+        path += '?' + parts.query
+    return parts.hostname, parts.port or 80, path
+
+
+def request_head(method, host, port, path, body_length, extra_headers=()):
+    """The request line and headers, as bytes."""
+    lines = ['%s %s HTTP/1.1' % (method, path),
+             'Host: %s:%d' % (host, port),
+             'Connection: close',
+             'Content-Length: %d' % body_length]
+    if body_length:
+        lines.append('Content-Type: application/json')
+    lines.extend('%s: %s' % h for h in extra_headers)
+    return ('\r\n'.join(lines) + '\r\n\r\n').encode('latin-1')
+
+
+async def read_response_head(reader):
+    """(status, headers with lower-case names) of a response, past any
+    interim 1xx responses."""
+    while True:
+        status, headers = await _read_one_head(reader)
+        if not 100 <= status < 200:
+            return status, headers
+
+
+async def _read_one_head(reader):
+    line = await reader.readline()
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b'HTTP/'):
+        raise HttpError('bad status line %r' % line[:80])
+    status = int(parts[1])
+    headers = {}
+    while True:
+        line = await reader.readline()
+        if not line:
+            raise HttpError('connection closed in response headers')
+        if line in (b'\r\n', b'\n'):
+            return status, headers
+        name, _, value = line.decode('latin-1').partition(':')
+        headers[name.strip().lower()] = value.strip()
+
+
+async def iter_body(reader, headers, piece=65536):
+    """The response body in pieces as they arrive (chunked, sized by
+    Content-Length, or up to the end of the connection)."""
+    if 'chunked' in headers.get('transfer-encoding', '').lower():
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise HttpError('connection closed in chunked body')
+            size = int(line.split(b';')[0].strip(), 16)
+            if size == 0:
+                while (await reader.readline()).strip():
+                    pass                    # trailers
+                return
+            while size:
+                data = await reader.read(min(size, piece))
+                if not data:
+                    raise HttpError('connection closed in a chunk')
+                size -= len(data)
+                yield data
+            await reader.readexactly(2)     # CRLF after the chunk
+    elif 'content-length' in headers:
+        left = int(headers['content-length'])
+        while left:
+            data = await reader.read(min(left, piece))
+            if not data:
+                raise HttpError('connection closed in body')
+            left -= len(data)
+            yield data
+    else:
+        while True:
+            data = await reader.read(piece)
+            if not data:
+                return
+            yield data
+
+
+async def http_json(url, method='GET', timeout=10.0):
+    """A small request (stats, reset): (status, parsed JSON body or None).
+    """
+    async def exchange():
+        host, port, path = split_url(url)
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(request_head(method, host, port, path, 0))
+            await writer.drain()
+            status, headers = await read_response_head(reader)
+            body = b''.join([d async for d in iter_body(reader, headers)])
+        finally:
+            writer.close()
+        try:
+            return status, json.loads(body) if body else None
+        except ValueError:
+            return status, None
+    return await asyncio.wait_for(exchange(), timeout)
+
+
+# --- server-sent events ---------------------------------------------------
+
+class StreamWatcher:
+    """Reads an SSE chat-completion stream as it arrives: when the first
+    chunk with content came, and the usage of the final chunk.  Only the
+    chunks that can matter are JSON-decoded (those before the first
+    content, and those mentioning prompt_tokens), because a replay receives
+    tens of thousands of chunks per second."""
+
+    def __init__(self):
+        self.buffer = b''
+        self.first_content_at = None
+        self.prompt_tokens = None
+        self.cached_tokens = None
+
+    def feed(self, data, now):
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b'\n')
+        for line in lines:
+            if line.startswith(b'data:'):
+                self._event(line[5:].strip(), now)
+
+    def _event(self, payload, now):
+        if payload == b'[DONE]':
+            return
+        if self.first_content_at is not None \
+                and b'prompt_tokens' not in payload:
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(chunk, dict):
+            return
+        if self.first_content_at is None and has_content(chunk):
+            self.first_content_at = now
+        usage = chunk.get('usage')
+        if isinstance(usage, dict) and 'prompt_tokens' in usage:
+            self.prompt_tokens = usage.get('prompt_tokens')
+            details = usage.get('prompt_tokens_details') or {}
+            self.cached_tokens = details.get('cached_tokens') or 0
+
+
+def has_content(chunk):
+    """Whether a completion chunk carries generated text."""
+    for choice in chunk.get('choices') or ():
+        delta = choice.get('delta') or {}
+        if delta.get('content') or delta.get('reasoning_content') \
+                or choice.get('text'):
+            return True
+    return False
+
+
+# --- one request ------------------------------------------------------------
+
+async def exchange(target, body, headers, rec, clock):
+    """Sends one chat request and reads its streamed answer into rec."""
+    host, port, path = target
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request_head('POST', host, port, path, len(body),
+                                  headers) + body)
+        await writer.drain()
+        status, response_headers = await read_response_head(reader)
+        rec['status'] = status
+        rec['replica'] = response_headers.get('x-replica')
+        watcher = StreamWatcher()
+        error_text = b''
+        async for data in iter_body(reader, response_headers):
+            if status == 200:
+                watcher.feed(data, clock())
+            elif len(error_text) < 200:
+                error_text += data
+        if status != 200:
+            rec['err'] = 'HTTP %d %s' % (
+                status, error_text[:200].decode('utf-8', 'replace').strip())
+        if watcher.first_content_at is not None:
+            rec['ttft'] = watcher.first_content_at - rec['send']
+        rec['pt'] = watcher.prompt_tokens
+        rec['ct'] = watcher.cached_tokens
+    finally:
+        writer.close()
+
+
+def encode_body(record, options):
+    """The request body of a record, as bytes."""
+    return json.dumps(trace.chat_body(record, options.model),
+                      separators=(',', ':')).encode('ascii')
+
+
+async def replay_one(record, index, at, body, options, clock):
+    """Sends one record (body prepared, or the exception that preparing
+    it raised) and returns what happened.  Never raises: failures are
+    recorded in 'err'."""
+    session = trace.session_id(record, index)
+    rec = {'i': index, 'sid': session, 'at': at, 'send': None,
+           'ttft': None, 'end': None, 'status': None, 'replica': None,
+           'pt': None, 'ct': None, 'err': None}
+    try:
+        if isinstance(body, Exception):
+            raise body
+        headers = [('Accept', 'text/event-stream')]
+        if options.session_header:
+            headers.append(('X-Session-ID', session))
+        rec['send'] = clock()
+        await asyncio.wait_for(
+            exchange(options.target, body, headers, rec, clock),
+            options.timeout)
+    except asyncio.TimeoutError:
+        rec['err'] = 'timeout'
+    except Exception as e:          # any failure is one failed request
+        rec['err'] = '%s: %s' % (type(e).__name__, e)
+    rec['end'] = clock()
+    return rec
+
+
+class ReplayOptions:
+    """What every request of a replay shares."""
+
+    def __init__(self, url, speed=1.0, session_header=False, timeout=120.0,
+                 model='mock-llm'):
+        self.target = split_url(url)
+        self.speed = speed
+        self.session_header = session_header
+        self.timeout = timeout
+        self.model = model
+
+
+async def replay(records, options, start=0):
+    """Replays records (numbered from start) open-loop; returns one
+    result dict per record, in trace order, times in wall seconds from the
+    replay's start.  One dispatcher starts the requests in trace order
+    (records with equal timestamps too), each at its time, and does not
+    wait for them.  It builds each body before waiting for its time, so
+    that the send itself is not delayed by synthesising a 50-500 KB
+    prompt."""
+    loop = asyncio.get_running_loop()
+    origin = loop.time() + START_LEAD_S
+
+    def clock():
+        return loop.time() - origin
+    tasks = []
+    for n, (record, arrival) in enumerate(
+            zip(records, trace.arrival_seconds(records))):
+        try:
+            body = encode_body(record, options)
+        except Exception as e:      # reported by replay_one as an error
+            body = e
+        at = arrival / options.speed
+        # Sleeping even when late lets the requests already started run.
+        await asyncio.sleep(max(0.0, at - clock()))
+        tasks.append(asyncio.create_task(
+            replay_one(record, start + n, at, body, options, clock)))
+    return list(await asyncio.gather(*tasks))
+
+
+# --- mock statistics ------------------------------------------------------
+
+def replica_stats(doc, name=None):
+    """{replica name: stats dict} from a /stats document, accepting one
+    replica's object, a list of them, {"replicas": ...} or a mapping of
+    names to objects."""
+    if isinstance(doc, dict) and 'peak_inflight' in doc:
+        label = doc.get('replica') or doc.get('name') or doc.get('id')
+        return {str(label or name): doc}
+    if isinstance(doc, dict) and 'replicas' in doc:
+        return replica_stats(doc['replicas'], name)
+    found = {}
+    if isinstance(doc, list):
+        for i, item in enumerate(doc):
+            found.update(replica_stats(item, '%s#%d' % (name, i)))
+    elif isinstance(doc, dict):
+        for key, item in doc.items():
+            if isinstance(item, (dict, list)):
+                found.update(replica_stats(item, key))
+    return found
+
+
+async def collect_stats(urls):
+    """{replica name: stats} from every stats URL; failures are warned
+    about on stderr and skipped."""
+    found = {}
+    for url in urls:
+        try:
+            status, doc = await http_json(url)
+            if status != 200:
+                raise HttpError('HTTP %d' % status)
+            found.update(replica_stats(doc, url))
+        except Exception as e:
+            print('warning: stats %s: %s' % (url, e), file=sys.stderr)
+    return found
+
+
+async def reset_stats(urls):
+    """POST /reset next to each /stats URL, so that peaks and counters
+    cover this replay only."""
+    for url in urls:
+        reset = url[:-len('/stats')] + '/reset' if url.endswith('/stats') \
+            else url.rstrip('/') + '/reset'
+        try:
+            status, _ = await http_json(reset, 'POST')
+            if status != 200:
+                raise HttpError('HTTP %d' % status)
+        except Exception as e:
+            print('warning: reset %s: %s' % (reset, e), file=sys.stderr)
+
+
+# --- summary ----------------------------------------------------------------
+
+def summarize(results, speed, stats_before=None, stats_after=None):
+    """The figures of a replay (see the keys)."""
+    ok = [r for r in results if _succeeded(r)]
+    errors = [r for r in results if not _succeeded(r)]
+    with_usage = [r for r in ok if r['pt'] is not None]
+    prompt = sum(r['pt'] for r in with_usage)
+    cached = sum(r['ct'] or 0 for r in with_usage)
+    ttfts = [r['ttft'] for r in ok if r['ttft'] is not None]
+    lags = [r['send'] - r['at'] for r in results if r['send'] is not None]
+    summary = {
+        'requests': len(results),
+        'ok': len(ok),
+        'errors': len(errors),
+        'error_kinds': dict(Counter(_error_kind(r) for r in errors)),
+        'missing_usage': len(ok) - len(with_usage),
+        'prompt_tokens': prompt,
+        'cached_tokens': cached,
+        'hit_ratio': cached / prompt if prompt else None,
+        'ttft_trace_s': _scaled(trace.percentiles(ttfts), speed),
+        'ttft_wall_s': _scaled(trace.percentiles(ttfts), 1.0),
+        'send_lag_wall_s': _scaled(trace.percentiles(lags, (50, 99, 100)),
+                                   1.0),
+        'wall_s': round(max((r['end'] for r in results), default=0.0), 3),
+    }
+    summary.update(replica_summary(results, stats_after or {}))
+    summary.update(server_summary(stats_before or {}, stats_after or {}))
+    return summary
+
+
+def _succeeded(rec):
+    return rec['status'] == 200 and not rec['err']
+
+
+def _error_kind(rec):
+    """'HTTP 502', 'timeout', or the exception's type name."""
+    if not rec['err'] or rec['err'].startswith('HTTP'):
+        return 'HTTP %s' % rec['status']
+    return rec['err'].split(':')[0]
+
+
+def _scaled(figures, factor):
+    return {k: None if v is None else round(v * factor, 6)
+            for k, v in figures.items()}
+
+
+def replica_summary(results, stats):
+    """Requests per replica (X-Replica) and client-side peak in-flight per
+    replica (the most of its requests open at once, from send and end
+    times).  Replicas that /stats lists but that served nothing count as
+    zero when /stats names replicas as X-Replica does."""
+    served = {}
+    for r in results:
+        if r['replica'] is not None and r['send'] is not None:
+            served.setdefault(r['replica'], []).append(r)
+    names = set(served)
+    if names & set(stats):
+        names |= set(stats)
+    names = sorted(names)
+    counts = {n: len(served.get(n, ())) for n in names}
+    peaks = {n: trace.peak_overlap((r['send'], r['end'])
+                                   for r in served.get(n, ()))
+             for n in names}
+    count_mm = trace.max_mean(list(counts.values()))
+    peak_mm = trace.max_mean(list(peaks.values()))
+    return {
+        'replica_requests': counts,
+        'replica_requests_max': count_mm['max'],
+        'replica_requests_mean': count_mm['mean'],
+        'client_peak_inflight': peaks,
+        'client_peak_inflight_max': peak_mm['max'],
+        'client_peak_inflight_mean': peak_mm['mean'],
+    }
+
+
+def _counter(stats, field):
+    """A mock counter, named with or without the Prometheus-style _total
+    suffix."""
+    value = stats.get(field + '_total', stats.get(field))
+    return value if isinstance(value, (int, float)) else 0
+
+
+def server_summary(before, after):
+    """Peak in-flight per replica as the mock counted it, and the hit
+    ratio from the mock's counters (after minus before)."""
+    if not after:
+        return {'server_peak_inflight': None,
+                'server_peak_inflight_max': None,
+                'server_peak_inflight_mean': None,
+                'server_requests': None,
+                'server_hit_ratio': None}
+    peaks = {n: s.get('peak_inflight') for n, s in sorted(after.items())}
+    mm = trace.max_mean([p for p in peaks.values() if p is not None])
+
+    def delta(field):
+        return sum(_counter(s, field) - _counter(before.get(n, {}), field)
+                   for n, s in after.items())
+    prompt = delta('prompt_tokens')
+    return {
+        'server_peak_inflight': peaks,
+        'server_peak_inflight_max': mm['max'],
+        'server_peak_inflight_mean': mm['mean'],
+        'server_requests': delta('requests'),
+        'server_hit_ratio': delta('cached_tokens') / prompt if prompt
+        else None,
+    }
+
+
+# --- command line -----------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--url', required=True,
+                   help='chat completions URL, e.g. '
+                        'http://127.0.0.1:8080/v1/chat/completions')
+    p.add_argument('--trace', default=str(DEFAULT_TRACE),
+                   help='JSON Lines trace (default: the shared Mooncake '
+                        'conversation trace next to the repository)')
+    p.add_argument('--limit', type=int, help='replay at most N records')
+    p.add_argument('--start', type=int, default=0,
+                   help='first record to replay (default 0)')
+    p.add_argument('--speed', type=float, default=20.0,
+                   help='trace time / wall time (default %(default)s)')
+    p.add_argument('--session-header', action='store_true',
+                   help='send X-Session-ID: <conversation id>')
+    p.add_argument('--stats-urls', default='',
+                   help='comma-separated mock /stats URLs')
+    p.add_argument('--no-reset', action='store_true',
+                   help='do not POST /reset to the mock before replaying '
+                        '(its peaks then include earlier runs)')
+    p.add_argument('--label', default='replay')
+    p.add_argument('--model', default='mock-llm')
+    p.add_argument('--output', help='write the result JSON here')
+    p.add_argument('--timeout', type=float, default=120.0,
+                   help='seconds (wall) per request (default %(default)s)')
+    return p.parse_args(argv)
+
+
+def raise_open_file_limit():
+    """Each in-flight request holds a socket."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+async def run(args):
+    """The whole replay: reset, replay, collect, summarize."""
+    records = trace.load_trace(args.trace, args.limit, args.start)
+    options = ReplayOptions(args.url, args.speed, args.session_header,
+                            args.timeout, args.model)
+    stats_urls = [u for u in args.stats_urls.split(',') if u]
+    if stats_urls and not args.no_reset:
+        await reset_stats(stats_urls)
+    before = await collect_stats(stats_urls) if stats_urls else {}
+    results = await replay(records, options, args.start)
+    after = await collect_stats(stats_urls) if stats_urls else {}
+    config = {'url': args.url, 'trace': Path(args.trace).name,
+              'start': args.start, 'limit': args.limit,
+              'records': len(records), 'speed': args.speed,
+              'session_header': args.session_header,
+              'timeout': args.timeout, 'model': args.model,
+              'stats_urls': stats_urls, 'reset': not args.no_reset}
+    return {'label': args.label, 'config': config,
+            'summary': summarize(results, args.speed, before, after),
+            'stats': after,
+            'requests': [compact(r) for r in results]}
+
+
+def compact(rec):
+    """A request record with times rounded to the microsecond."""
+    out = dict(rec)
+    for key in ('at', 'send', 'ttft', 'end'):
+        if out[key] is not None:
+            out[key] = round(out[key], 6)
+    return out
+
+
+def write_result(doc, path):
+    """The result as JSON: readable header, one request per line."""
+    head = {k: v for k, v in doc.items() if k != 'requests'}
+    text = json.dumps(head, indent=2)[:-2]
+    lines = ',\n'.join('    ' + json.dumps(r, separators=(',', ':'))
+                       for r in doc['requests'])
+    text += ',\n  "requests": [\n' + lines + '\n  ]\n}\n'
+    Path(path).write_text(text)
+
+
+def one_line(doc):
+    """The summary in one line."""
+    s = doc['summary']
+
+    def fmt(v, spec='.3f'):
+        return '-' if v is None else format(v, spec)
+
+    def num(v):
+        return '-' if v is None else '%g' % v
+    t = s['ttft_trace_s']
+    return ('%s: %d requests, %d errors, hit %s (server %s), TTFT trace s '
+            'p50/p90/p99 %s/%s/%s, replica requests max/mean %s/%s, '
+            'peak in-flight server max/mean %s/%s client %s/%s, wall %ss'
+            % (doc['label'], s['requests'], s['errors'], fmt(s['hit_ratio']),
+               fmt(s['server_hit_ratio']), fmt(t['p50']), fmt(t['p90']),
+               fmt(t['p99']), num(s['replica_requests_max']),
+               fmt(s['replica_requests_mean'], '.1f'),
+               num(s['server_peak_inflight_max']),
+               fmt(s['server_peak_inflight_mean'], '.1f'),
+               num(s['client_peak_inflight_max']),
+               fmt(s['client_peak_inflight_mean'], '.1f'), s['wall_s']))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    raise_open_file_limit()
+    doc = asyncio.run(run(args))
+    if args.output:
+        write_result(doc, args.output)
+    print(one_line(doc))
+
+
+if __name__ == '__main__':
+    main()
