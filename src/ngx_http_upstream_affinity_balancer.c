@@ -21,7 +21,8 @@ typedef struct {
 
     ngx_http_upstream_affinity_srv_conf_t  *conf;
     ngx_http_upstream_affinity_ctx_t       *ctx;
-    ngx_http_upstream_affinity_shctx_t     *shctx;
+    ngx_http_upstream_affinity_shctx_t     *shctx;      /* counters */
+    ngx_http_upstream_affinity_shctx_t     *prefixes;   /* or NULL */
     ngx_http_upstream_rr_peers_t           *primary;
     affinity_peer_t                        *peers;
     affinity_request_t                      request;
@@ -65,7 +66,8 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     r->upstream->peer.free = ngx_http_upstream_free_affinity_peer;
 
     ap->conf = ascf;
-    ap->shctx = ascf->session_zone->data;
+    ap->shctx = ascf->counter_zone->data;
+    ap->prefixes = ascf->prefix_zone ? ascf->prefix_zone->data : NULL;
     ap->primary = ap->rrp.peers;
     ap->slot = AFFINITY_NO_SLOT;
 
@@ -92,7 +94,15 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
         ctx->conf = ascf;
         ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);
 
-        if (ngx_http_upstream_affinity_session_key(r, ascf, ctx) != NGX_OK) {
+        if (ascf->session_zone
+            && ngx_http_upstream_affinity_session_key(r, ascf, ctx) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        if (ascf->prefix_zone
+            && ngx_http_upstream_affinity_prompt(r, ascf, ctx) != NGX_OK)
+        {
             return NGX_ERROR;
         }
     }
@@ -108,6 +118,13 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
                                                       ctx->key.len);
         ap->request.ring_hash = affinity_ring_hash(ctx->key.data,
                                                    ctx->key.len);
+    }
+
+    if (ap->prefixes && ctx->nlevels) {
+        ap->request.prefixes = ap->prefixes->zone;
+        ap->request.levels = ctx->levels;
+        ap->request.nlevels = (uint32_t) ctx->nlevels;
+        ap->request.prefix_timeout = (uint32_t) ascf->prefix_timeout;
     }
 
     ap->request.timeout = (uint32_t) ascf->session_timeout;
@@ -129,6 +146,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     affinity_balance_t                     balance;
     affinity_decision_t                    decision;
     ngx_http_upstream_rr_peer_t           *peer;
+    ngx_http_upstream_affinity_shctx_t    *prefixes;
     ngx_http_upstream_rr_peers_t          *peers;
     ngx_http_upstream_rr_peer_data_t      *rrp;
     ngx_http_upstream_affinity_srv_conf_t *ascf;
@@ -200,10 +218,29 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     ap->request.now = (uint32_t) now;
 
+    /*
+     * The counter zone first, then the prefix index: always in this order,
+     * so that workers routing through both cannot deadlock.
+     */
+
+    prefixes = ap->request.prefixes ? ap->prefixes : NULL;
+
+    if (prefixes == ap->shctx) {
+        prefixes = NULL;
+    }
+
     ngx_shmtx_lock(&ap->shctx->shpool->mutex);
+
+    if (prefixes) {
+        ngx_shmtx_lock(&prefixes->shpool->mutex);
+    }
 
     (void) affinity_route(ap->shctx->zone, ascf->ring, ap->peers,
                           ascf->npeers, &balance, &ap->request, &decision);
+
+    if (prefixes) {
+        ngx_shmtx_unlock(&prefixes->shpool->mutex);
+    }
 
     ngx_shmtx_unlock(&ap->shctx->shpool->mutex);
 
@@ -246,6 +283,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     ap->slot = ap->peers[i].slot;
     ap->ctx->route = decision.route;
+    ap->ctx->prefix_len = decision.prefix_len;
 
     return NGX_OK;
 }
@@ -269,6 +307,7 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
     rc = ngx_http_upstream_get_round_robin_peer(pc, &ap->rrp);
 
     ap->ctx->route = AFFINITY_ROUTE_FALLBACK;
+    ap->ctx->prefix_len = 0;
 
     if (rc != NGX_OK) {
         return rc;

@@ -15,46 +15,15 @@
 #include "ngx_http_upstream_affinity_module.h"
 
 
-/* bodies larger than this are not searched for a session field */
-#define NGX_HTTP_UPSTREAM_AFFINITY_BODY_MAX  (16 * 1024 * 1024)
-
 /* longest key taken from a body field */
 #define NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX  1024
-
-
-typedef enum {
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED = 0,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
-} ngx_http_upstream_affinity_warning_e;
-
-
-typedef struct {
-    u_char                           *data;
-    size_t                            len;
-    unsigned                          read:1;
-    unsigned                          json:1;
-} ngx_http_upstream_affinity_body_t;
 
 
 static ngx_int_t ngx_http_upstream_affinity_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value);
 static ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
+    ngx_http_upstream_affinity_ctx_t *ctx, ngx_str_t *path,
     ngx_str_t *value);
-static void ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_body_t *body);
-static void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_warning_e warning, const char *fmt,
-    ngx_str_t *arg);
-
-
-/* per worker: each reason for ignoring a body is logged once */
-static ngx_uint_t  ngx_http_upstream_affinity_warned[
-                                     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST];
 
 
 ngx_int_t
@@ -65,10 +34,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_int_t                             rc;
     ngx_str_t                             value;
     ngx_uint_t                            i;
-    ngx_http_upstream_affinity_body_t     body;
     ngx_http_upstream_affinity_source_t  *src;
-
-    ngx_memzero(&body, sizeof(ngx_http_upstream_affinity_body_t));
 
     src = ascf->sources->elts;
 
@@ -90,7 +56,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
             break;
 
         default: /* NGX_HTTP_UPSTREAM_AFFINITY_FIELD */
-            rc = ngx_http_upstream_affinity_field(r, &body, &src[i].name,
+            rc = ngx_http_upstream_affinity_field(r, ctx, &src[i].name,
                                                   &value);
             break;
         }
@@ -176,20 +142,22 @@ ngx_http_upstream_affinity_header(ngx_http_request_t *r, ngx_str_t *name,
 
 static ngx_int_t
 ngx_http_upstream_affinity_field(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
-    ngx_str_t *value)
+    ngx_http_upstream_affinity_ctx_t *ctx, ngx_str_t *path, ngx_str_t *value)
 {
     size_t            len;
     u_char           *out;
-    affinity_field_e  rc;
+    ngx_int_t         rc;
+    affinity_field_e  frc;
 
-    if (!body->read) {
-        ngx_http_upstream_affinity_read_body(r, body);
-        body->read = 1;
+    if (ctx->body.read && ctx->body.invalid) {
+        /* an earlier field found the body is not a JSON object */
+        return NGX_DECLINED;
     }
 
-    if (body->data == NULL) {
-        return NGX_DECLINED;
+    rc = ngx_http_upstream_affinity_read_body(r, ctx);
+
+    if (rc != NGX_OK) {
+        return rc;
     }
 
     out = ngx_pnalloc(r->pool, NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX);
@@ -197,22 +165,21 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    rc = affinity_json_field((char *) body->data, body->len,
-                             (char *) path->data, path->len, (char *) out,
-                             NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX, &len);
+    frc = affinity_json_field((char *) ctx->body.data, ctx->body.len,
+                              (char *) path->data, path->len, (char *) out,
+                              NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX, &len);
 
-    if (rc == AFFINITY_FIELD_INVALID) {
+    if (frc == AFFINITY_FIELD_INVALID) {
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
+            NGX_HTTP_UPSTREAM_AFFINITY_WARN_FIELD_INVALID,
             "affinity: request body is not a JSON object, "
             "session field \"%V\" ignored", path);
 
-        /* do not parse the same body again for the next field */
-        body->data = NULL;
+        ctx->body.invalid = 1;
         return NGX_DECLINED;
     }
 
-    if (rc != AFFINITY_FIELD_FOUND) {
+    if (frc != AFFINITY_FIELD_FOUND) {
         return NGX_DECLINED;
     }
 
@@ -220,130 +187,4 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     value->len = len;
 
     return NGX_OK;
-}
-
-
-/*
- * Copies the request body that nginx buffered for the upstream into one
- * buffer with the padding the JSON parser reads past the end.  The body may
- * be in memory buffers, in a temporary file, or both.
- */
-
-static void
-ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_body_t *body)
-{
-    off_t         total;
-    size_t        size;
-    u_char       *p;
-    ssize_t       n;
-    ngx_buf_t    *b;
-    ngx_str_t    *type;
-    ngx_chain_t  *cl;
-
-    /* an unbuffered body is still on its way: only part of it is here */
-
-    if (r->request_body_no_buffering
-        && (r->headers_in.content_length_n > 0 || r->headers_in.chunked))
-    {
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED,
-            "affinity: request body is not buffered "
-            "(proxy_request_buffering off), session fields ignored", NULL);
-        return;
-    }
-
-    if (r->request_body == NULL || r->request_body->bufs == NULL) {
-        return;
-    }
-
-    /* a missing type is accepted: many API clients omit it */
-
-    if (r->headers_in.content_type) {
-        type = &r->headers_in.content_type->value;
-
-        if (ngx_strlcasestrn(type->data, type->data + type->len,
-                             (u_char *) "json", 4 - 1)
-            == NULL)
-        {
-            return;
-        }
-    }
-
-    total = 0;
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        total += ngx_buf_size(cl->buf);
-    }
-
-    if (total == 0) {
-        return;
-    }
-
-    if (total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_MAX) {
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
-            "affinity: request body larger than 16m, "
-            "session fields ignored", NULL);
-        return;
-    }
-
-    p = ngx_pnalloc(r->pool, (size_t) total + AFFINITY_JSON_PADDING);
-    if (p == NULL) {
-        return;
-    }
-
-    body->data = p;
-    body->len = (size_t) total;
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-
-        if (ngx_buf_in_memory(b)) {
-            p = ngx_cpymem(p, b->pos, b->last - b->pos);
-            continue;
-        }
-
-        if (!b->in_file) {
-            continue;
-        }
-
-        size = (size_t) (b->file_last - b->file_pos);
-
-        n = ngx_read_file(b->file, p, size, b->file_pos);
-
-        if (n != (ssize_t) size) {
-            ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
-                "affinity: could not read the request body from "
-                "its temporary file, session fields ignored", NULL);
-            body->data = NULL;
-            return;
-        }
-
-        p += size;
-    }
-
-    body->len = p - body->data;
-    ngx_memzero(p, AFFINITY_JSON_PADDING);
-}
-
-
-static void
-ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_warning_e warning, const char *fmt,
-    ngx_str_t *arg)
-{
-    if (ngx_http_upstream_affinity_warned[warning]) {
-        return;
-    }
-
-    ngx_http_upstream_affinity_warned[warning] = 1;
-
-    if (arg) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0, fmt, arg);
-
-    } else {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0, fmt);
-    }
 }

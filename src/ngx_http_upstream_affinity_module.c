@@ -24,6 +24,16 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SIZE    (8 * 1024 * 1024)
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN     (128 * 1024)
 
+/*
+ * Default prefix levels: the lengths of the seeds, then levels every
+ * max(step, 6% of the previous length) up to 128k characters, so that a
+ * conversation's next turn finds its previous turn past any shared system
+ * prompt (README, "Choosing levels", has the measurements).
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STEP         256
+#define NGX_HTTP_UPSTREAM_AFFINITY_GROWTH       6
+#define NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL    (128 * 1024)
+
 /* bytes before the table in a zone's allocation: its size, a cache line */
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64
 
@@ -41,6 +51,8 @@ static ngx_int_t ngx_http_upstream_affinity_route_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_upstream_affinity_session_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_upstream_affinity_prefix_len_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 
 static ngx_int_t ngx_http_upstream_affinity_header_filter(
     ngx_http_request_t *r);
@@ -48,6 +60,8 @@ static ngx_int_t ngx_http_upstream_affinity_init(ngx_conf_t *cf);
 
 static void *ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf);
 static char *ngx_http_upstream_affinity_session(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_upstream_affinity_prefix(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_upstream_affinity_balance(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
@@ -63,6 +77,13 @@ static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
     { ngx_string("session_affinity"),
       NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
       ngx_http_upstream_affinity_session,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("prefix_affinity"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
+      ngx_http_upstream_affinity_prefix,
       NGX_HTTP_SRV_CONF_OFFSET,
       0,
       NULL },
@@ -119,6 +140,10 @@ static ngx_http_variable_t  ngx_http_upstream_affinity_vars[] = {
       ngx_http_upstream_affinity_session_variable, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
+    { ngx_string("affinity_prefix_len"), NULL,
+      ngx_http_upstream_affinity_prefix_len_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
       ngx_http_null_variable
 };
 
@@ -129,7 +154,9 @@ static ngx_str_t  ngx_http_upstream_affinity_routes[] = {
     ngx_string("session_new"),
     ngx_string("session_moved"),
     ngx_string("session_moved"),           /* spilled: served off its pin */
-    ngx_string("fallback")
+    ngx_string("fallback"),
+    ngx_string("prefix_hit"),
+    ngx_string("prefix_new")
 };
 
 
@@ -154,12 +181,18 @@ ngx_http_upstream_init_affinity(ngx_conf_t *cf,
     ascf = ngx_http_conf_upstream_srv_conf(us,
                                            ngx_http_upstream_affinity_module);
 
-    if (ascf->session_zone == NULL) {
+    if (ascf->session_zone == NULL && ascf->prefix_zone == NULL) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "\"affinity_balance\" in upstream \"%V\" requires "
-                      "\"session_affinity\"", &us->host);
+                      "\"session_affinity\" or \"prefix_affinity\"",
+                      &us->host);
         return NGX_ERROR;
     }
+
+    /* one zone counts the in-flight requests: the sessions' if any */
+
+    ascf->counter_zone = ascf->session_zone ? ascf->session_zone
+                                            : ascf->prefix_zone;
 
     if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
         return NGX_ERROR;
@@ -262,6 +295,7 @@ ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     char                                 err[160];
 
     shctx = shm_zone->data;
+    shctx->shm_zone = shm_zone;
     shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
 
     if (oshctx) {
@@ -355,6 +389,10 @@ ngx_http_upstream_affinity_claim_slots(
     for (i = 0; i < shctx->confs.nelts; i++) {
         ascf = confs[i];
 
+        if (ascf->counter_zone != shctx->shm_zone) {
+            continue;
+        }
+
         for (j = 0; j < ascf->npeers; j++) {
             ascf->peers[j].slot = affinity_zone_peer_slot(shctx->zone,
                                                           ascf->peers[j].id);
@@ -370,6 +408,10 @@ ngx_http_upstream_affinity_claim_slots(
 
     for (i = 0; i < shctx->confs.nelts; i++) {
         ascf = confs[i];
+
+        if (ascf->counter_zone != shctx->shm_zone) {
+            continue;
+        }
 
         for (j = 0; j < ascf->npeers; j++) {
             if (ascf->peers[j].slot == AFFINITY_NO_SLOT) {
@@ -415,7 +457,7 @@ ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
     if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE
-        || ctx->route > AFFINITY_ROUTE_FALLBACK)
+        || ctx->route > AFFINITY_ROUTE_PREFIX_NEW)
     {
         v->not_found = 1;
         return NGX_OK;
@@ -451,6 +493,35 @@ ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = ctx->key.data;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_prefix_len_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    u_char                            *p;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->len = ngx_sprintf(p, "%ui", ctx->prefix_len) - p;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = p;
 
     return NGX_OK;
 }
@@ -594,6 +665,10 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
      *     conf->echo_cookie = { 0, NULL };
      *     conf->generate = 0;
      *     conf->session_zone = NULL;
+     *     conf->prefix_zone = NULL;
+     *     conf->schedule = NULL;
+     *     conf->nschedule = 0;
+     *     conf->counter_zone = NULL;
      *     conf->ring = NULL;
      *     conf->peers = NULL;
      *     conf->npeers = 0;
@@ -604,6 +679,7 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
      */
 
     conf->session_timeout = 3600;
+    conf->prefix_timeout = 600;
     conf->factor = 1250;
     conf->slack = 2;
 
@@ -761,6 +837,169 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
     if (ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
                                         &suffix, AFFINITY_ZONE_SESSIONS,
                                         &ascf->session_zone)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_upstream_affinity_set_method(cf, ascf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
+
+    u_char      *p, *last, *start;
+    time_t       timeout;
+    ssize_t      size;
+    ngx_int_t    n;
+    ngx_str_t   *value, s, zone;
+    ngx_uint_t   i, nlengths, step, growth, max;
+    uint32_t     lengths[AFFINITY_MAX_LEVELS], schedule[AFFINITY_MAX_LEVELS];
+
+    static ngx_str_t  suffix = ngx_string("_prefixes");
+
+    if (ascf->prefix_zone) {
+        return "is duplicate";
+    }
+
+    lengths[0] = 100;
+    lengths[1] = 500;
+    lengths[2] = 1000;
+    nlengths = 3;
+    step = NGX_HTTP_UPSTREAM_AFFINITY_STEP;
+    growth = NGX_HTTP_UPSTREAM_AFFINITY_GROWTH;
+    max = NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL;
+
+    value = cf->args->elts;
+    ngx_str_null(&zone);
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "lengths=", 8) == 0) {
+
+            nlengths = 0;
+            last = value[i].data + value[i].len;
+
+            for (start = value[i].data + 8; start <= last; start = p + 1) {
+                p = ngx_strlchr(start, last, ',');
+                if (p == NULL) {
+                    p = last;
+                }
+
+                n = ngx_atoi(start, p - start);
+
+                if (n == NGX_ERROR || n == 0 || n > 16 * 1024 * 1024
+                    || nlengths == 32)
+                {
+                    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                       "invalid lengths \"%V\", they must "
+                                       "be up to 32 positive numbers",
+                                       &value[i]);
+                    return NGX_CONF_ERROR;
+                }
+
+                lengths[nlengths++] = (uint32_t) n;
+            }
+
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "step=", 5) == 0) {
+            s.data = value[i].data + 5;
+            s.len = value[i].len - 5;
+
+            size = ngx_parse_size(&s);
+            if (size == NGX_ERROR || size > 16 * 1024 * 1024) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid step \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            step = (ngx_uint_t) size;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "growth=", 7) == 0) {
+            n = ngx_atoi(value[i].data + 7, value[i].len - 7);
+
+            if (n == NGX_ERROR || n > 100) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid growth \"%V\", it must be "
+                                   "a percentage from 0 to 100", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            growth = (ngx_uint_t) n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "max=", 4) == 0) {
+            s.data = value[i].data + 4;
+            s.len = value[i].len - 4;
+
+            size = ngx_parse_size(&s);
+            if (size == NGX_ERROR || size == 0 || size > 16 * 1024 * 1024) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid max \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            max = (ngx_uint_t) size;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
+            zone.data = value[i].data + 5;
+            zone.len = value[i].len - 5;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
+            s.data = value[i].data + 8;
+            s.len = value[i].len - 8;
+
+            timeout = ngx_parse_time(&s, 1);
+            if (timeout == (time_t) NGX_ERROR || timeout == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid timeout \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            ascf->prefix_timeout = timeout;
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    /* the level lengths are fixed here, once: requests only hash them */
+
+    ascf->nschedule = affinity_level_schedule(lengths, nlengths,
+                                              (uint32_t) step,
+                                              (uint32_t) growth,
+                                              (uint32_t) max, schedule,
+                                              AFFINITY_MAX_LEVELS);
+
+    ascf->schedule = ngx_palloc(cf->pool, ascf->nschedule * sizeof(uint32_t));
+    if (ascf->schedule == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memcpy(ascf->schedule, schedule, ascf->nschedule * sizeof(uint32_t));
+
+    if (ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
+                                        &suffix, AFFINITY_ZONE_PREFIXES,
+                                        &ascf->prefix_zone)
         != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;

@@ -37,8 +37,33 @@ typedef struct {
     ngx_slab_pool_t                        *shpool;
     affinity_zone_t                        *zone;
     affinity_zone_kind_e                    kind;
+    ngx_shm_zone_t                         *shm_zone;
     ngx_array_t                             confs;  /* of srv conf pointers */
 } ngx_http_upstream_affinity_shctx_t;
+
+
+/* reasons for balancing without the request body, each logged once */
+typedef enum {
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED = 0,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_NOT_JSON,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_FIELD_INVALID,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_INVALID,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
+} ngx_http_upstream_affinity_warning_e;
+
+
+/* the request body, read once per request for all who need it */
+typedef struct {
+    u_char                                 *data;   /* padded for the parser */
+    size_t                                  len;
+    unsigned                                read:1;
+    unsigned                                invalid:1; /* not a JSON object */
+} ngx_http_upstream_affinity_body_t;
 
 
 typedef struct {
@@ -49,6 +74,15 @@ typedef struct {
     ngx_flag_t                              generate;
     ngx_shm_zone_t                         *session_zone;
     time_t                                  session_timeout;
+
+    /* prefix_affinity */
+    ngx_shm_zone_t                         *prefix_zone;
+    time_t                                  prefix_timeout;
+    uint32_t                               *schedule;   /* level lengths */
+    ngx_uint_t                              nschedule;
+
+    /* the zone holding the in-flight counters: sessions', else prefixes' */
+    ngx_shm_zone_t                         *counter_zone;
 
     /* affinity_balance */
     ngx_uint_t                              factor;     /* per mille */
@@ -71,6 +105,10 @@ typedef struct {
     ngx_str_t                               key;
     ngx_uint_t                              route;      /* affinity_route_e */
     ngx_uint_t                              source;     /* where key came from */
+    ngx_uint_t                              prefix_len; /* matched level */
+    affinity_level_t                       *levels;
+    ngx_uint_t                              nlevels;
+    ngx_http_upstream_affinity_body_t       body;
     unsigned                                keyed:1;
     unsigned                                generated:1;
     unsigned                                echo:1;
@@ -89,6 +127,14 @@ ngx_int_t ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
 ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_ctx_t *ctx);
+ngx_int_t ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_ctx_t *ctx);
+ngx_int_t ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_ctx_t *ctx);
+void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_warning_e warning, const char *fmt,
+    ngx_str_t *arg);
 
 
 #endif /* _NGX_HTTP_UPSTREAM_AFFINITY_MODULE_H_INCLUDED_ */

@@ -47,20 +47,19 @@ PrefixEntry *PrefixTable::find(uint64_t key) noexcept
     return entry;
 }
 
-void PrefixTable::record(uint64_t key, uint32_t length,
-                         uint64_t peer_id) noexcept
+bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
 {
     PrefixBucket &bucket = bucket_of(key);
     size_t live = expire(bucket);
     PrefixEntry *entry = bucket.find(key, live);
+    bool existed = entry != nullptr;
 
-    if (entry == nullptr) {
+    if (!existed) {
         entry = bucket.push_front(live, [this](const PrefixEntry &) {
             zone_.header().used--;
             zone_.header().evictions++;
         });
         entry->key = key;
-        entry->length = length;
         zone_.header().used++;
     }
 
@@ -79,6 +78,17 @@ void PrefixTable::record(uint64_t key, uint32_t length,
 
     std::memmove(&entry->peers[1], &entry->peers[0], at * sizeof(uint32_t));
     entry->peers[0] = id;
+
+    return existed;
+}
+
+void PrefixTable::add_fork(uint64_t key) noexcept
+{
+    PrefixEntry *entry = find(key);
+
+    if (entry && entry->forks < UINT16_MAX) {
+        entry->forks++;
+    }
 }
 
 }  // namespace affinity

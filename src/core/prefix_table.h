@@ -22,8 +22,13 @@ struct PrefixEntry {
     uint64_t key;                   // seeded level hash; 0 = empty
     uint32_t peers[kPrefixPeers];   // low 32 bits of peer ids, 0 = none
     uint32_t last_used;             // seconds
-    uint32_t length;                // code points of the level
+    uint16_t forks;                 // distinct continuations seen
+    uint16_t reserved;
 };
+
+// A prefix that this many different prompts continued is shared (a system
+// prompt, a few-shot preamble): it is no conversation's own.
+constexpr uint16_t kSharedForks = 2;
 
 constexpr uint32_t kPrefixWays = 8;
 
@@ -50,10 +55,14 @@ public:
     // The live entry of key, made the most recently used; nullptr if absent.
     PrefixEntry *find(uint64_t key) noexcept;
 
-    // Records that peer served the prefix of key (length code points):
-    // the peer becomes the entry's most recent; the entry is created, and
-    // the bucket's least recently used entry evicted, if needed.
-    void record(uint64_t key, uint32_t length, uint64_t peer_id) noexcept;
+    // Records that peer served the prefix of key: the peer becomes the
+    // entry's most recent; the entry is created, and the bucket's least
+    // recently used entry evicted, if needed.  Returns whether the entry
+    // existed.
+    bool record(uint64_t key, uint64_t peer_id) noexcept;
+
+    // Counts one more distinct continuation of the prefix of key.
+    void add_fork(uint64_t key) noexcept;
 
 private:
     PrefixBucket &bucket_of(uint64_t key) noexcept;

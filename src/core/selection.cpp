@@ -182,19 +182,46 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     return i;
 }
 
-// The longest level of the prompt that a usable peer under the bound served
-// recently; among the peers remembered for it, the least loaded (ties: the
-// most recent).  Cold prompts go to the ring position of their longest
-// level, with bounded load.
+// Routes by the longest level of the prompt found in the index.
+//
+// A private prefix (one continued by fewer than kSharedForks prompts: the
+// previous turn of this conversation) goes to the least loaded of the peers
+// that recently served it, if one is under the bound; else shorter levels
+// are tried.  A shared prefix (a system prompt many conversations start
+// with) says little about where this prompt belongs, and following it would
+// pile every new conversation onto one peer: the prompt is placed on the
+// ring by its own longest level, with bounded load, like a cold one.
 int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
                  const affinity_request_t &request,
                  affinity_decision_t &decision) noexcept
 {
+    uint64_t own = request.levels[request.nlevels - 1].hash;
+
     for (size_t j = request.nlevels; j-- > 0;) {
         PrefixEntry *entry = table.find(table.key(request.levels[j].hash));
 
         if (entry == nullptr) {
             continue;
+        }
+
+        if (entry->forks >= kSharedForks) {
+            int i = place(load, ring, own, -1, request.rotate);
+
+            if (i < 0) {
+                return i;
+            }
+
+            // The shared prefix is likely cached there too.
+            bool holds = false;
+            for (uint32_t id : entry->peers) {
+                holds |= id != 0 && load.index_of_short(id) == i;
+            }
+
+            decision = holds ? affinity_decision_t{i, AFFINITY_ROUTE_PREFIX_HIT,
+                                                   request.levels[j].length}
+                             : affinity_decision_t{i, AFFINITY_ROUTE_PREFIX_NEW,
+                                                   0};
+            return i;
         }
 
         int best = -1;
@@ -220,14 +247,37 @@ int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
         }
     }
 
-    int i = place(load, ring, request.levels[request.nlevels - 1].hash, -1,
-                  request.rotate);
+    int i = place(load, ring, own, -1, request.rotate);
 
     if (i >= 0) {
         decision = {i, AFFINITY_ROUTE_PREFIX_NEW, 0};
     }
 
     return i;
+}
+
+// Records every level of the prompt for the peer that got it, and counts a
+// continuation of the longest level that was already known: that is where
+// this prompt branches off what was seen before.
+void record_levels(PrefixTable &table, const affinity_request_t &request,
+                   uint64_t peer_id) noexcept
+{
+    size_t branch = SIZE_MAX;
+    bool known = false;
+
+    for (size_t j = 0; j < request.nlevels; j++) {
+        bool existed = table.record(table.key(request.levels[j].hash),
+                                    peer_id);
+
+        if (known && !existed) {
+            branch = j - 1;
+        }
+        known = existed;
+    }
+
+    if (branch != SIZE_MAX) {
+        table.add_fork(table.key(request.levels[branch].hash));
+    }
 }
 
 }  // namespace
@@ -270,10 +320,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     // The chosen peer now holds every level of this prompt in its cache:
     // later prompts that extend it will find it, whatever routed this one.
     if (prefixes) {
-        for (size_t j = 0; j < request.nlevels; j++) {
-            table.record(table.key(request.levels[j].hash),
-                         request.levels[j].length, peers[chosen].id);
-        }
+        record_levels(table, request, peers[chosen].id);
     }
 
     uint32_t slot = peers[chosen].slot;
