@@ -1,0 +1,217 @@
+#!/usr/bin/env perl
+
+# prefix_affinity: requests without any session id are routed by their
+# prompt.  Conversations stick from their second turn on, encodings do not
+# matter, distinct and system-prompt-sharing conversations spread within the
+# load bound, bodies in temporary files work, unusable bodies fall back, and
+# the index survives reloads.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use List::Util qw(max sum);
+use POSIX qw(floor);
+use Test::More;
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers routes);
+
+my $t = AffinityTest->new;
+my @ports = $t->start_backends(4);
+my $small = $t->port;
+
+sub conf {
+    return proxy_conf($t, servers(\@ports) . <<"EOF", http => <<"HTTP");
+        prefix_affinity;
+EOF
+    log_format prefix '\$affinity_route|\$affinity_prefix_len|\$upstream_addr|\$status';
+
+    server {
+        listen 127.0.0.1:$small;
+        client_body_buffer_size 16k;
+        access_log "@{[ $t->path('logs/small.log') ]}" prefix;
+        location / { proxy_pass http://llm; }
+        location /unbuffered {
+            proxy_request_buffering off;
+            proxy_pass http://llm;
+        }
+    }
+HTTP
+}
+
+$t->write_conf(conf());
+$t->start_nginx;
+
+my %json = ('Content-Type' => 'application/json');
+
+sub json_string {
+    my ($s) = @_;
+    $s =~ s/(["\\])/\\$1/g;
+    $s =~ s/\n/\\n/g;
+    return qq("$s");
+}
+
+# A chat body from [role, text] pairs.
+sub chat {
+    my (@messages) = @_;
+    return '{"model":"llm-test","messages":['
+        . join(',', map { '{"role":' . json_string($_->[0])
+                          . ',"content":' . json_string($_->[1]) . '}' }
+               @messages)
+        . '],"max_tokens":64}';
+}
+
+# Words unique to conversation $c, turn $turn.
+sub words {
+    my ($c, $turn, $n) = @_;
+    return join ' ', map { "c$c-t$turn-w$_" } 1 .. $n;
+}
+
+# The message list of conversation $c up to turn $turn (user, assistant...).
+sub conversation {
+    my ($c, $turn, %opt) = @_;
+    my @m = defined $opt{system} ? ([ system => $opt{system} ]) : ();
+    for my $k (1 .. $turn) {
+        push @m, [ user => "Question $k of conversation $c: " . words($c, $k, 40) ];
+        push @m, [ assistant => 'Answer: ' . words($c, "a$k", 40) ] if $k < $turn;
+    }
+    return @m;
+}
+
+sub ask {
+    my ($body, %opt) = @_;
+    return $t->http(POST => $opt{path} // '/', port => $opt{port},
+                    headers => { %json, %{ $opt{headers} // {} } },
+                    body => $body);
+}
+
+sub backend { $_[0]{headers}{'x-backend-port'} // 'none' }
+
+subtest 'a growing conversation stays on one backend' => sub {
+    my @b = map { backend(ask(chat(conversation(1, $_)))) } 1 .. 10;
+    is scalar(grep { $_ ne $b[0] } @b), 0, "10 turns on backend $b[0]";
+
+    my @r = (routes($t))[-10 .. -1];
+    is $r[0]{route}, 'prefix_new', 'the first turn is new';
+    is scalar(grep { $_->{route} eq 'prefix_hit' } @r[1 .. 9]), 9,
+        'the others hit the prefix of the turn before';
+};
+
+subtest 'equal prompts in other JSON encodings go alike' => sub {
+    my $split = 0;
+    for my $i (1 .. 20) {
+        my $text = "Caf\x{e9} no. $i: " . words(900 + $i, 1, 60);
+        my $escaped = $text =~ s/\x{e9}/\\u00e9/gr;
+        my $raw = $text =~ s/\x{e9}/\xc3\xa9/gr;
+
+        my $a = qq({"model":"llm-test","messages":[{"role":"user","content":"$escaped"}]});
+        my $b = qq({ "temperature": 0.2,\n  "messages": [ { "content": "$raw",\n)
+              . qq(  "role": "user" } ],\n  "model": "llm-test", "stream": false });
+
+        $split++ if backend(ask($a)) ne backend(ask($b));
+    }
+    is $split, 0, 'escapes, key order, whitespace and extra fields do not matter';
+};
+
+subtest '300 distinct conversations spread evenly' => sub {
+    my %n;
+    $n{ backend(ask(chat(conversation(1000 + $_, 1)))) }++ for 1 .. 300;
+    my @counts = map { $n{$_} // 0 } @ports;
+    my $ratio = max(@counts) / (sum(@counts) / @counts);
+    note sprintf 'per backend: %s, max/mean %.3f', "@counts", $ratio;
+    ok $ratio <= 1.3, "max/mean $ratio <= 1.3";
+};
+
+subtest '300 conversations sharing a system prompt: bounded, then sticky' => sub {
+    my $system = 'You are a careful assistant for the operations team. ' x 38;
+    ok length($system) >= 2000, length($system) . '-character system prompt';
+
+    # Turn 1 of every conversation at once, against slow backends.
+    $t->backend_reset($_) for @ports;
+    my @first = $t->parallel([ map {
+        { method => 'POST', path => '/',
+          headers => { %json, 'X-Delay-Ms' => 800 },
+          body => chat(conversation(2000 + $_, 1, system => $system)) }
+    } 1 .. 300 ]);
+    is scalar(grep { $_->{status} == 200 } @first), 300, 'all served';
+
+    my $mean = 300 / @ports;
+    my $bound = floor(max(1.25 * $mean, $mean + 2));
+    my @peaks = map { $t->backend_stats($_)->{max_inflight} } @ports;
+    note "peak in-flight per backend: @peaks (bound $bound)";
+    is scalar(grep { $_ > $bound } @peaks), 0, "no backend above $bound";
+    is scalar(grep { $_ > 0 } @peaks), 4, 'the shared prompt did not pin them to one';
+
+    # Later turns, as clients send them: each stays where its turn 1 went.
+    my $moved = 0;
+    for my $turn (2, 3) {
+        for my $i (1 .. 300) {
+            my $r = ask(chat(conversation(2000 + $i, $turn, system => $system)));
+            $moved++ if backend($r) ne backend($first[$i - 1]);
+        }
+    }
+    is $moved, 0, 'every conversation stayed on its backend for turns 2 and 3';
+};
+
+subtest 'a 2 MB body in a temporary file routes by prefix' => sub {
+    my $long = words(3000, 1, 1) . ' ' . ('lorem ipsum dolor sit amet ' x 80000);
+    ok length($long) > 2_000_000, 'a 2 MB prompt';
+
+    my $r1 = ask(chat([ user => $long ]), port => $small);
+    my $r2 = ask(chat([ user => $long ], [ assistant => 'ok' ], [ user => 'more' ]),
+                 port => $small);
+    is $r1->{status}, 200, 'served';
+    is backend($r2), backend($r1), 'its next turn follows it';
+    like $t->error_log, qr/buffered to a temporary file/, 'the body was in a file';
+
+    my @log = `cat @{[ $t->path('logs/small.log') ]}`;
+    like $log[-1], qr/^prefix_hit\|\d+\|/, 'routed as a prefix hit';
+};
+
+subtest 'unusable bodies fall back' => sub {
+    my $n = () = `cat @{[ $t->path('logs/small.log') ]}`;
+    my $big = chat([ user => 'x' x 300_000 ]);
+
+    my @cases = (
+        [ 'unbuffered', '/unbuffered', { %json }, $big ],
+        [ 'bad JSON', '/', { %json }, '{"model": "m", "messages": [{"role": "us' ],
+        [ 'text/plain', '/', { 'Content-Type' => 'text/plain' }, chat([ user => 'hi' ]) ],
+        [ 'empty', '/', { %json }, '' ],
+        [ 'no prompt', '/', { %json }, '{"model":"m"}' ],
+    );
+
+    for my $c (@cases) {
+        my ($name, $path, $headers, $body) = @$c;
+        my $r = $t->http(POST => $path, port => $small, headers => $headers,
+                         body => $body);
+        is $r->{status}, 200, "$name: served by a backend";
+        ok $r->{headers}{'x-backend-port'}, "$name: by a backend";
+    }
+
+    my @log = `cat @{[ $t->path('logs/small.log') ]}`;
+    my @routes = map { (split /\|/)[0] } @log[$n .. $#log];
+    is_deeply \@routes, [ ('fallback') x @cases ], '$affinity_route is fallback';
+
+    my $err = $t->error_log;
+    for my $why ('not buffered', 'not JSON', 'without a body',
+                 'not a valid JSON object', 'has no prompt') {
+        my @hits = $err =~ /(\Q$why\E)/g;
+        ok @hits >= 1 && @hits <= 4, "'$why' logged once per worker at most";
+    }
+};
+
+subtest 'reload keeps the index' => sub {
+    my $before = backend(ask(chat(conversation(5000, 1))));
+    $t->reload_nginx;
+    my $r = ask(chat(conversation(5000, 2)));
+    is backend($r), $before, 'the next turn finds its backend after a reload';
+    is((routes($t))[-1]{route}, 'prefix_hit', 'as a prefix hit');
+};
+
+$t->stop_nginx;
+is_deeply [ $t->log_problems ], [], 'no alert, crit, emerg or crash in error.log';
+
+done_testing;
