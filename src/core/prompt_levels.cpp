@@ -1,6 +1,7 @@
 #include "prompt_levels.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include <simdjson.h>
@@ -17,14 +18,34 @@ constexpr char kUnitSep = '\x1f';
 constexpr char kRecordSep = '\x1e';
 constexpr char kGroupSep = '\x1d';
 
+// Code points in UTF-8 text: every byte but continuation bytes (10xxxxxx,
+// -128..-65 as signed chars).  Written so that the compiler vectorizes it.
 size_t count_code_points(const char *p, size_t n) noexcept
 {
-    // Every byte but UTF-8 continuation bytes (10xxxxxx) starts one.
     size_t count = 0;
     for (size_t i = 0; i < n; i++) {
-        count += (static_cast<unsigned char>(p[i]) & 0xc0) != 0x80;
+        count += static_cast<signed char>(p[i]) > -65;
     }
     return count;
+}
+
+// The byte offset where the first `need` code points of p[0..n) end: the
+// lead byte of code point need + 1 (p holds more than need).
+size_t code_point_offset(const char *p, size_t n, uint64_t need) noexcept
+{
+    uint64_t seen = 0;
+    size_t i = 0;
+
+    for (; i < n; i++) {
+        if (static_cast<signed char>(p[i]) > -65) {
+            if (seen == need) {
+                break;
+            }
+            seen++;
+        }
+    }
+
+    return i;
 }
 
 }  // namespace
@@ -48,10 +69,10 @@ bool LevelHasher::append(std::string_view text) noexcept
 {
     const char *p = text.data();
     size_t n = text.size();
+    uint64_t count = n ? count_code_points(p, n) : 0;
 
     while (n > 0 && !done()) {
         uint64_t need = schedule_[next_] - code_points_;
-        size_t count = count_code_points(p, n);
 
         if (count < need) {
             XXH3_64bits_update(&state_, p, n);
@@ -59,17 +80,8 @@ bool LevelHasher::append(std::string_view text) noexcept
             return true;
         }
 
-        // The level ends inside this text: before the lead byte of code
-        // point need + 1, or at the end.
-        size_t end = 0;
-        for (uint64_t seen = 0; end < n; end++) {
-            if ((static_cast<unsigned char>(p[end]) & 0xc0) != 0x80) {
-                if (seen == need) {
-                    break;
-                }
-                seen++;
-            }
-        }
+        // A level ends inside this text; in ASCII, after `need` bytes.
+        size_t end = count == n ? need : code_point_offset(p, n, need);
 
         XXH3_64bits_update(&state_, p, end);
         code_points_ += need;
@@ -78,6 +90,7 @@ bool LevelHasher::append(std::string_view text) noexcept
 
         p += end;
         n -= end;
+        count -= need;
     }
 
     return !done();
@@ -98,6 +111,30 @@ namespace {
 using namespace simdjson;
 
 enum class Step { More, Done, Invalid };
+
+// The text of a JSON string value.  Most prompt text has no escapes: it is
+// then used in place in the body, and only strings with a backslash are
+// unescaped (into the parser's buffer).  The body was validated as UTF-8
+// when the parser indexed it.
+error_code get_text(ondemand::value value, std::string_view &text) noexcept
+{
+    std::string_view raw = value.raw_json_token();
+
+    if (raw.size() >= 2 && raw.front() == '"') {
+        size_t close = raw.rfind('"');
+
+        if (close > 0) {
+            std::string_view inner = raw.substr(1, close - 1);
+
+            if (std::memchr(inner.data(), '\\', inner.size()) == nullptr) {
+                text = inner;
+                return SUCCESS;
+            }
+        }
+    }
+
+    return value.get_string().get(text);
+}
 
 // Walks a request body and feeds its canonical prompt text to a hasher.
 class PromptWalker {
@@ -214,18 +251,21 @@ Step PromptWalker::part(ondemand::object part)
 
     if (type == "text" || type == "input_text" || type == "output_text") {
         std::string_view text;
-        error = part.find_field_unordered("text").get_string().get(text);
+        ondemand::value v;
+        error = part.find_field_unordered("text").get(v);
         if (error == NO_SUCH_FIELD) {
             return Step::More;
         }
-        if (error != SUCCESS) {
+        if (error != SUCCESS || get_text(v, text) != SUCCESS) {
             return Step::Invalid;
         }
         return add(text);
     }
 
-    // The reference: a string member, or the "url"/"data"/"file_data"/
-    // "file_id" of an object member (image_url, input_audio, file, ...).
+    // The reference: a member that names the content (image_url, file_id,
+    // ...) as a string, or the url/data of such a member that is an object
+    // (image_url, input_audio, file).  Other members (detail, format,
+    // filename) do not identify it.
     std::string_view ref;
     bool found = false;
 
@@ -243,7 +283,15 @@ Step PromptWalker::part(ondemand::object part)
             return Step::Invalid;
         }
 
-        if (key == "type") {
+        bool names_content = false;
+        for (const char *name : {"image_url", "file_id", "file_data", "file_url",
+                                 "url", "data", "input_audio", "file",
+                                 "audio_url", "video_url"})
+        {
+            names_content |= key == name;
+        }
+
+        if (!names_content || found) {
             continue;
         }
 
@@ -253,29 +301,37 @@ Step PromptWalker::part(ondemand::object part)
         }
 
         if (kind == ondemand::json_type::string) {
-            if (value.get_string().get(ref) != SUCCESS) {
+            if (get_text(value, ref) != SUCCESS) {
                 return Step::Invalid;
             }
             found = true;
-            break;
+            continue;
         }
 
-        if (kind == ondemand::json_type::object) {
-            ondemand::object inner;
-            if (value.get_object().get(inner) != SUCCESS) {
+        if (kind != ondemand::json_type::object) {
+            continue;
+        }
+
+        ondemand::object inner;
+        if (value.get_object().get(inner) != SUCCESS) {
+            return Step::Invalid;
+        }
+
+        for (const char *name : {"url", "data", "file_data", "file_id"}) {
+            ondemand::value v;
+            error_code e = inner.find_field_unordered(name).get(v);
+
+            if (e == NO_SUCH_FIELD) {
+                continue;
+            }
+
+            // Any other error leaves the parser unusable: stop here.
+            if (e != SUCCESS || get_text(v, ref) != SUCCESS) {
                 return Step::Invalid;
             }
-            for (const char *name : {"url", "data", "file_data", "file_id"}) {
-                if (inner.find_field_unordered(name).get_string().get(ref)
-                    == SUCCESS)
-                {
-                    found = true;
-                    break;
-                }
-            }
-            if (found) {
-                break;
-            }
+
+            found = true;
+            break;
         }
     }
 
@@ -306,7 +362,7 @@ Step PromptWalker::content(ondemand::value content)
 
     if (kind == ondemand::json_type::string) {
         std::string_view text;
-        if (content.get_string().get(text) != SUCCESS) {
+        if (get_text(content, text) != SUCCESS) {
             return Step::Invalid;
         }
         return add(text);
@@ -331,7 +387,8 @@ Step PromptWalker::content(ondemand::value content)
 
         if (part_kind == ondemand::json_type::string) {
             std::string_view text;
-            if (element.get_string().get(text) != SUCCESS) {
+            ondemand::value v;
+            if (element.get(v) != SUCCESS || get_text(v, text) != SUCCESS) {
                 return Step::Invalid;
             }
             step = add(text);
@@ -467,7 +524,7 @@ Step PromptWalker::completion_prompt(ondemand::value prompt)
 
     if (kind == ondemand::json_type::string) {
         std::string_view text;
-        if (prompt.get_string().get(text) != SUCCESS) {
+        if (get_text(prompt, text) != SUCCESS) {
             return Step::Invalid;
         }
         found_prompt_ = true;
@@ -492,7 +549,8 @@ Step PromptWalker::completion_prompt(ondemand::value prompt)
 
         if (first_kind == ondemand::json_type::string) {
             std::string_view text;
-            if (first.get_string().get(text) != SUCCESS) {
+            ondemand::value v;
+            if (first.get(v) != SUCCESS || get_text(v, text) != SUCCESS) {
                 return Step::Invalid;
             }
             found_prompt_ = true;
@@ -552,26 +610,31 @@ affinity_prompt_e PromptWalker::walk(ondemand::object body)
             } else {
                 // Responses API: instructions, then input.
                 std::string_view text;
-                error = body.find_field_unordered("instructions").get_string()
-                            .get(text);
-                if (error == SUCCESS) {
+                ondemand::value v;
+                error = body.find_field_unordered("instructions").get(v);
+                if (error == SUCCESS && get_text(v, text) == SUCCESS) {
                     found_prompt_ = true;
                     step = record("instructions", text);
-                } else if (error != NO_SUCH_FIELD && error != INCORRECT_TYPE) {
+                } else if (error != SUCCESS && error != NO_SUCH_FIELD) {
                     step = Step::Invalid;
                 }
 
                 ondemand::value input;
-                if (step == Step::More
-                    && body.find_field_unordered("input").get(input) == SUCCESS)
-                {
+                error = step == Step::More
+                        ? body.find_field_unordered("input").get(input)
+                        : NO_SUCH_FIELD;
+
+                if (error != SUCCESS && error != NO_SUCH_FIELD) {
+                    step = Step::Invalid;
+
+                } else if (error == SUCCESS) {
                     ondemand::json_type kind;
                     if (input.type().get(kind) != SUCCESS) {
                         step = Step::Invalid;
 
                     } else if (kind == ondemand::json_type::string) {
                         found_prompt_ = true;
-                        step = input.get_string().get(text) == SUCCESS
+                        step = get_text(input, text) == SUCCESS
                                ? record("user", text) : Step::Invalid;
 
                     } else if (kind == ondemand::json_type::array) {
@@ -585,6 +648,22 @@ affinity_prompt_e PromptWalker::walk(ondemand::object body)
 
     if (step == Step::Invalid) {
         return AFFINITY_PROMPT_INVALID;
+    }
+
+    if (step == Step::Done && !found_prompt_) {
+        // Model and tools alone reached the last level: it is a prompt if
+        // the body has one.
+        for (const char *name : {"messages", "prompt", "input", "instructions"}) {
+            ondemand::value v;
+            error_code error = body.find_field_unordered(name).get(v);
+
+            if (error == SUCCESS) {
+                return AFFINITY_PROMPT_OK;
+            }
+            if (error != NO_SUCH_FIELD) {
+                return AFFINITY_PROMPT_INVALID;
+            }
+        }
     }
 
     return found_prompt_ ? AFFINITY_PROMPT_OK : AFFINITY_PROMPT_NONE;
@@ -650,8 +729,11 @@ size_t level_schedule(const uint32_t *lengths, size_t nlengths, uint32_t step,
         while (at < n && out[at] < length) {
             at++;
         }
-        if ((at < n && out[at] == length) || n == out_cap) {
+        if ((at < n && out[at] == length) || at == out_cap) {
             continue;
+        }
+        if (n == out_cap) {
+            n--;        // full: the longest given length makes room
         }
         for (size_t k = n; k > at; k--) {
             out[k] = out[k - 1];

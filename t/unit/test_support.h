@@ -1,8 +1,10 @@
 // Shared fixtures of the unit tests: a zone in an aligned buffer, a set of
-// upstream peers with their ring and counter slots, and a router that sends
-// keyed or unkeyed requests through affinity_route().
+// upstream peers with their ring and counter slots, a router that sends
+// keyed, unkeyed or prompt-level requests through affinity_route(), and the
+// prompt levels of a request body.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -49,13 +51,14 @@ private:
 // A zone created in a fresh buffer.
 class TestZone {
 public:
-    explicit TestZone(size_t size = 1 << 20) : buffer_(size)
+    explicit TestZone(size_t size = 1 << 20,
+                      affinity_zone_kind_e kind = AFFINITY_ZONE_SESSIONS)
+        : buffer_(size)
     {
         char err[256] = "";
         affinity_attach_e rc =
-            affinity_zone_attach(buffer_.get(), buffer_.size(),
-                                 AFFINITY_ZONE_SESSIONS, &zone_, err,
-                                 sizeof(err));
+            affinity_zone_attach(buffer_.get(), buffer_.size(), kind, &zone_,
+                                 err, sizeof(err));
         EXPECT_EQ(rc, AFFINITY_ATTACH_CREATED) << err;
     }
 
@@ -100,10 +103,19 @@ inline RingPtr make_ring(const std::vector<affinity_ring_peer_t> &peers,
     return RingPtr(affinity_ring_create(peers.data(), peers.size(), points));
 }
 
+// The ring density the nginx module picks for an upstream: 65536 points
+// over the total weight, 160..1024 per unit of weight.
+inline uint32_t module_ring_points(uint32_t total_weight)
+{
+    uint32_t points = 65536 / (total_weight ? total_weight : 1);
+    return points < 160 ? 160 : points > 1024 ? 1024 : points;
+}
+
 // An upstream: peers with ids, weights, zone counter slots and a ring.
 class Upstream {
 public:
-    Upstream(affinity_zone_t *zone, const std::vector<uint32_t> &weights)
+    Upstream(affinity_zone_t *zone, const std::vector<uint32_t> &weights,
+             uint32_t points_per_weight = kPointsPerWeight)
         : zone_(zone)
     {
         std::vector<affinity_ring_peer_t> ring_peers;
@@ -119,7 +131,7 @@ public:
             ring_peers.push_back({p.id, p.weight});
         }
 
-        ring_ = make_ring(ring_peers);
+        ring_ = make_ring(ring_peers, points_per_weight);
         EXPECT_NE(ring_, nullptr);
     }
 
@@ -203,6 +215,7 @@ public:
     uint32_t now = 1000;
     uint32_t timeout = 3600;
     uint32_t rotate = 0;
+    uint32_t prefix_timeout = 600;
 
     Routed route_key(const std::string &key)
     {
@@ -236,6 +249,39 @@ public:
         return r;
     }
 
+    // A request with prompt levels (affinity_prompt_levels()) indexed in
+    // the prefix zone prefixes; with a session key unless key is empty.
+    Routed route_prompt(affinity_zone_t *prefixes,
+                        const std::vector<affinity_level_t> &levels,
+                        const std::string &key = std::string())
+    {
+        affinity_request_t r{};
+        if (!key.empty()) {
+            r.key_hash = affinity_zone_key_hash(zone_, key.data(), key.size());
+            r.ring_hash = affinity_ring_hash(key.data(), key.size());
+            r.has_key = 1;
+        }
+        r.now = now;
+        r.timeout = timeout;
+        r.rotate = rotate++;
+        r.prefixes = prefixes;
+        r.levels = levels.empty() ? nullptr : levels.data();
+        r.nlevels = static_cast<uint32_t>(levels.size());
+        r.prefix_timeout = prefix_timeout;
+        return send(r);
+    }
+
+    Routed route_prompt_released(affinity_zone_t *prefixes,
+                                 const std::vector<affinity_level_t> &levels,
+                                 const std::string &key = std::string())
+    {
+        Routed r = route_prompt(prefixes, levels, key);
+        if (r.rc == 0 && r.decision.peer >= 0) {
+            upstream_.release(static_cast<size_t>(r.decision.peer));
+        }
+        return r;
+    }
+
 private:
     Routed send(const affinity_request_t &r)
     {
@@ -262,6 +308,8 @@ inline const char *route_name(uint32_t route)
     case AFFINITY_ROUTE_SESSION_MOVED: return "SESSION_MOVED";
     case AFFINITY_ROUTE_SESSION_SPILL: return "SESSION_SPILL";
     case AFFINITY_ROUTE_FALLBACK: return "FALLBACK";
+    case AFFINITY_ROUTE_PREFIX_HIT: return "PREFIX_HIT";
+    case AFFINITY_ROUTE_PREFIX_NEW: return "PREFIX_NEW";
     default: return "?";
     }
 }
@@ -269,6 +317,57 @@ inline const char *route_name(uint32_t route)
 inline std::string key_name(size_t i)
 {
     return "session-" + std::to_string(i);
+}
+
+// ---- prompt prefixes ---------------------------------------------------
+
+// The level schedule of the nginx module's defaults: 100, 500 and 1000
+// code points, then steps of max(256, 6%) up to 128k.
+inline std::vector<uint32_t> default_schedule()
+{
+    const uint32_t lengths[] = {100, 500, 1000};
+    std::vector<uint32_t> out(AFFINITY_MAX_LEVELS);
+    size_t n = affinity_level_schedule(lengths, 3, 256, 6, 128 * 1024,
+                                       out.data(), out.size());
+    out.resize(n);
+    return out;
+}
+
+struct Prompt {
+    affinity_prompt_e rc;
+    std::vector<affinity_level_t> levels;
+};
+
+// Calls affinity_prompt_levels() on a copy of body in a buffer of exactly
+// len + AFFINITY_JSON_PADDING bytes (AddressSanitizer catches reads past
+// the padding), the padding filled with fill; out holds one level per
+// scheduled length, as in the module.
+inline Prompt prompt_levels(const std::string &body,
+                            const std::vector<uint32_t> &schedule,
+                            char fill = '\0')
+{
+    std::unique_ptr<char[]> buf(new char[body.size() + AFFINITY_JSON_PADDING]);
+    std::memcpy(buf.get(), body.data(), body.size());
+    std::memset(buf.get() + body.size(), fill, AFFINITY_JSON_PADDING);
+
+    const affinity_level_t canary{0xdeadbeef, 0xdeadbeef, 0xdeadbeef};
+    std::vector<affinity_level_t> out(schedule.size() + 4, canary);
+    size_t n = 12345;
+
+    affinity_prompt_e rc = affinity_prompt_levels(
+        buf.get(), body.size(), schedule.data(), schedule.size(), out.data(),
+        schedule.size(), &n);
+
+    EXPECT_LE(n, schedule.size());
+    for (size_t i = schedule.size(); i < out.size(); i++) {
+        EXPECT_EQ(out[i].hash, canary.hash) << "wrote past out_cap";
+    }
+    if (rc != AFFINITY_PROMPT_OK) {
+        EXPECT_EQ(n, 0u) << "levels without a prompt";
+    }
+
+    out.resize(std::min(n, schedule.size()));
+    return {rc, out};
 }
 
 }  // namespace affinity_test

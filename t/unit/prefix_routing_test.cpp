@@ -1,0 +1,857 @@
+// Routing by prompt prefix: affinity_route() with request.prefixes set to a
+// prefix index zone and the levels of affinity_prompt_levels(), and the
+// PrefixTable class behind it (recent peers of a level, forks, LRU, idle
+// expiry).
+//
+// How a keyless request with levels is routed (selection.cpp,
+// route_prefix()): the longest level found in the index decides.  If that
+// level is private (continued by fewer than 2 different prompts: a
+// conversation's previous turn), the least loaded of its recent peers under
+// the load bound gets the request (PREFIX_HIT), else shorter levels are
+// tried.  If it is shared (a system prompt), or no level is known, the
+// request is placed on the ring by its own longest level with bounded load
+// (PREFIX_NEW, or PREFIX_HIT when that peer also served the shared prefix).
+// In every case all levels are then recorded for the chosen peer.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "affinity_core.h"
+#include "prefix_table.h"
+#include "test_support.h"
+#include "zone.h"
+
+using namespace affinity_test;
+
+namespace {
+
+constexpr uint32_t kPrefixHit = AFFINITY_ROUTE_PREFIX_HIT;
+constexpr uint32_t kPrefixNew = AFFINITY_ROUTE_PREFIX_NEW;
+
+// ---- prompts --------------------------------------------------------------
+
+// Deterministic lowercase text of n characters, different for each seed
+// from its first word on.
+std::string words(uint32_t seed, size_t n)
+{
+    static const char *const vocabulary[] = {
+        "alpha", "brick", "cloud", "delta", "ember", "fjord", "glass",
+        "heron", "ivory", "jolly", "koala", "lemon", "maple", "noble",
+        "ocean", "piano", "quartz", "raven", "solar", "tulip", "umber",
+        "vivid", "waltz", "xenon", "yodel", "zebra", "amber", "bison",
+        "cedar", "dune", "eagle", "flint", "grove", "hazel", "inlet",
+        "jade", "kite", "lotus", "mocha", "nectar"};
+    const size_t nwords = sizeof(vocabulary) / sizeof(vocabulary[0]);
+    uint64_t x = 0x9e3779b97f4a7c15ULL * (seed + 1);
+    std::string out;
+
+    while (out.size() < n) {
+        x ^= x >> 29;
+        x *= 0xbf58476d1ce4e5b9ULL;
+        x ^= x >> 32;
+        out += vocabulary[x % nwords];
+        out += ' ';
+    }
+    out.resize(n);
+    return out;
+}
+
+struct Msg {
+    std::string role;
+    std::string content;
+};
+
+// A chat completions body (the texts need no JSON escapes).
+std::string chat(const std::vector<Msg> &messages)
+{
+    std::string body = "{\"model\":\"m\",\"stream\":true,\"messages\":[";
+    for (size_t i = 0; i < messages.size(); i++) {
+        body += (i ? "," : "");
+        body += "{\"role\":\"" + messages[i].role + "\",\"content\":\""
+                + messages[i].content + "\"}";
+    }
+    return body + "]}";
+}
+
+std::vector<affinity_level_t> levels_of(const std::string &body)
+{
+    Prompt p = prompt_levels(body, default_schedule());
+    EXPECT_EQ(p.rc, AFFINITY_PROMPT_OK);
+    EXPECT_FALSE(p.levels.empty());
+    return p.levels;
+}
+
+std::vector<uint32_t> lengths_of_levels(
+    const std::vector<affinity_level_t> &levels)
+{
+    std::vector<uint32_t> out;
+    for (const affinity_level_t &l : levels) {
+        out.push_back(l.length);
+    }
+    return out;
+}
+
+// Length in code points of the canonical text of a body: with a single
+// scheduled length longer than the text, its one level has its length.
+uint32_t canonical_length(const std::string &body)
+{
+    Prompt p = prompt_levels(body, {1u << 30});
+    EXPECT_EQ(p.rc, AFFINITY_PROMPT_OK);
+    EXPECT_EQ(p.levels.size(), 1u);
+    return p.levels.empty() ? 0 : p.levels[0].length;
+}
+
+// The longest scheduled length not longer than n.
+uint32_t longest_level_within(uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t l : default_schedule()) {
+        if (l <= n) {
+            best = l;
+        }
+    }
+    return best;
+}
+
+// A conversation: an optional system prompt, then turns of a user message
+// and (before the next turn) the assistant's answer.  Turn t (from 1) ends
+// with the t-th user message, so it extends turn t - 1.
+class Conversation {
+public:
+    Conversation(uint32_t id, std::string system, size_t first_user = 300,
+                 size_t per_turn = 150)
+        : id_(id), system_(std::move(system)), first_user_(first_user),
+          per_turn_(per_turn) {}
+
+    std::string body(size_t turn) const
+    {
+        std::vector<Msg> messages;
+        if (!system_.empty()) {
+            messages.push_back({"system", system_});
+        }
+        for (size_t t = 1; t <= turn; t++) {
+            uint32_t seed = 1000 + id_ * 64 + uint32_t(t) * 2;
+            messages.push_back(
+                {"user", words(seed, t == 1 ? first_user_ : per_turn_)});
+            if (t < turn) {
+                messages.push_back({"assistant", words(seed + 1, per_turn_)});
+            }
+        }
+        return chat(messages);
+    }
+
+private:
+    uint32_t id_;
+    std::string system_;
+    size_t first_user_;
+    size_t per_turn_;
+};
+
+// ---- a fleet: counter zone, prefix index, upstream and router ------------
+
+// The counters (and sessions) in a session zone, the index in a prefix
+// zone; or, as the module does without session_affinity, both in the
+// prefix zone.
+class Fleet {
+public:
+    explicit Fleet(size_t npeers = 4, bool counters_in_prefix_zone = false)
+        : prefixes_(1 << 20, AFFINITY_ZONE_PREFIXES),
+          counters_(counters_in_prefix_zone ? prefixes_.get()
+                                            : sessions_.get()),
+          upstream_(counters_, std::vector<uint32_t>(npeers, 1),
+                    module_ring_points(uint32_t(npeers))),
+          router_(counters_, upstream_)
+    {
+    }
+
+    Upstream &up() { return upstream_; }
+    Router &router() { return router_; }
+    affinity_zone_t *prefixes() const { return prefixes_.get(); }
+    TestZone &prefix_zone() { return prefixes_; }
+    TestZone &session_zone() { return sessions_; }
+
+    Routed send(const std::string &body, bool release = true,
+                const std::string &key = std::string())
+    {
+        return send(levels_of(body), release, key);
+    }
+
+    Routed send(const std::vector<affinity_level_t> &levels,
+                bool release = true, const std::string &key = std::string())
+    {
+        Routed r = release ? router_.route_prompt_released(prefixes(), levels,
+                                                           key)
+                           : router_.route_prompt(prefixes(), levels, key);
+        EXPECT_EQ(r.rc, 0);
+        EXPECT_GE(r.decision.peer, 0);
+        EXPECT_LT(r.decision.peer, int(upstream_.size()));
+        return r;
+    }
+
+    // The first peer on the ring from hash.
+    int ring_first(uint64_t hash) const
+    {
+        uint32_t peer = UINT32_MAX;
+        EXPECT_EQ(affinity_ring_walk(upstream_.ring(), hash, &peer, 1), 1u);
+        return int(peer);
+    }
+
+    // The index entry of a level, through the PrefixTable class.
+    affinity::PrefixEntry *entry(const affinity_level_t &level)
+    {
+        affinity::PrefixTable table(affinity::Zone(prefixes_.region()),
+                                    router_.now, router_.prefix_timeout);
+        return table.find(table.key(level.hash));
+    }
+
+    // The peers of an entry, most recent first, as peer indexes.
+    std::vector<int> peers_of(const affinity_level_t &level)
+    {
+        std::vector<int> out;
+        affinity::PrefixEntry *e = entry(level);
+        if (e == nullptr) {
+            return out;
+        }
+        for (uint32_t id : e->peers) {
+            if (id == 0) {
+                break;
+            }
+            int found = -1;
+            for (size_t i = 0; i < upstream_.size(); i++) {
+                if (affinity::short_peer_id(upstream_.peers()[i].id) == id) {
+                    found = int(i);
+                }
+            }
+            out.push_back(found);
+        }
+        return out;
+    }
+
+private:
+    TestZone sessions_;
+    TestZone prefixes_;
+    affinity_zone_t *counters_;
+    Upstream upstream_;
+    Router router_;
+};
+
+// ---- routing --------------------------------------------------------------
+
+TEST(PrefixRoute, ColdPromptIsPlacedOnTheRingOfItsLongestLevel)
+{
+    Fleet a;
+    std::set<int> used;
+    std::vector<int> placed;
+
+    for (uint32_t i = 0; i < 60; i++) {
+        std::string body = chat({{"user", words(i, 700)}});
+        std::vector<affinity_level_t> levels = levels_of(body);
+        ASSERT_EQ(levels.size(), 2u);      // 100 and 500
+
+        Routed r = a.send(levels);
+        EXPECT_EQ(r.decision.route, kPrefixNew) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.prefix_len, 0u);
+        EXPECT_EQ(r.decision.peer, a.ring_first(levels.back().hash));
+        placed.push_back(r.decision.peer);
+        used.insert(r.decision.peer);
+    }
+    EXPECT_EQ(used.size(), 4u);
+
+    // Another index (another zone seed), and another instance: the same
+    // peers, so that several nginx instances agree.
+    Fleet b;
+    for (uint32_t i = 0; i < 60; i++) {
+        Routed r = b.send(chat({{"user", words(i, 700)}}));
+        EXPECT_EQ(r.decision.route, kPrefixNew);
+        EXPECT_EQ(r.decision.peer, placed[i]) << "prompt " << i;
+    }
+}
+
+TEST(PrefixRoute, NextTurnGoesToThePreviousTurnsPeer)
+{
+    Fleet f;
+    Conversation c(7, words(1, 400));
+
+    Routed first = f.send(c.body(1));
+    ASSERT_EQ(first.decision.route, kPrefixNew);
+    const int peer = first.decision.peer;
+
+    for (size_t turn = 2; turn <= 8; turn++) {
+        SCOPED_TRACE(testing::Message() << "turn " << turn);
+        f.router().now += 30;
+        std::string previous = c.body(turn - 1);
+        std::vector<affinity_level_t> before = levels_of(previous);
+
+        Routed r = f.send(c.body(turn));
+        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, peer);
+        // The longest level of the previous turn: the longest scheduled
+        // length within it.
+        EXPECT_EQ(r.decision.prefix_len, before.back().length);
+        EXPECT_EQ(r.decision.prefix_len,
+                  longest_level_within(canonical_length(previous)));
+    }
+
+    // Each request was counted once and released.
+    EXPECT_EQ(f.up().stats(size_t(peer)).requests, 8u);
+    EXPECT_EQ(f.up().total_inflight(), 0);
+}
+
+TEST(PrefixRoute, PrefixZoneCanHoldTheCounters)
+{
+    // Without session_affinity the module counts in-flight requests in the
+    // prefix zone itself; a session key is then not used.
+    Fleet f(4, true);
+    Conversation c(11, std::string());
+
+    Routed first = f.send(c.body(1), false, "some-key");
+    ASSERT_EQ(first.decision.route, kPrefixNew) << route_name(first.decision.route);
+    EXPECT_EQ(f.up().inflight(size_t(first.decision.peer)), 1);
+    f.up().release(size_t(first.decision.peer));
+
+    for (size_t turn = 2; turn <= 4; turn++) {
+        Routed r = f.send(c.body(turn), true, "some-key");
+        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, first.decision.peer);
+        EXPECT_EQ(r.decision.prefix_len, levels_of(c.body(turn - 1)).back().length);
+    }
+    EXPECT_EQ(f.up().stats(size_t(first.decision.peer)).requests, 4u);
+    EXPECT_EQ(f.up().total_inflight(), 0);
+    EXPECT_EQ(f.up().total_pins(), 0);
+}
+
+TEST(PrefixRoute, OverloadedPeerIsAvoidedAndTheNewPeerRecorded)
+{
+    Fleet f;
+    Conversation c(3, words(2, 600));
+
+    Routed t1 = f.send(c.body(1));
+    const int p = t1.decision.peer;
+    ASSERT_EQ(f.send(c.body(2)).decision.peer, p);
+
+    // Hold 10 requests on p: over the bound (share 11/4, bound 4.75).
+    for (int i = 0; i < 10; i++) {
+        f.up().acquire(size_t(p));
+    }
+
+    std::vector<affinity_level_t> l3 = levels_of(c.body(3));
+    Routed t3 = f.send(l3);
+    const int q = t3.decision.peer;
+    EXPECT_NE(q, p);
+    EXPECT_EQ(t3.decision.route, kPrefixNew) << route_name(t3.decision.route);
+    EXPECT_EQ(t3.decision.prefix_len, 0u);
+    EXPECT_EQ(f.up().inflight(size_t(p)), 10);
+
+    // Recorded for q: the levels it shares with turn 2 now name q first,
+    // then p; its own longest level names q only.
+    std::vector<affinity_level_t> l2 = levels_of(c.body(2));
+    EXPECT_EQ(f.peers_of(l2.back()), (std::vector<int>{q, p}));
+    EXPECT_EQ(f.peers_of(l2.front()), (std::vector<int>{q, p}));
+    EXPECT_EQ(f.peers_of(l3.back()), (std::vector<int>{q}));
+
+    // Once p is idle again, the conversation goes on where its last turn
+    // was served.
+    f.up().release_all();
+    Routed t4 = f.send(c.body(4));
+    EXPECT_EQ(t4.decision.route, kPrefixHit);
+    EXPECT_EQ(t4.decision.peer, q);
+    EXPECT_EQ(t4.decision.prefix_len, l3.back().length);
+
+    // A request that branches off turn 2 finds both peers, and takes the
+    // least loaded of them under the bound.
+    f.up().acquire(size_t(q));
+    f.up().acquire(size_t(q));
+    std::string branch = chat({{"system", words(2, 600)},
+                               {"user", words(1000 + 3 * 64 + 2, 300)},
+                               {"assistant", words(1000 + 3 * 64 + 3, 150)},
+                               {"user", words(999999, 600)}});
+    Routed b = f.send(branch);
+    EXPECT_EQ(b.decision.route, kPrefixHit);
+    EXPECT_EQ(b.decision.peer, p);
+    EXPECT_EQ(b.decision.prefix_len, l2.back().length);
+}
+
+TEST(PrefixRoute, ConversationsSpreadOverThePeersAndStayOnTheirPeer)
+{
+    // 300 conversations that share a 2,000-character system prompt, each
+    // turn adding about 300 characters, routed one request at a time.
+    Fleet f;
+    const std::string system = words(424242, 2000);
+    const size_t nconv = 300, nturns = 4;
+    std::vector<Conversation> convs;
+    for (uint32_t i = 0; i < nconv; i++) {
+        convs.emplace_back(i, system);
+    }
+
+    std::vector<int> peer_of(nconv, -1);
+    std::map<uint32_t, size_t> routes;
+
+    for (size_t turn = 1; turn <= nturns; turn++) {
+        for (size_t i = 0; i < nconv; i++) {
+            f.router().now++;
+            Routed r = f.send(convs[i].body(turn));
+            routes[r.decision.route]++;
+
+            if (turn == 1) {
+                peer_of[i] = r.decision.peer;
+                continue;
+            }
+            EXPECT_EQ(r.decision.route, kPrefixHit)
+                << "conversation " << i << " turn " << turn << ": "
+                << route_name(r.decision.route);
+            EXPECT_EQ(r.decision.peer, peer_of[i])
+                << "conversation " << i << " turn " << turn;
+            EXPECT_EQ(r.decision.prefix_len,
+                      levels_of(convs[i].body(turn - 1)).back().length)
+                << "conversation " << i << " turn " << turn;
+        }
+    }
+
+    std::vector<size_t> count(f.up().size(), 0);
+    for (int p : peer_of) {
+        ASSERT_GE(p, 0);
+        count[size_t(p)]++;
+    }
+    double mean = double(nconv) / double(f.up().size());
+    size_t max = *std::max_element(count.begin(), count.end());
+    EXPECT_LE(double(max) / mean, 1.3)
+        << "conversations per peer: " << count[0] << " " << count[1] << " "
+        << count[2] << " " << count[3];
+    for (size_t i = 0; i < f.up().size(); i++) {
+        EXPECT_EQ(f.up().stats(i).requests, count[i] * nturns);
+    }
+    EXPECT_EQ(routes[kPrefixHit] + routes[kPrefixNew], nconv * nturns);
+
+    // The system prompt is shared: its longest level was continued by many
+    // conversations.  A conversation's own levels are continued by its next
+    // turn only.
+    const uint32_t shared_len =
+        canonical_length(chat({{"system", system}}));
+    std::vector<affinity_level_t> l1 = levels_of(convs[0].body(1));
+    const affinity_level_t *shared = nullptr;
+    for (const affinity_level_t &l : l1) {
+        if (l.length <= shared_len) {
+            shared = &l;
+        }
+    }
+    ASSERT_NE(shared, nullptr);
+    affinity::PrefixEntry *e = f.entry(*shared);
+    ASSERT_NE(e, nullptr);
+    EXPECT_GE(e->forks, 2u);
+
+    for (size_t i = 0; i < nconv; i++) {
+        for (size_t turn = 1; turn < nturns; turn++) {
+            std::vector<affinity_level_t> l = levels_of(convs[i].body(turn));
+            ASSERT_GT(l.back().length, shared_len);
+            affinity::PrefixEntry *own = f.entry(l.back());
+            ASSERT_NE(own, nullptr) << "conversation " << i << " turn " << turn;
+            EXPECT_LE(own->forks, 1u) << "conversation " << i << " turn "
+                                      << turn;
+            EXPECT_EQ(f.peers_of(l.back()), (std::vector<int>{peer_of[i]}));
+        }
+    }
+}
+
+TEST(PrefixRoute, SharedPrefixCountsForks)
+{
+    // Conversations branch off a system prompt: the branch point counts one
+    // fork per new continuation, a level inside it none.
+    Fleet f;
+    const std::string system = words(5, 1200);
+    std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
+    ASSERT_EQ(lengths_of_levels(sys), (std::vector<uint32_t>{100, 500, 1000}));
+
+    for (uint32_t i = 0; i < 5; i++) {
+        f.send(Conversation(100 + i, system).body(1));
+        affinity::PrefixEntry *e = f.entry(sys.back());
+        ASSERT_NE(e, nullptr);
+        EXPECT_EQ(e->forks, i) << "after " << i + 1 << " conversations";
+        ASSERT_NE(f.entry(sys.front()), nullptr);
+        EXPECT_EQ(f.entry(sys.front())->forks, 0u);
+    }
+
+    // The same prompt again is no new continuation.
+    f.send(Conversation(100, system).body(1));
+    EXPECT_EQ(f.entry(sys.back())->forks, 4u);
+}
+
+TEST(PrefixRoute, SharedPrefixIsNotFollowed)
+{
+    // The first conversations on a new system prompt follow it to its peer;
+    // once it is shared (2 forks), new conversations are placed by their
+    // own longest level.
+    Fleet f;
+    const std::string system = words(6, 1200);
+
+    Routed c0 = f.send(Conversation(200, system).body(1));
+    EXPECT_EQ(c0.decision.route, kPrefixNew);
+    for (uint32_t i = 1; i <= 2; i++) {
+        Routed r = f.send(Conversation(200 + i, system).body(1));
+        EXPECT_EQ(r.decision.route, kPrefixHit);
+        EXPECT_EQ(r.decision.peer, c0.decision.peer);
+        EXPECT_EQ(r.decision.prefix_len, 1000u);
+    }
+    // (A HIT when the ring peer is one of the recent peers of the shared
+    // level: the shared prefix is likely in its cache.)
+    std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
+    ASSERT_EQ(sys.back().length, 1000u);
+    std::set<int> peers;
+    for (uint32_t i = 3; i < 40; i++) {
+        std::vector<affinity_level_t> l =
+            levels_of(Conversation(200 + i, system).body(1));
+        std::vector<int> holders = f.peers_of(sys.back());
+        Routed r = f.send(l);
+        int ring = f.ring_first(l.back().hash);
+        EXPECT_EQ(r.decision.peer, ring) << "conversation " << i;
+        peers.insert(r.decision.peer);
+        if (std::find(holders.begin(), holders.end(), ring) != holders.end()) {
+            EXPECT_EQ(r.decision.route, kPrefixHit);
+            EXPECT_EQ(r.decision.prefix_len, 1000u);
+        } else {
+            EXPECT_EQ(r.decision.route, kPrefixNew);
+            EXPECT_EQ(r.decision.prefix_len, 0u);
+        }
+    }
+    EXPECT_EQ(peers.size(), 4u);
+}
+
+TEST(PrefixRoute, FailedPeerIsNeverChosen)
+{
+    Fleet f;
+    const size_t failed = 1;
+    f.up().set_state(failed, AFFINITY_PEER_FAILED);
+
+    for (uint32_t i = 0; i < 100; i++) {
+        Conversation c(300 + i, words(7, 800));
+        for (size_t turn = 1; turn <= 3; turn++) {
+            Routed r = f.send(c.body(turn));
+            ASSERT_NE(r.decision.peer, int(failed))
+                << "conversation " << i << " turn " << turn;
+        }
+    }
+
+    // A conversation whose peer fails moves, and stays where it moved.
+    f.up().set_state(failed, AFFINITY_PEER_USABLE);
+    Conversation c(0, std::string());
+    uint32_t id = 0;
+    int p = -1;
+    for (; id < 1000; id++) {
+        c = Conversation(1000 + id, std::string());
+        std::vector<affinity_level_t> l = levels_of(c.body(1));
+        if (f.ring_first(l.back().hash) == int(failed)) {
+            p = f.send(l).decision.peer;
+            break;
+        }
+    }
+    ASSERT_EQ(p, int(failed));
+    f.up().set_state(failed, AFFINITY_PEER_FAILED);
+
+    Routed t2 = f.send(c.body(2));
+    EXPECT_NE(t2.decision.peer, int(failed));
+    EXPECT_EQ(t2.decision.route, kPrefixNew);
+    Routed t3 = f.send(c.body(3));
+    EXPECT_EQ(t3.decision.route, kPrefixHit);
+    EXPECT_EQ(t3.decision.peer, t2.decision.peer);
+
+    // Requests in flight on the failed peer do not count against the
+    // others.
+    for (int i = 0; i < 20; i++) {
+        f.up().acquire(failed);
+    }
+    Routed t4 = f.send(c.body(4));
+    EXPECT_EQ(t4.decision.route, kPrefixHit);
+    EXPECT_EQ(t4.decision.peer, t2.decision.peer);
+}
+
+TEST(PrefixRoute, BusyPeerIsSkippedButKept)
+{
+    Fleet f;
+    Conversation c(17, words(8, 300));
+    const int p = f.send(c.body(1)).decision.peer;
+
+    f.up().set_state(size_t(p), AFFINITY_PEER_BUSY);
+    Routed t2 = f.send(c.body(2));
+    EXPECT_NE(t2.decision.peer, p);
+
+    f.up().set_state(size_t(p), AFFINITY_PEER_USABLE);
+    // Both served turn 1; turn 2 is known on its new peer only.
+    std::vector<affinity_level_t> l1 = levels_of(c.body(1));
+    EXPECT_EQ(f.peers_of(l1.back()), (std::vector<int>{t2.decision.peer, p}));
+    Routed t3 = f.send(c.body(3));
+    EXPECT_EQ(t3.decision.peer, t2.decision.peer);
+}
+
+TEST(PrefixRoute, SessionDecidesAndTheLevelsAreRecorded)
+{
+    Fleet f;
+    Conversation c(21, words(9, 500));
+    std::vector<affinity_level_t> l1 = levels_of(c.body(1));
+    std::vector<affinity_level_t> l2 = levels_of(c.body(2));
+
+    // A key whose ring peer is neither where turn 1 nor turn 2 would go by
+    // their own levels.
+    std::string key;
+    int s = -1;
+    for (size_t i = 0; i < 1000 && s < 0; i++) {
+        std::string k = key_name(i);
+        int peer = f.ring_first(affinity_ring_hash(k.data(), k.size()));
+        if (peer != f.ring_first(l1.back().hash)
+            && peer != f.ring_first(l2.back().hash)) {
+            key = k;
+            s = peer;
+        }
+    }
+    ASSERT_GE(s, 0);
+
+    Routed t1 = f.send(l1, true, key);
+    EXPECT_EQ(t1.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW})
+        << route_name(t1.decision.route);
+    EXPECT_EQ(t1.decision.peer, s);
+    EXPECT_EQ(t1.decision.prefix_len, 0u);
+    EXPECT_EQ(f.session_zone().info().used, 1u);
+    EXPECT_EQ(f.peers_of(l1.back()), (std::vector<int>{s}));
+
+    Routed again = f.send(l1, true, key);
+    EXPECT_EQ(again.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+    EXPECT_EQ(again.decision.peer, s);
+
+    // Without the key, the next turn finds the session's peer by prefix.
+    Routed t2 = f.send(l2);
+    EXPECT_EQ(t2.decision.route, kPrefixHit) << route_name(t2.decision.route);
+    EXPECT_EQ(t2.decision.peer, s);
+    EXPECT_EQ(t2.decision.prefix_len, l1.back().length);
+    EXPECT_EQ(f.session_zone().info().used, 1u);
+}
+
+TEST(PrefixRoute, IndexEntriesExpireAfterThePrefixTimeout)
+{
+    Fleet f;
+    f.router().prefix_timeout = 600;
+    Conversation c(31, words(10, 300));
+
+    const int p = f.send(c.body(1)).decision.peer;
+
+    // Idle for exactly the timeout: still known.
+    f.router().now += 600;
+    Routed t2 = f.send(c.body(2));
+    EXPECT_EQ(t2.decision.route, kPrefixHit);
+    EXPECT_EQ(t2.decision.peer, p);
+
+    // Idle for longer: forgotten, placed like a cold prompt.
+    f.router().now += 601;
+    std::vector<affinity_level_t> l3 = levels_of(c.body(3));
+    Routed t3 = f.send(l3);
+    EXPECT_EQ(t3.decision.route, kPrefixNew);
+    EXPECT_EQ(t3.decision.peer, f.ring_first(l3.back().hash));
+    EXPECT_GT(f.prefix_zone().info().expiries, 0u);
+}
+
+TEST(PrefixRoute, WithoutLevelsTheRequestFallsBack)
+{
+    Fleet f;
+    Routed r = f.router().route_prompt(f.prefixes(), {});
+    EXPECT_EQ(r.rc, 0);
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_FALLBACK});
+    EXPECT_EQ(r.decision.prefix_len, 0u);
+
+    r = f.router().route_prompt(nullptr, levels_of(chat({{"user", "hi"}})));
+    EXPECT_EQ(r.rc, 0);
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_FALLBACK});
+    EXPECT_EQ(f.prefix_zone().info().used, 0u);
+}
+
+TEST(PrefixRoute, NoUsablePeerRecordsNothing)
+{
+    Fleet f;
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_FAILED);
+    }
+    Routed r = f.router().route_prompt(f.prefixes(),
+                                       levels_of(chat({{"user", words(1, 900)}})));
+    EXPECT_EQ(r.rc, -1);
+    EXPECT_EQ(r.decision.peer, -1);
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_NONE});
+    EXPECT_EQ(r.decision.prefix_len, 0u);
+    EXPECT_EQ(f.prefix_zone().info().used, 0u);
+    EXPECT_EQ(f.up().total_inflight(), 0);
+}
+
+TEST(PrefixRoute, ShortFirstPromptIsItsOwnLevel)
+{
+    // A prompt shorter than the first level is indexed at its own length;
+    // repeating it finds it.
+    Fleet f;
+    std::string body = chat({{"user", "hello"}});
+    std::vector<affinity_level_t> l = levels_of(body);
+    ASSERT_EQ(l.size(), 1u);
+    ASSERT_LT(l[0].length, 100u);
+
+    Routed first = f.send(l);
+    EXPECT_EQ(first.decision.route, kPrefixNew);
+    Routed again = f.send(l);
+    EXPECT_EQ(again.decision.route, kPrefixHit);
+    EXPECT_EQ(again.decision.peer, first.decision.peer);
+    EXPECT_EQ(again.decision.prefix_len, l[0].length);
+}
+
+// ---- the prefix table -----------------------------------------------------
+
+class PrefixTableTest : public testing::Test {
+protected:
+    TestZone zone_{1 << 20, AFFINITY_ZONE_PREFIXES};
+
+    affinity::PrefixTable table(uint32_t now, uint32_t timeout = 600)
+    {
+        return affinity::PrefixTable(affinity::Zone(zone_.region()), now,
+                                     timeout);
+    }
+
+    std::vector<uint32_t> peers(affinity::PrefixEntry *e)
+    {
+        std::vector<uint32_t> out;
+        for (uint32_t id : e->peers) {
+            if (id != 0) {
+                out.push_back(id);
+            }
+        }
+        return out;
+    }
+};
+
+TEST_F(PrefixTableTest, EntriesExpireAfterTheTimeout)
+{
+    const uint64_t k = table(0).key(12345);
+    EXPECT_FALSE(table(1000).record(k, 7));
+    EXPECT_EQ(zone_.info().used, 1u);
+
+    // Idle for the timeout: live (and refreshed by the lookup).
+    ASSERT_NE(table(1600).find(k), nullptr);
+    ASSERT_NE(table(2200).find(k), nullptr);
+    // A clock that went backwards expires nothing.
+    ASSERT_NE(table(100).find(k), nullptr);
+
+    // Idle for longer: gone, counted as an expiry.
+    EXPECT_EQ(table(2801).find(k), nullptr);
+    EXPECT_EQ(zone_.info().used, 0u);
+    EXPECT_EQ(zone_.info().expiries, 1u);
+    EXPECT_EQ(zone_.info().evictions, 0u);
+
+    // Recorded anew.
+    EXPECT_FALSE(table(2801).record(k, 7));
+    EXPECT_TRUE(table(2802).record(k, 7));
+}
+
+TEST_F(PrefixTableTest, FullBucketEvictsTheLeastRecentlyUsed)
+{
+    // Keys are placed by multiply-shift, (key * buckets) >> 64: small keys
+    // all fall in the first bucket of 8 ways.
+    for (uint64_t k = 1; k <= 8; k++) {
+        EXPECT_FALSE(table(1000).record(k, 100 + k));
+    }
+    ASSERT_EQ(zone_.info().used, 8u);
+    ASSERT_EQ(zone_.info().evictions, 0u);
+
+    // Key 1 is used again; 2 is now the least recently used.
+    ASSERT_NE(table(1000).find(1), nullptr);
+    EXPECT_FALSE(table(1000).record(9, 109));
+    ASSERT_EQ(zone_.info().evictions, 1u) << "keys 1..9 share a bucket";
+    EXPECT_EQ(zone_.info().used, 8u);
+    EXPECT_EQ(table(1000).find(2), nullptr);
+    EXPECT_NE(table(1000).find(1), nullptr);
+    EXPECT_NE(table(1000).find(9), nullptr);
+
+    // Recording refreshes too: 3 stays, 4 goes.
+    EXPECT_TRUE(table(1000).record(3, 103));
+    EXPECT_FALSE(table(1000).record(10, 110));
+    EXPECT_EQ(table(1000).find(4), nullptr);
+    EXPECT_NE(table(1000).find(3), nullptr);
+    EXPECT_EQ(zone_.info().evictions, 2u);
+
+    // Expired entries make room before anything is evicted.
+    for (uint64_t k : {1, 3, 9}) {
+        ASSERT_NE(table(1500).find(k), nullptr);
+    }
+    EXPECT_FALSE(table(2000).record(11, 111));
+    EXPECT_EQ(zone_.info().evictions, 2u);
+    EXPECT_EQ(zone_.info().expiries, 5u);      // 5, 6, 7, 8, 10
+    EXPECT_EQ(zone_.info().used, 4u);
+}
+
+TEST_F(PrefixTableTest, KeepsFourPeersMostRecentFirst)
+{
+    const uint64_t k = 42;
+    affinity::PrefixTable t = table(1000);
+
+    EXPECT_FALSE(t.record(k, 1));
+    for (uint64_t peer : {2, 3, 4, 5}) {
+        EXPECT_TRUE(t.record(k, peer));
+    }
+    ASSERT_NE(t.find(k), nullptr);
+    EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{5, 4, 3, 2}));
+
+    // A peer already there moves to the front.
+    t.record(k, 3);
+    EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{3, 5, 4, 2}));
+    t.record(k, 3);
+    EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{3, 5, 4, 2}));
+    t.record(k, 2);
+    EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{2, 3, 5, 4}));
+    // A new one pushes the least recent out.
+    t.record(k, 6);
+    EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{6, 2, 3, 5}));
+    EXPECT_EQ(zone_.info().used, 1u);
+
+    // Peers are kept by the low 32 bits of their ids (never 0).
+    const uint64_t k2 = 43;
+    t.record(k2, 0xabcdef0012345678ULL);
+    t.record(k2, 0x0000000100000000ULL);
+    EXPECT_EQ(peers(t.find(k2)), (std::vector<uint32_t>{1, 0x12345678u}));
+    EXPECT_EQ(affinity::short_peer_id(0x0000000100000000ULL), 1u);
+}
+
+TEST_F(PrefixTableTest, ForksAreCounted)
+{
+    affinity::PrefixTable t = table(1000);
+    const uint64_t k = 77;
+
+    // Not on a missing entry.
+    t.add_fork(k);
+    EXPECT_EQ(zone_.info().used, 0u);
+
+    t.record(k, 1);
+    EXPECT_EQ(t.find(k)->forks, 0u);
+    t.add_fork(k);
+    t.add_fork(k);
+    EXPECT_EQ(t.find(k)->forks, 2u);
+    // A new peer does not reset them.
+    t.record(k, 2);
+    EXPECT_EQ(t.find(k)->forks, 2u);
+
+    for (int i = 0; i < 70000; i++) {
+        t.add_fork(k);
+    }
+    EXPECT_EQ(t.find(k)->forks, UINT16_MAX);
+}
+
+TEST_F(PrefixTableTest, KeysDependOnTheZoneSeed)
+{
+    TestZone other(1 << 20, AFFINITY_ZONE_PREFIXES);
+    affinity::PrefixTable a = table(0);
+    affinity::PrefixTable b(affinity::Zone(other.region()), 0, 600);
+
+    size_t same = 0;
+    for (uint64_t h = 0; h < 1000; h++) {
+        EXPECT_EQ(a.key(h), a.key(h));
+        EXPECT_NE(a.key(h), 0u);
+        same += a.key(h) == b.key(h);
+    }
+    EXPECT_EQ(same, 0u);
+}
+
+}  // namespace
