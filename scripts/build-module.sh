@@ -52,7 +52,8 @@ configure=./configure
 # Configure again when the addon scripts or the list of sources changed.
 stamp="$tree/.configured"
 signature=$(cat "$repo/config" "$repo/config.make";
-            ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h)
+            ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h;
+            sh "$repo/scripts/cpu-level.sh")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$signature" ]; then
     "$configure" "${flags[@]}" --add-dynamic-module="$repo" \
         > "$build/configure.log" 2>&1 || {

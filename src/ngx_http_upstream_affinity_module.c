@@ -46,6 +46,7 @@ static ngx_int_t ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone,
 static ngx_int_t ngx_http_upstream_affinity_claim_slots(
     ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
 
+static ngx_int_t ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_route_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
@@ -428,10 +429,56 @@ ngx_http_upstream_affinity_claim_slots(
 }
 
 
+/*
+ * The core is compiled for the instruction set of the build host (its JSON
+ * parser has one SIMD kernel, chosen at compile time).  On a CPU below that
+ * level it would die of SIGILL; refuse to start instead, before any
+ * directive calls into it.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf)
+{
+#if (NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V3 || NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V2)
+    const char  *level;
+
+    __builtin_cpu_init();
+
+#if (NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V3)
+    level = "x86-64-v3 (AVX2, BMI2, FMA)";
+
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2")
+        && __builtin_cpu_supports("fma"))
+    {
+        return NGX_OK;
+    }
+#else
+    level = "x86-64-v2 (SSE4.2, POPCNT)";
+
+    if (__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt")) {
+        return NGX_OK;
+    }
+#endif
+
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                  "ngx_http_upstream_affinity_module was built for %s, "
+                  "which this CPU lacks; rebuild it with "
+                  "AFFINITY_MARCH=x86-64", level);
+    return NGX_ERROR;
+#else
+    return NGX_OK;
+#endif
+}
+
+
 static ngx_int_t
 ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf)
 {
     ngx_http_variable_t  *var, *v;
+
+    if (ngx_http_upstream_affinity_check_cpu(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     for (v = ngx_http_upstream_affinity_vars; v->name.len; v++) {
         var = ngx_http_add_variable(cf, &v->name, v->flags);
