@@ -52,18 +52,24 @@ subtest "$N concurrent requests of one session" => sub {
         'each request reached one backend';
 };
 
-subtest 'the pin survives the burst' => sub {
+subtest 'after the burst the session stays on one backend' => sub {
+    # Spills move the pin to the backend that took the request (it holds
+    # the whole conversation then); the session ends on one backend.
     my $n = () = routes($t);
     my $r = $t->http(GET => '/', headers => { 'X-Session-ID' => 'hot' });
-    is $r->{headers}{'x-backend-port'}, $pinned, 'back on its backend';
+    my $home = $r->{headers}{'x-backend-port'};
     my @r = routes($t);
-    is $r[$n]{route}, 'session_hit', 'as a pin hit';
+    is $r[$n]{route}, 'session_hit', "a pin hit on $home";
+    for (1 .. 5) {
+        is $t->http(GET => '/', headers => { 'X-Session-ID' => 'hot' })
+               ->{headers}{'x-backend-port'}, $home, 'and it stays there';
+    }
+
     my @burst = @r[1 .. $N];
-    my $off = grep { $_->{upstream} ne "127.0.0.1:$pinned" } @burst;
-    is scalar(grep { $_->{route} eq 'session_moved' } @burst), $off,
-        "the $off requests served off the pin are logged as session_moved";
-    is scalar(grep { $_->{route} eq 'session_hit' } @burst), $N - $off,
-        'the others as pin hits';
+    is scalar(grep { $_->{route} eq 'session_hit' || $_->{route} eq 'session_moved' }
+              @burst), $N, 'burst requests were pin hits or spills';
+    ok scalar(grep { $_->{route} eq 'session_moved' } @burst) > 0,
+        'spills are logged as session_moved';
 };
 
 subtest 'the bound holds with weights' => sub {

@@ -441,11 +441,16 @@ class SessionAffinity:
     bound; a pinned session goes to its pin while that is under the bound,
     else spills to the replica that took its last spill if that is under
     the bound, else to the next one on the ring under the bound (the pin is
-    kept); with every replica over the bound, the least loaded serves."""
+    kept); with every replica over the bound, the least loaded serves.
+    With follow=True the pin moves to the replica that took the spill (it
+    now holds the whole conversation) and the old pin becomes the preferred
+    replica for the next spill: the alternative the module's design asks
+    to measure."""
     name = 'affinity'
 
     def __init__(self, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
-                 points=RING_POINTS):
+                 points=RING_POINTS, follow=False):
+        self.follow = follow
         self.ring = HashRing(replicas, points)
         self.factor, self.slack = factor, slack
         self.candidates = range(replicas)
@@ -474,6 +479,9 @@ class SessionAffinity:
             if peer is None:
                 return fleet.least_loaded(self.candidates)
             self.spill_peer[req.session] = peer
+        if self.follow:
+            self.spill_peer[req.session] = pin
+            self.pins[req.session] = peer
         return peer
 
     def stats(self):
@@ -510,7 +518,7 @@ class PrefixOracle:
 
 
 POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
-            'chash_session_bounded', 'affinity')
+            'chash_session_bounded', 'affinity', 'affinity_follow')
 
 
 def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
@@ -525,8 +533,9 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
     if name in ('chash_session', 'chash_session_bounded'):
         return ConsistentHash(replicas, name == 'chash_session_bounded',
                               factor, slack, points)
-    if name == 'affinity':
-        return SessionAffinity(replicas, factor, slack, points)
+    if name in ('affinity', 'affinity_follow'):
+        return SessionAffinity(replicas, factor, slack, points,
+                               follow=name == 'affinity_follow')
     raise ValueError('unknown policy %r' % name)
 
 

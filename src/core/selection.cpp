@@ -149,33 +149,39 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         return i;
     }
 
-    // The pinned peer is only busy or over the bound: overload is transient
-    // while a moved conversation loses its cache for good, so keep the pin
-    // and spill, preferring the peer that took earlier spills (its cache is
-    // warm for this session too).
+    // The pinned peer is only busy or over the bound.  The request goes to
+    // the peer that took the session's last spill if it can (its cache is
+    // warm for this session too), else to the next peer on the ring.  That
+    // peer then holds the whole conversation, the old pin all but this
+    // turn: the pin follows the request and the old pin is remembered for
+    // the next spill.  Measured on the Mooncake trace against keeping the
+    // pin: 0.301 against 0.292 cache hit ratio, same peak load (README).
     int spill = entry->spill ? load.index_of(entry->spill) : -1;
+    int i = -1;
 
     if (spill >= 0 && spill != pinned && load.usable(spill)
         && load.accepts(spill))
     {
-        decision = {spill, AFFINITY_ROUTE_SESSION_SPILL, 0};
-        return spill;
-    }
+        i = spill;
 
-    int i = ring ? load.first_on_ring(*ring, request.ring_hash, pinned) : -1;
+    } else {
+        i = ring ? load.first_on_ring(*ring, request.ring_hash, pinned) : -1;
 
-    if (i < 0 && load.usable(pinned)) {
-        // Everyone is over the bound: stay where the cache is.
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
-        return pinned;
-    }
+        if (i < 0 && load.usable(pinned)) {
+            // Everyone is over the bound: stay where the cache is.
+            decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
+            return pinned;
+        }
 
-    if (i < 0) {
-        i = load.least_loaded(pinned, request.rotate);
+        if (i < 0) {
+            i = load.least_loaded(pinned, request.rotate);
+        }
     }
 
     if (i >= 0) {
-        entry->spill = peers[i].id;
+        uint64_t previous = entry->peer;
+        table.repin(entry, peers[i].id);
+        entry->spill = previous;
         decision = {i, AFFINITY_ROUTE_SESSION_SPILL, 0};
     }
 

@@ -83,11 +83,12 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.rc, 0);
     ASSERT_EQ(first.decision.route, kNew);
-    const int pinned = first.decision.peer;
+    int current = first.decision.peer;
 
     std::map<uint32_t, size_t> routes;
 
-    // 400 concurrent requests of one session, none finished.
+    // 400 concurrent requests of one session, none finished.  A hit goes to
+    // the current pin; a spill goes elsewhere and the pin follows it.
     for (int n = 1; n < 400; n++) {
         Routed r = router.route_key("hot");
         ASSERT_EQ(r.rc, 0);
@@ -97,9 +98,10 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
         ASSERT_TRUE(r.decision.route == kHit || r.decision.route == kSpill)
             << route_name(r.decision.route);
         if (r.decision.route == kHit) {
-            EXPECT_EQ(r.decision.peer, pinned);
+            EXPECT_EQ(r.decision.peer, current);
         } else {
-            EXPECT_NE(r.decision.peer, pinned);
+            EXPECT_NE(r.decision.peer, current);
+            current = r.decision.peer;
         }
 
         expect_within_bound(up, "after a placement");
@@ -112,19 +114,21 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
     EXPECT_GT(routes[kSpill], 0u);
     EXPECT_GT(routes[kHit], 0u);
 
-    // The pinned peer carries its share, not everything.
-    EXPECT_GE(up.inflight(size_t(pinned)), 90);
+    // The load is spread over every peer.
+    for (size_t i = 0; i < up.size(); i++) {
+        EXPECT_GT(up.inflight(i), 0) << i;
+    }
 
-    // One session, one pin, on the first peer.
+    // One session, one pin, where the last spill went.
     EXPECT_EQ(z.info().used, 1u);
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(size_t(pinned)).pins, 1);
+    EXPECT_EQ(up.stats(size_t(current)).pins, 1);
 
-    // Once the load is gone the session is back on its peer.
+    // Once the load is gone the session stays on its current peer.
     up.release_all();
     Routed after = router.route_key("hot");
     EXPECT_EQ(after.decision.route, kHit);
-    EXPECT_EQ(after.decision.peer, pinned);
+    EXPECT_EQ(after.decision.peer, current);
 }
 
 TEST(BoundedLoad, BoundHoldsWithBackgroundLoadAndManyKeys)
@@ -216,52 +220,61 @@ TEST(BoundedLoad, FailedPeersLoadDoesNotRaiseTheBound)
             }
         }
     }
-    EXPECT_EQ(up.stats(pinned).pins, 1);
+    (void) pinned;
+    EXPECT_EQ(up.total_pins(), 1);
+    EXPECT_EQ(up.stats(failed).pins, 0);
 }
 
-TEST(BoundedLoad, SpillsPreferThePeerThatTookEarlierSpills)
+TEST(BoundedLoad, SpillsPreferThePreviousPin)
 {
+    // When the pin spills, the pin follows the request and the old pin is
+    // remembered: the next spill goes back to it when it has room (its
+    // cache holds all of the session but the latest turns).
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
     Router router(z.get(), up, {kFactor, kSlack});
 
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.decision.route, kNew);
-    const int pinned = first.decision.peer;
 
-    int last_spill = -1;
-    std::set<int> spill_peers;
-    size_t spills = 0, sticky = 0;
+    int current = first.decision.peer;
+    int previous = -1;
+    size_t spills = 0, back = 0;
 
     for (int n = 1; n < 400; n++) {
-        bool spill_peer_fits =
-            last_spill >= 0 && would_accept(up, size_t(last_spill));
+        bool previous_fits = previous >= 0 && previous != current
+                             && would_accept(up, size_t(previous));
 
-        Routed r = router.route_key("hot");
+        Routed r = router.route_key(n % 3 ? "hot" : key_name(size_t(n)));
         ASSERT_EQ(r.rc, 0);
 
-        if (r.decision.route != kSpill) {
+        if (n % 3 == 0) {
+            continue;       // background load of other sessions
+        }
+
+        if (r.decision.route == kHit) {
+            EXPECT_EQ(r.decision.peer, current) << "request " << n;
             continue;
         }
 
+        ASSERT_EQ(r.decision.route, kSpill) << route_name(r.decision.route);
         spills++;
-        spill_peers.insert(r.decision.peer);
-        if (spill_peer_fits) {
-            EXPECT_EQ(r.decision.peer, last_spill)
-                << "spill went elsewhere though the earlier spill peer "
-                   "had room, request "
-                << n;
-            sticky++;
+        if (previous_fits) {
+            EXPECT_EQ(r.decision.peer, previous)
+                << "spill went elsewhere though the previous pin had room, "
+                   "request " << n;
+            back++;
         }
-        last_spill = r.decision.peer;
+        previous = current;
+        current = r.decision.peer;
     }
 
     EXPECT_GT(spills, 10u);
-    EXPECT_GT(sticky, 0u);
-    EXPECT_EQ(spill_peers.count(pinned), 0u);
+    EXPECT_GT(back, 0u);
+    EXPECT_EQ(up.total_pins(), int64_t(z.info().used));
 }
 
-TEST(BoundedLoad, SpillPeerIsRememberedOverRingOrder)
+TEST(BoundedLoad, PreviousPinIsPreferredOverRingOrder)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -270,39 +283,48 @@ TEST(BoundedLoad, SpillPeerIsRememberedOverRingOrder)
 
     Routed first = router.route_key_released(key);
     ASSERT_EQ(first.decision.route, kNew);
-    const size_t pinned = size_t(first.decision.peer);
+    const size_t p0 = size_t(first.decision.peer);
 
-    // The key's ring order: pinned, then r1, r2, ...
+    // The key's ring order: p0, then r1, r2, ...
     uint32_t walk[4];
     ASSERT_EQ(affinity_ring_walk(up.ring(),
                                  affinity_ring_hash(key.data(), key.size()),
                                  walk, 4),
               4u);
-    ASSERT_EQ(walk[0], pinned);
+    ASSERT_EQ(walk[0], p0);
     const size_t r1 = walk[1], r2 = walk[2];
 
-    // Pinned peer busy, r1 busy too: the spill goes to r2.
-    up.set_state(pinned, AFFINITY_PEER_BUSY);
+    // p0 and r1 busy: the spill goes to r2, which becomes the pin.
+    up.set_state(p0, AFFINITY_PEER_BUSY);
     up.set_state(r1, AFFINITY_PEER_BUSY);
     Routed s1 = router.route_key_released(key);
     EXPECT_EQ(s1.decision.route, kSpill);
     EXPECT_EQ(size_t(s1.decision.peer), r2);
 
-    // r1 is fine again, the pinned peer still busy: the session goes back
-    // to r2, whose cache it warmed, rather than to r1 (first on the ring).
+    // r2 busy, r1 free: the previous pin p0 is busy, so the ring decides:
+    // r1 becomes the pin, r2 the previous one.
+    up.set_state(r2, AFFINITY_PEER_BUSY);
     up.set_state(r1, AFFINITY_PEER_USABLE);
-    for (int i = 0; i < 5; i++) {
-        Routed s = router.route_key_released(key);
-        EXPECT_EQ(s.decision.route, kSpill);
-        EXPECT_EQ(size_t(s.decision.peer), r2);
-    }
+    Routed s2 = router.route_key_released(key);
+    EXPECT_EQ(s2.decision.route, kSpill);
+    EXPECT_EQ(size_t(s2.decision.peer), r1);
 
-    // The pin never moved.
-    EXPECT_EQ(up.stats(pinned).pins, 1);
-    up.set_state(pinned, AFFINITY_PEER_USABLE);
-    Routed back = router.route_key_released(key);
-    EXPECT_EQ(back.decision.route, kHit);
-    EXPECT_EQ(size_t(back.decision.peer), pinned);
+    // r1 busy, everyone else free: back to r2, the previous pin, although
+    // p0 comes first on the ring.
+    up.set_state(r1, AFFINITY_PEER_BUSY);
+    up.set_state(r2, AFFINITY_PEER_USABLE);
+    up.set_state(p0, AFFINITY_PEER_USABLE);
+    Routed s3 = router.route_key_released(key);
+    EXPECT_EQ(s3.decision.route, kSpill);
+    EXPECT_EQ(size_t(s3.decision.peer), r2);
+
+    // And r2 is the pin now.
+    up.set_state(r1, AFFINITY_PEER_USABLE);
+    Routed hit = router.route_key_released(key);
+    EXPECT_EQ(hit.decision.route, kHit);
+    EXPECT_EQ(size_t(hit.decision.peer), r2);
+    EXPECT_EQ(up.total_pins(), 1);
+    EXPECT_EQ(up.stats(r2).pins, 1);
 }
 
 TEST(BoundedLoad, OverloadedSpillPeerIsReplaced)
@@ -366,7 +388,7 @@ TEST(Selection, FailedPinnedPeerMovesTheSession)
     EXPECT_EQ(up.stats(new_peer).pins, 1);
 }
 
-TEST(Selection, BusyPinnedPeerSpillsAndKeepsThePin)
+TEST(Selection, BusyPinnedPeerSpillsAndThePinFollows)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -376,22 +398,30 @@ TEST(Selection, BusyPinnedPeerSpillsAndKeepsThePin)
     const size_t pinned = size_t(first.decision.peer);
 
     up.set_state(pinned, AFFINITY_PEER_BUSY);
+    Routed r = router.route_key_released("erin");
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_EQ(r.decision.route, kSpill);
+    const size_t spill = size_t(r.decision.peer);
+    EXPECT_NE(spill, pinned);
+
+    // The peer that took the spill holds the whole session now.
     for (int i = 0; i < 3; i++) {
-        Routed r = router.route_key_released("erin");
-        ASSERT_EQ(r.rc, 0);
-        EXPECT_EQ(r.decision.route, kSpill);
-        EXPECT_NE(size_t(r.decision.peer), pinned);
-        EXPECT_EQ(up.stats(pinned).pins, 1);
+        Routed again = router.route_key_released("erin");
+        EXPECT_EQ(again.decision.route, kHit);
+        EXPECT_EQ(size_t(again.decision.peer), spill);
     }
     EXPECT_EQ(up.total_pins(), 1);
+    EXPECT_EQ(up.stats(spill).pins, 1);
 
+    // Usable again, the old pin is the first choice for the next spill.
     up.set_state(pinned, AFFINITY_PEER_USABLE);
+    up.set_state(spill, AFFINITY_PEER_BUSY);
     Routed back = router.route_key_released("erin");
-    EXPECT_EQ(back.decision.route, kHit);
+    EXPECT_EQ(back.decision.route, kSpill);
     EXPECT_EQ(size_t(back.decision.peer), pinned);
 }
 
-TEST(Selection, OverloadedPinnedPeerSpillsAndKeepsThePin)
+TEST(Selection, OverloadedPinnedPeerSpillsAndThePinFollows)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -407,15 +437,18 @@ TEST(Selection, OverloadedPinnedPeerSpillsAndKeepsThePin)
 
     Routed r = router.route_key_released("fay");
     EXPECT_EQ(r.decision.route, kSpill);
-    EXPECT_NE(size_t(r.decision.peer), pinned);
-    EXPECT_EQ(up.stats(pinned).pins, 1);
+    const size_t spill = size_t(r.decision.peer);
+    EXPECT_NE(spill, pinned);
+    EXPECT_EQ(up.stats(spill).pins, 1);
+    EXPECT_EQ(up.stats(pinned).pins, 0);
 
+    // The overload passes; the session stays where it went.
     for (int i = 0; i < 20; i++) {
         up.release(pinned);
     }
-    Routed back = router.route_key_released("fay");
-    EXPECT_EQ(back.decision.route, kHit);
-    EXPECT_EQ(size_t(back.decision.peer), pinned);
+    Routed after = router.route_key_released("fay");
+    EXPECT_EQ(after.decision.route, kHit);
+    EXPECT_EQ(size_t(after.decision.peer), spill);
 }
 
 TEST(Selection, OnlyTheFailedPeersKeysMove)
