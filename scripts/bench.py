@@ -57,10 +57,33 @@ POLICIES = {
                          'session_affinity header=X-Session-ID '
                          'zone=bench_sessions:16m;\n'
                          '        affinity_balance factor=1.25 slack=2;'),
+    'prefix_default': ('nginx', 'prefix_affinity (defaults; this module)',
+                       'prefix_affinity zone=bench_prefixes:32m;'),
+    'prefix_seeds': ('nginx',
+                     'prefix_affinity lengths=100,500,1000 step=0 '
+                     '(seed lengths only)',
+                     'prefix_affinity lengths=100,500,1000 step=0 '
+                     'zone=bench_prefixes:32m;'),
+    'prefix_coarse': ('nginx', 'prefix_affinity step=2048 growth=12',
+                      'prefix_affinity step=2048 growth=12 '
+                      'zone=bench_prefixes:32m;'),
+    'prefix_fine': ('nginx', 'prefix_affinity step=128 growth=3 max=512k',
+                    'prefix_affinity step=128 growth=3 max=512k '
+                    'zone=bench_prefixes:32m;'),
+    'prefix_32k': ('nginx', 'prefix_affinity max=32k',
+                   'prefix_affinity max=32k zone=bench_prefixes:32m;'),
+    'prefix_8k': ('nginx', 'prefix_affinity max=8k',
+                  'prefix_affinity max=8k zone=bench_prefixes:32m;'),
+    'prefix_long': ('nginx', 'prefix_affinity max=512k',
+                    'prefix_affinity max=512k zone=bench_prefixes:32m;'),
+    'session_prefix': ('nginx', 'session_affinity + prefix_affinity',
+                       'session_affinity header=X-Session-ID '
+                       'zone=bench_sessions:16m;\n'
+                       '        prefix_affinity zone=bench_prefixes:32m;'),
 }
 
 QUICK_POLICIES = ['round_robin', 'least_conn', 'hash_consistent',
-                  'haproxy_hdr', 'session_affinity']
+                  'haproxy_hdr', 'session_affinity', 'prefix_default']
 
 
 def log(msg):

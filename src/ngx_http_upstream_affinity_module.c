@@ -32,7 +32,7 @@
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STEP         256
 #define NGX_HTTP_UPSTREAM_AFFINITY_GROWTH       6
-#define NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL    (128 * 1024)
+#define NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL    (32 * 1024)
 
 /* bytes before the table in a zone's allocation: its size, a cache line */
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64

@@ -146,4 +146,51 @@ void BM_JsonFieldAfterPrompt(benchmark::State &state)
 }
 BENCHMARK(BM_JsonFieldAfterPrompt)->Arg(4 << 10)->Arg(32 << 10)->Arg(128 << 10);
 
+// Prompt extraction and level hashing of a multi-turn chat body with the
+// module's default levels (parsing stops at the longest, 32k characters).
+// Chat text as clients send it: mostly plain, a line break (escaped) every
+// line or so, the odd non-ASCII character.
+std::string conversation_body(size_t bytes)
+{
+    std::string body = R"({"model":"llama-3-8b","temperature":0.2,"messages":[)"
+                       R"({"role":"system","content":"You are a helpful )"
+                       R"(assistant. Answer briefly and cite sources."})";
+    for (size_t turn = 0; body.size() < bytes; turn++) {
+        body += turn % 2 ? R"(,{"role":"assistant","content":")"
+                         : R"(,{"role":"user","content":")";
+        for (int line = 0; line < 12; line++) {
+            body += "Line " + std::to_string(line) + " of turn "
+                    + std::to_string(turn)
+                    + ": the quick brown fox jumps over the lazy dog at the "
+                      "caf\xc3\xa9 by the river bank.\\n";
+        }
+        body += "\"}";
+    }
+    body += "]}";
+    return body;
+}
+
+void BM_PromptLevels(benchmark::State &state)
+{
+    std::string body = conversation_body(static_cast<size_t>(state.range(0)));
+    std::string padded = body + std::string(AFFINITY_JSON_PADDING, '\0');
+    const uint32_t seeds[] = {100, 500, 1000};
+    uint32_t schedule[AFFINITY_MAX_LEVELS];
+    size_t nschedule = affinity_level_schedule(seeds, 3, 256, 6, 32 * 1024,
+                                               schedule, AFFINITY_MAX_LEVELS);
+    affinity_level_t levels[AFFINITY_MAX_LEVELS];
+    size_t nlevels = 0;
+
+    for (auto _ : state) {
+        benchmark::DoNotOptimize(affinity_prompt_levels(
+            padded.data(), body.size(), schedule, nschedule, levels,
+            AFFINITY_MAX_LEVELS, &nlevels));
+    }
+
+    state.counters["levels"] = double(nlevels);
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));
+}
+BENCHMARK(BM_PromptLevels)
+    ->Arg(4 << 10)->Arg(32 << 10)->Arg(128 << 10)->Arg(1 << 20);
+
 }  // namespace

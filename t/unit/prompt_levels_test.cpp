@@ -390,9 +390,9 @@ TEST(LevelSchedule, ModuleDefaults)
     EXPECT_EQ(s[1], 500u);
     EXPECT_EQ(s[2], 1000u);
     EXPECT_EQ(s[3], 1256u);
-    EXPECT_LE(s.back(), 128u * 1024);
+    EXPECT_LE(s.back(), 32u * 1024);
     EXPECT_GT(s.back() + std::max<uint32_t>(256, s.back() * 6 / 100),
-              128u * 1024);
+              32u * 1024);
 
     uint32_t previous_gap = 0;
     for (size_t i = 1; i < s.size(); i++) {

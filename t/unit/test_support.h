@@ -322,12 +322,12 @@ inline std::string key_name(size_t i)
 // ---- prompt prefixes ---------------------------------------------------
 
 // The level schedule of the nginx module's defaults: 100, 500 and 1000
-// code points, then steps of max(256, 6%) up to 128k.
+// code points, then steps of max(256, 6%) up to 32k.
 inline std::vector<uint32_t> default_schedule()
 {
     const uint32_t lengths[] = {100, 500, 1000};
     std::vector<uint32_t> out(AFFINITY_MAX_LEVELS);
-    size_t n = affinity_level_schedule(lengths, 3, 256, 6, 128 * 1024,
+    size_t n = affinity_level_schedule(lengths, 3, 256, 6, 32 * 1024,
                                        out.data(), out.size());
     out.resize(n);
     return out;
