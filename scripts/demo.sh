@@ -1,144 +1,200 @@
 #!/usr/bin/env bash
-# make demo: start nginx with the affinity module in front of three local
-# backends, send a few conversations' requests with curl, and show which
-# backend served each.  Everything runs on 127.0.0.1 under build/demo/.
+# make demo: a simulated LLM fleet (four mock OpenAI-compatible replicas with
+# KV caches) behind nginx with the affinity module.  Shows where requests go
+# with session ids and without, replays a slice of a real trace through
+# round robin and through the module to compare cache hit ratios, and runs a
+# short chat with the OpenAI Node client.  Everything listens on 127.0.0.1,
+# under build/demo/.
 #
-#   DEMO_PORT=18080   port of the demo nginx (backends use the next three)
-#   DEMO_KEEP=1       leave nginx running at the end
+#   DEMO_PORT=18080   nginx port (replicas on the next four ports)
+#   DEMO_KEEP=1       leave nginx and the fleet running at the end
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 module="${AFFINITY_MODULE:-$repo/build/ngx_http_upstream_affinity_module.so}"
 nginx="${NGINX_BIN:-/usr/sbin/nginx}"
+python="${PYTHON:-/usr/bin/python3}"
 port="${DEMO_PORT:-18080}"
 dir="$repo/build/demo"
-
-b1=$((port + 1)); b2=$((port + 2)); b3=$((port + 3))
+replicas=($((port + 1)) $((port + 2)) $((port + 3)) $((port + 4)))
+stats=$(printf 'http://127.0.0.1:%s/stats,' "${replicas[@]}")
+stats=${stats%,}
 
 [ -f "$module" ] || { echo "demo: $module missing; run make" >&2; exit 1; }
-
-write_conf() {
-    local b2_state="$1"
-    cat > "$dir/nginx.conf" <<CONF
-load_module $module;
-worker_processes 2;
-error_log $dir/error.log notice;
-pid $dir/nginx.pid;
-events { worker_connections 256; }
-
-http {
-    access_log $dir/access.log;
-    client_body_temp_path $dir/tmp;
-    proxy_temp_path $dir/tmp;
-
-    upstream llm {
-        server 127.0.0.1:$b1;
-        server 127.0.0.1:$b2 $b2_state;
-        server 127.0.0.1:$b3;
-
-        session_affinity header=X-Session-ID cookie=llm_session
-                         field=user generate zone=demo_sessions:1m timeout=1h;
-        affinity_balance factor=1.25 slack=2;
-    }
-
-    # Three stand-ins for inference replicas: each answers with its name.
-    server {
-        listen 127.0.0.1:$b1;
-        listen 127.0.0.1:$b2;
-        listen 127.0.0.1:$b3;
-        location / {
-            default_type text/plain;
-            return 200 "replica on port \$server_port\n";
-        }
-    }
-
-    server {
-        listen 127.0.0.1:$port;
-        location / {
-            proxy_pass http://llm;
-            add_header X-Affinity-Route \$affinity_route always;
-        }
-    }
-}
-CONF
-}
 
 stop() {
     if [ -f "$dir/nginx.pid" ]; then
         "$nginx" -p "$dir" -c "$dir/nginx.conf" -s quit 2>/dev/null || true
-        sleep 0.5
     fi
-}
-
-# ask SESSION-HEADER-VALUE [extra curl args...]: one request, one line.
-# LABEL, when set, is printed instead of the session id.
-ask() {
-    local id="$1"; shift
-    local args=(-s -D "$dir/headers" -o "$dir/body")
-    [ -n "$id" ] && args+=(-H "X-Session-ID: $id")
-    curl "${args[@]}" "$@" "http://127.0.0.1:$port/v1/chat/completions"
-    local route echo
-    route=$(grep -i '^X-Affinity-Route:' "$dir/headers" | tr -d '\r' | cut -d' ' -f2)
-    echo=$(grep -i '^X-Session-ID:' "$dir/headers" | tr -d '\r' | cut -d' ' -f2)
-    printf '  %-38s -> %-26s %-14s\n' "${LABEL:-${id:-(no session id)}}" \
-        "$(tr -d '\n' < "$dir/body")" "$route"
-    LAST_ECHO="$echo"
+    if [ -f "$dir/mock.pid" ]; then
+        kill "$(cat "$dir/mock.pid")" 2>/dev/null || true
+        rm -f "$dir/mock.pid"
+    fi
+    sleep 0.5
 }
 
 mkdir -p "$dir/tmp"
 stop
 rm -f "$dir"/*.log
-write_conf ""
+
+servers=$(printf '        server 127.0.0.1:%s;\n' "${replicas[@]}")
+
+cat > "$dir/nginx.conf" <<CONF
+load_module $module;
+worker_processes 2;
+error_log $dir/error.log notice;
+pid $dir/nginx.pid;
+events { worker_connections 4096; }
+
+http {
+    log_format llm '\$affinity_route \$affinity_session \$affinity_prefix_len';
+    access_log $dir/access.log llm;
+    client_body_temp_path $dir/tmp;
+    proxy_temp_path $dir/tmp;
+    client_body_buffer_size 1m;
+    client_max_body_size 16m;
+
+    # The module: sessions by id (header, cookie or the request's "user"),
+    # ids generated for clients that send none; requests without an id are
+    # routed by their prompt.
+    upstream llm {
+$servers
+        session_affinity header=X-Session-ID cookie=llm_session field=user
+                         zone=demo_sessions:4m timeout=1h;
+        prefix_affinity zone=demo_prefixes:8m;
+        affinity_balance factor=1.25 slack=2;
+    }
+
+    # The same fleet with nginx's default balancer, for comparison.
+    upstream llm_round_robin {
+$servers
+    }
+
+    server {
+        listen 127.0.0.1:$port backlog=4096;
+
+        proxy_http_version 1.1;
+        proxy_buffering off;
+        proxy_read_timeout 300s;
+
+        location /v1/ {
+            proxy_pass http://llm;
+            add_header X-Affinity-Route \$affinity_route always;
+        }
+
+        location /round-robin/v1/ {
+            proxy_pass http://llm_round_robin/v1/;
+        }
+    }
+}
+CONF
+
+# The fleet answers 20 times faster than real replicas, to replay 20x.
+"$python" "$repo/scripts/mock_backend.py" \
+    --ports "$(IFS=,; echo "${replicas[*]}")" --time-scale 0.05 \
+    --cache-tokens 4194304 --pidfile "$dir/mock.pid" \
+    > "$dir/mock.log" 2>&1 &
+for _ in $(seq 50); do
+    grep -q ready "$dir/mock.log" 2>/dev/null && break
+    sleep 0.1
+done
+
 "$nginx" -p "$dir" -c "$dir/nginx.conf"
 trap '[ "${DEMO_KEEP:-0}" = 1 ] || stop' EXIT
 sleep 0.5
 
+# chat SESSION-ID TEXT...: one chat request; prints the replica, the route
+# and the cached prompt tokens the replica reported.
+chat() {
+    local id="$1" body="$2" label="${3:-$1}"
+    local args=(-s -D "$dir/headers" -o "$dir/body"
+                -H 'Content-Type: application/json' -d "$body")
+    [ -n "$id" ] && args+=(-H "X-Session-ID: $id")
+    curl "${args[@]}" "http://127.0.0.1:$port/v1/chat/completions"
+    local replica route cached
+    replica=$(grep -i '^X-Replica:' "$dir/headers" | tr -d '\r' | cut -d' ' -f2)
+    route=$(grep -i '^X-Affinity-Route:' "$dir/headers" | tr -d '\r' | cut -d' ' -f2)
+    cached=$("$python" -c 'import json,sys; u=json.load(open(sys.argv[1]))["usage"]; print("%d of %d" % (u["prompt_tokens_details"]["cached_tokens"], u["prompt_tokens"]))' "$dir/body")
+    printf '  %-24s -> %-10s %-13s cached prompt tokens: %s\n' \
+        "$label" "$replica" "$route" "$cached"
+}
+
+# body TURN WHO: a conversation of WHO after TURN user turns.
+body() {
+    "$python" - "$1" "$2" <<'PY'
+import json, sys
+turn, who = int(sys.argv[1]), sys.argv[2]
+system = "You are the platform team's assistant. " * 60
+msgs = [{"role": "system", "content": system}]
+for k in range(1, turn + 1):
+    msgs.append({"role": "user", "content": f"{who} asks question {k}: " + "why is the sky blue? " * 20})
+    if k < turn:
+        msgs.append({"role": "assistant", "content": f"answer {k} to {who}: " + "Rayleigh scattering. " * 20})
+print(json.dumps({"model": "demo-llm", "messages": msgs, "max_tokens": 32}))
+PY
+}
+
 echo
-echo "nginx with ngx_http_upstream_affinity_module listens on 127.0.0.1:$port,"
-echo "balancing upstream 'llm' over three replicas (ports $b1, $b2, $b3)."
+echo "nginx with ngx_http_upstream_affinity_module on 127.0.0.1:$port, in front"
+echo "of four mock inference replicas (ports ${replicas[*]}) that keep a KV"
+echo "cache and report cached prompt tokens as vLLM does."
 echo
-echo "1. Three conversations, three turns each: every turn of a conversation"
-echo "   goes to the replica that holds its KV cache."
+echo "1. Conversations with a session id (X-Session-ID): every turn goes to the"
+echo "   replica that holds the conversation, and the cache serves its history."
 echo
 for turn in 1 2 3; do
-    for who in alice bob carol; do
-        ask "conversation-$who"
+    for who in alice bob; do
+        chat "conv-$who" "$(body "$turn" "$who")" "conv-$who turn $turn"
     done
 done
 
 echo
-echo "2. A client without a session id gets one generated (UUID v4), echoed"
-echo "   in X-Session-ID and Set-Cookie; sending it back sticks."
+echo "2. Conversations without any id are routed by their prompt: the longest"
+echo "   prefix seen before wins. They all share a 2,400-character system prompt,"
+echo "   yet spread over the replicas and stick from their second turn."
 echo
-ask ""
-generated="$LAST_ECHO"
-grep -i '^Set-Cookie' "$dir/headers" | tr -d '\r' | sed 's/^/     /'
-ask "$generated"
-ask "$generated"
-
-echo
-echo "3. The session key can also come from the JSON body ('user' field)."
-echo
-for i in 1 2; do
-    LABEL='(body: "user": "dave")' ask "" -H 'Content-Type: application/json' \
-        -d '{"model":"demo","user":"dave","messages":[]}'
+for turn in 1 2 3; do
+    for who in carol dave erin; do
+        chat "" "$(body "$turn" "$who")" "$who turn $turn"
+    done
 done
 
 echo
-echo "4. Replica $b2 is marked down (nginx -s reload): only its conversations"
-echo "   move, and the others keep their replica - and their cache."
+echo "3. A slice of a real trace (Mooncake, 600 requests, 20x faster), replayed"
+echo "   through nginx's round robin and through the module:"
 echo
-write_conf down
-"$nginx" -p "$dir" -c "$dir/nginx.conf" -s reload 2>/dev/null
-sleep 1
-for who in alice bob carol; do
-    ask "conversation-$who"
+for policy in round-robin affinity; do
+    path=/v1/chat/completions
+    [ "$policy" = round-robin ] && path=/round-robin/v1/chat/completions
+    "$python" "$repo/scripts/replay.py" --limit 600 --speed 20 \
+        --session-header --stats-urls "$stats" --label "$policy" \
+        --url "http://127.0.0.1:$port$path" --output "$dir/replay-$policy.json" \
+        > /dev/null 2>&1 || true
+    "$python" - "$dir/replay-$policy.json" "$policy" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+print("  %-12s cache hit ratio %.3f   TTFT p50 %.2f s, p90 %.2f s   errors %d"
+      % (sys.argv[2], s["hit_ratio"], s["ttft_trace_s"]["p50"],
+         s["ttft_trace_s"]["p90"], s["errors"]))
+PY
 done
 
 echo
-echo "Route log variables: \$affinity_route (session_hit, session_new,"
-echo "session_moved, fallback) and \$affinity_session.  Config: $dir/nginx.conf"
+echo "4. A chat with the OpenAI Node client (defaultHeaders: X-Session-ID):"
+echo
+client="$repo/scripts/demo-client"
+if [ ! -d "$client/node_modules/openai" ]; then
+    (cd "$client" && npm install --no-audit --no-fund --silent > /dev/null 2>&1) \
+        || echo "  (npm install openai failed; skipping the Node client)"
+fi
+if [ -d "$client/node_modules/openai" ]; then
+    node "$client/chat.mjs" "http://127.0.0.1:$port/v1" "node-demo-$$"
+fi
+
+echo
+echo "Log variables: \$affinity_route, \$affinity_session, \$affinity_prefix_len"
+echo "(see $dir/access.log).  Config: $dir/nginx.conf"
 if [ "${DEMO_KEEP:-0}" = 1 ]; then
-    echo "nginx keeps running (DEMO_KEEP=1); stop it with:"
-    echo "  $nginx -p $dir -c $dir/nginx.conf -s quit"
+    echo "Still running (DEMO_KEEP=1); stop with:"
+    echo "  $nginx -p $dir -c $dir/nginx.conf -s quit; kill \$(cat $dir/mock.pid)"
 fi
