@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Requests per second through nginx on loopback: session_affinity against
-# nginx's own "hash $http_x_session_id consistent", same backends, same
-# traffic (1000 sessions), runs alternated so that drift hits both alike.
+# Requests per second through nginx on loopback, runs alternated so that
+# drift hits both sides alike:
+#   session_affinity against nginx's own "hash $http_x_session_id
+#   consistent" (1000 sessions, GET);
+#   prefix_affinity against "hash $request_body consistent" (100 chat
+#   conversations, POST bodies of 4 KB, 32 KB and 128 KB).
 #
 #   scripts/bench-throughput.sh [output.md]
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNECTIONS=32
@@ -48,6 +51,20 @@ http {
         keepalive 64;
     }
 
+    upstream prefix {
+        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
+        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        prefix_affinity zone=bench_prefixes:16m;
+        keepalive 64;
+    }
+
+    upstream bodyhash {
+        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
+        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        hash \$request_body consistent;
+        keepalive 64;
+    }
+
     server {
         listen 127.0.0.1:${b[0]} reuseport; listen 127.0.0.1:${b[1]};
         listen 127.0.0.1:${b[2]}; listen 127.0.0.1:${b[3]};
@@ -57,10 +74,13 @@ http {
 
     server {
         listen 127.0.0.1:$port;
+        client_body_buffer_size 256k;
         proxy_http_version 1.1;
         proxy_set_header Connection "";
         location /affinity { proxy_pass http://affinity; }
         location /chash { proxy_pass http://chash; }
+        location /prefix { proxy_pass http://prefix; }
+        location /bodyhash { proxy_pass http://bodyhash; }
     }
 }
 CONF
@@ -74,15 +94,34 @@ request = function()
 end
 LUA
 
+# chat.lua: 100 conversations of a chat body of BODY_BYTES, in turn.
+cat > "$dir/chat.lua" <<'LUA'
+local size = tonumber(os.getenv("BODY_BYTES"))
+local filler = string.rep("The quick brown fox jumps over the lazy dog. ", size / 45 + 1)
+local bodies = {}
+for c = 1, 100 do
+    local text = "Conversation " .. c .. ": " .. filler
+    bodies[c] = '{"model":"llm","messages":[{"role":"user","content":"'
+                .. string.sub(text, 1, size - 60) .. '"}]}'
+end
+local n = 0
+request = function()
+    n = n + 1
+    return wrk.format("POST", nil, {["Content-Type"] = "application/json"},
+                      bodies[n % 100 + 1])
+end
+LUA
+
 "$nginx" -p "$dir" -c "$dir/nginx.conf"
 trap '"$nginx" -p "$dir" -c "$dir/nginx.conf" -s quit 2>/dev/null || true' EXIT
 sleep 0.5
 
-# run POLICY: requests/s of one wrk run, and the max/mean of backend counts.
+# run POLICY [SCRIPT]: requests/s of one wrk run, and the max/mean of the
+# backends' request counts.
 run() {
-    local policy="$1" rps spread
+    local policy="$1" script="${2:-sessions.lua}" rps spread
     : > "$dir/backends.log"
-    rps=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$dir/sessions.lua" \
+    rps=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$dir/$script" \
               "http://127.0.0.1:$port/$policy" \
           | awk '/Requests\/sec/ { print $2 }')
     "$nginx" -p "$dir" -c "$dir/nginx.conf" -s reopen 2>/dev/null
@@ -93,27 +132,39 @@ run() {
     echo "$rps $spread"
 }
 
-run affinity > /dev/null    # warm up both paths
-run chash > /dev/null
-
-declare -a A C AS CS
-for ((i = 0; i < rounds; i++)); do
-    read -r rps spread < <(run affinity); A+=("$rps"); AS+=("$spread")
-    read -r rps spread < <(run chash);    C+=("$rps"); CS+=("$spread")
-done
+# compare A B [SCRIPT]: alternated runs; prints a table row for each side.
+compare() {
+    local a="$1" b="$2" script="${3:-sessions.lua}" i rps spread
+    local -a ra rb sa sb
+    run "$a" "$script" > /dev/null    # warm up both paths
+    run "$b" "$script" > /dev/null
+    for ((i = 0; i < rounds; i++)); do
+        read -r rps spread < <(run "$a" "$script"); ra+=("$rps"); sa+=("$spread")
+        read -r rps spread < <(run "$b" "$script"); rb+=("$rps"); sb+=("$spread")
+    done
+    local ma mb
+    ma=$(mean "${ra[@]}"); mb=$(mean "${rb[@]}")
+    echo "| ${LABEL_A} | ${ra[*]} | $ma | ${sa[0]} |"
+    echo "| ${LABEL_B} | ${rb[*]} | $mb | ${sb[0]} |"
+    echo "| *ratio* | | **$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", a / b }')** | |"
+}
 
 mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
-ma=$(mean "${A[@]}"); mc=$(mean "${C[@]}")
-ratio=$(awk -v a="$ma" -v c="$mc" 'BEGIN { printf "%.3f", a / c }')
 
 {
-    echo "## Throughput on loopback (wrk, 1 nginx worker, 1000 sessions)"
+    echo "## Throughput on loopback (wrk, 1 nginx worker, upstream keepalive)"
+    echo
+    echo "$rounds alternated runs of ${secs}s per side, $conns connections;"
+    echo "backends are nginx \`return 200\` on the same worker."
     echo
     echo "| policy | runs (req/s) | mean req/s | backend max/mean |"
     echo "|---|---|---:|---:|"
-    echo "| session_affinity | ${A[*]} | $ma | ${AS[0]} |"
-    echo "| hash \$http_x_session_id consistent | ${C[*]} | $mc | ${CS[0]} |"
-    echo
-    echo "session_affinity / hash consistent = **$ratio** ($rounds alternated" \
-         "runs of ${secs}s each, $conns connections, upstream keepalive)."
+    LABEL_A="session_affinity, 1000 sessions" \
+    LABEL_B="hash \$http_x_session_id consistent" compare affinity chash
+    for kb in 4 32 128; do
+        export BODY_BYTES=$((kb * 1024))
+        LABEL_A="prefix_affinity, ${kb} KB chat bodies" \
+        LABEL_B="hash \$request_body consistent, ${kb} KB" \
+            compare prefix bodyhash chat.lua
+    done
 } | tee "$out"
