@@ -21,7 +21,8 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 PYTHON    ?= /usr/bin/python3
 
 .PHONY: all deps module unit unit-asan pytests e2e test demo \
-        bench bench-quick bench-trace bench-throughput bench-micro clean
+        bench bench-quick bench-levels bench-trace bench-throughput \
+        bench-micro clean
 
 all: module
 
@@ -59,6 +60,10 @@ test: unit unit-asan pytests e2e
 bench-quick: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    $(PYTHON) scripts/bench.py --quick
+
+bench-levels: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) scripts/bench.py --levels
 
 bench-trace: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \

@@ -143,13 +143,18 @@ compare() {
         read -r rps spread < <(run "$b" "$script"); rb+=("$rps"); sb+=("$spread")
     done
     local ma mb
-    ma=$(mean "${ra[@]}"); mb=$(mean "${rb[@]}")
+    ma=$(median "${ra[@]}"); mb=$(median "${rb[@]}")
     echo "| ${LABEL_A} | ${ra[*]} | $ma | ${sa[0]} |"
     echo "| ${LABEL_B} | ${rb[*]} | $mb | ${sb[0]} |"
     echo "| *ratio* | | **$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", a / b }')** | |"
 }
 
-mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
+# The median of alternated runs: one disturbed run does not move it.
+median() {
+    printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END {
+        if (NR % 2) m = v[(NR + 1) / 2]; else m = (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.0f", m }'
+}
 
 {
     echo "## Throughput on loopback (wrk, 1 nginx worker, upstream keepalive)"
@@ -157,7 +162,7 @@ mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
     echo "$rounds alternated runs of ${secs}s per side, $conns connections;"
     echo "backends are nginx \`return 200\` on the same worker."
     echo
-    echo "| policy | runs (req/s) | mean req/s | backend max/mean |"
+    echo "| policy | runs (req/s) | median req/s | backend max/mean |"
     echo "|---|---|---:|---:|"
     LABEL_A="session_affinity, 1000 sessions" \
     LABEL_B="hash \$http_x_session_id consistent" compare affinity chash

@@ -67,15 +67,13 @@ POLICIES = {
     'prefix_coarse': ('nginx', 'prefix_affinity step=2048 growth=12',
                       'prefix_affinity step=2048 growth=12 '
                       'zone=bench_prefixes:32m;'),
-    'prefix_fine': ('nginx', 'prefix_affinity step=128 growth=3 max=512k',
-                    'prefix_affinity step=128 growth=3 max=512k '
+    'prefix_fine': ('nginx', 'prefix_affinity step=128 growth=3',
+                    'prefix_affinity step=128 growth=3 '
                     'zone=bench_prefixes:32m;'),
-    'prefix_32k': ('nginx', 'prefix_affinity max=32k',
-                   'prefix_affinity max=32k zone=bench_prefixes:32m;'),
     'prefix_8k': ('nginx', 'prefix_affinity max=8k',
                   'prefix_affinity max=8k zone=bench_prefixes:32m;'),
-    'prefix_long': ('nginx', 'prefix_affinity max=512k',
-                    'prefix_affinity max=512k zone=bench_prefixes:32m;'),
+    'prefix_long': ('nginx', 'prefix_affinity max=128k',
+                    'prefix_affinity max=128k zone=bench_prefixes:32m;'),
     'session_prefix': ('nginx', 'session_affinity + prefix_affinity',
                        'session_affinity header=X-Session-ID '
                        'zone=bench_sessions:16m;\n'
@@ -84,6 +82,10 @@ POLICIES = {
 
 QUICK_POLICIES = ['round_robin', 'least_conn', 'hash_consistent',
                   'haproxy_hdr', 'session_affinity', 'prefix_default']
+
+# The comparison that chose prefix_affinity's default levels (README).
+LEVEL_POLICIES = ['prefix_default', 'prefix_seeds', 'prefix_coarse',
+                  'prefix_fine', 'prefix_8k', 'prefix_long']
 
 
 def log(msg):
@@ -154,10 +156,16 @@ class Proxy:
                 f.write(self.haproxy_conf(lines, servers))
             self.cmd = ['haproxy', '-f', conf]
 
-        self.out = open(os.path.join(self.dir, 'proxy.log'), 'w')
+        log_path = os.path.join(self.dir, 'proxy.log')
+        self.out = open(log_path, 'w')
         self.proc = subprocess.Popen(self.cmd, stdout=self.out,
                                      stderr=subprocess.STDOUT)
-        wait_port(PROXY_PORT)
+        try:
+            wait_port(PROXY_PORT)
+        except RuntimeError:
+            self.proc.kill()
+            with open(log_path) as f:
+                raise RuntimeError(f'{kind} did not start:\n{f.read()}')
 
     def nginx_conf(self, lines, servers, module):
         d = self.dir
@@ -196,11 +204,14 @@ http {{
     def haproxy_conf(self, lines, servers):
         upstream = '\n'.join(f'    server r{i + 1} 127.0.0.1:{p}'
                              for i, p in enumerate(servers))
+        # maxconn needs twice as many descriptors; stay under common limits
         return f'''global
-    maxconn 20000
+    maxconn 8000
 
 defaults
     mode http
+    # stream SSE chunks as they come, as nginx does with proxy_buffering off
+    option http-no-delay
     timeout connect 5s
     timeout client 600s
     timeout server 600s
@@ -378,6 +389,8 @@ def main():
     ap.add_argument('--speed', type=float, default=20.0)
     ap.add_argument('--replicas', type=int, default=4)
     ap.add_argument('--policies', default='')
+    ap.add_argument('--levels', action='store_true',
+                    help='first 2000 requests, prefix_affinity level variants')
     ap.add_argument('--name', default='')
     ap.add_argument('--max-running', type=int, default=32)
     ap.add_argument('--prefill-ms-per-token', type=float, default=0.05)
@@ -394,11 +407,13 @@ def main():
                                                       '/usr/sbin/nginx'))
     args = ap.parse_args()
 
-    if args.quick and not args.limit:
+    if (args.quick or args.levels) and not args.limit:
         args.limit = 2000
     policies = (args.policies.split(',') if args.policies
-                else QUICK_POLICIES if args.quick else list(POLICIES))
-    name = args.name or ('quick' if args.quick else 'full')
+                else QUICK_POLICIES if args.quick
+                else LEVEL_POLICIES if args.levels else list(POLICIES))
+    name = args.name or ('quick' if args.quick
+                         else 'levels' if args.levels else 'full')
     outdir = os.path.join(REPO, 'bench', 'results', name)
     workdir = os.path.join(REPO, 'build', 'bench', name)
     os.makedirs(outdir, exist_ok=True)

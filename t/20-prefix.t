@@ -22,12 +22,25 @@ use AffinityConf qw(proxy_conf servers routes);
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(4);
 my $small = $t->port;
+my $both = $t->port;
 
 sub conf {
     return proxy_conf($t, servers(\@ports) . <<"EOF", http => <<"HTTP");
         prefix_affinity;
 EOF
     log_format prefix '\$affinity_route|\$affinity_prefix_len|\$upstream_addr|\$status';
+
+    upstream both {
+@{[ servers(\@ports) ]}
+        session_affinity zone=both_sessions:1m;
+        prefix_affinity zone=both_prefixes:1m;
+    }
+
+    server {
+        listen 127.0.0.1:$both;
+        access_log "@{[ $t->path('logs/both.log') ]}" prefix;
+        location / { proxy_pass http://both; }
+    }
 
     server {
         listen 127.0.0.1:$small;
@@ -201,6 +214,23 @@ subtest 'unusable bodies fall back' => sub {
         my @hits = $err =~ /(\Q$why\E)/g;
         ok @hits >= 1 && @hits <= 4, "'$why' logged once per worker at most";
     }
+};
+
+subtest 'with session_affinity: the session decides, its prompt is learned' => sub {
+    my $moved = 0;
+    for my $c (1 .. 20) {
+        my $first = ask(chat(conversation(7000 + $c, 1)), port => $both,
+                        headers => { 'X-Session-ID' => "s-$c" });
+        my $anon = ask(chat(conversation(7000 + $c, 2)), port => $both);
+        $moved++ if backend($anon) ne backend($first);
+    }
+    is $moved, 0, 'a later turn without the id finds the session\'s backend';
+
+    my @log = `cat @{[ $t->path('logs/both.log') ]}`;
+    my @routes = map { (split /\|/)[0] } @log;
+    is scalar(grep { $_ eq 'session_new' } @routes), 20, 'sessions routed first';
+    is scalar(grep { $_ eq 'prefix_hit' } @routes), 20,
+        'the id-less turns were prefix hits';
 };
 
 subtest 'reload keeps the index' => sub {
