@@ -69,6 +69,8 @@ static char *ngx_http_upstream_affinity_balance(ngx_conf_t *cf,
 static char *ngx_http_upstream_affinity_zone(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *value,
     ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **zone);
+static ngx_int_t ngx_http_upstream_affinity_timeout(ngx_conf_t *cf,
+    ngx_str_t *value, time_t *timeout);
 static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf);
 
@@ -740,7 +742,6 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
-    time_t                                timeout;
     u_char                               *p;
     ngx_str_t                            *value, s, zone;
     ngx_uint_t                            i, type;
@@ -788,17 +789,12 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
 
         } else if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
-            s.data = value[i].data + 8;
-            s.len = value[i].len - 8;
-
-            timeout = ngx_parse_time(&s, 1);
-            if (timeout == (time_t) NGX_ERROR || timeout == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid timeout \"%V\"", &value[i]);
+            if (ngx_http_upstream_affinity_timeout(cf, &value[i],
+                                                   &ascf->session_timeout)
+                != NGX_OK)
+            {
                 return NGX_CONF_ERROR;
             }
-
-            ascf->session_timeout = timeout;
             continue;
 
         } else {
@@ -881,19 +877,9 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
         ascf->echo_header = ngx_http_upstream_affinity_default_header;
     }
 
-    if (ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
-                                        &suffix, AFFINITY_ZONE_SESSIONS,
-                                        &ascf->session_zone)
-        != NGX_CONF_OK)
-    {
-        return NGX_CONF_ERROR;
-    }
-
-    if (ngx_http_upstream_affinity_set_method(cf, ascf) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
-    return NGX_CONF_OK;
+    return ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
+                                           &suffix, AFFINITY_ZONE_SESSIONS,
+                                           &ascf->session_zone);
 }
 
 
@@ -904,7 +890,6 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
     u_char      *p, *last, *start;
-    time_t       timeout;
     ssize_t      size;
     ngx_int_t    n;
     ngx_str_t   *value, s, zone;
@@ -1010,17 +995,12 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
-            s.data = value[i].data + 8;
-            s.len = value[i].len - 8;
-
-            timeout = ngx_parse_time(&s, 1);
-            if (timeout == (time_t) NGX_ERROR || timeout == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid timeout \"%V\"", &value[i]);
+            if (ngx_http_upstream_affinity_timeout(cf, &value[i],
+                                                   &ascf->prefix_timeout)
+                != NGX_OK)
+            {
                 return NGX_CONF_ERROR;
             }
-
-            ascf->prefix_timeout = timeout;
             continue;
         }
 
@@ -1044,19 +1024,9 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
 
     ngx_memcpy(ascf->schedule, schedule, ascf->nschedule * sizeof(uint32_t));
 
-    if (ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
-                                        &suffix, AFFINITY_ZONE_PREFIXES,
-                                        &ascf->prefix_zone)
-        != NGX_CONF_OK)
-    {
-        return NGX_CONF_ERROR;
-    }
-
-    if (ngx_http_upstream_affinity_set_method(cf, ascf) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
-    return NGX_CONF_OK;
+    return ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
+                                           &suffix, AFFINITY_ZONE_PREFIXES,
+                                           &ascf->prefix_zone);
 }
 
 
@@ -1120,7 +1090,8 @@ ngx_http_upstream_affinity_balance(ngx_conf_t *cf, ngx_command_t *cmd,
 
 /*
  * Adds the zone of "zone=NAME:SIZE", or when value is NULL the default zone
- * named after the upstream (NAME + suffix, 8m).
+ * named after the upstream (NAME + suffix, 8m), and makes the upstream use
+ * this balancer.
  */
 
 static char *
@@ -1230,7 +1201,37 @@ ngx_http_upstream_affinity_zone(ngx_conf_t *cf,
     *confp = ascf;
     *zone = shm_zone;
 
+    if (ngx_http_upstream_affinity_set_method(cf, ascf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     return NGX_CONF_OK;
+}
+
+
+/* "timeout=TIME": idle expiry, a positive number of seconds */
+
+static ngx_int_t
+ngx_http_upstream_affinity_timeout(ngx_conf_t *cf, ngx_str_t *value,
+    time_t *timeout)
+{
+    time_t     t;
+    ngx_str_t  s;
+
+    s.data = value->data + 8;
+    s.len = value->len - 8;
+
+    t = ngx_parse_time(&s, 1);
+
+    if (t == (time_t) NGX_ERROR || t == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid timeout \"%V\"", value);
+        return NGX_ERROR;
+    }
+
+    *timeout = t;
+
+    return NGX_OK;
 }
 
 

@@ -17,7 +17,7 @@ use POSIX qw(floor);
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes);
+use AffinityConf qw(proxy_conf servers routes log_lines);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(4);
@@ -180,12 +180,12 @@ subtest 'a 2 MB body in a temporary file routes by prefix' => sub {
     is backend($r2), backend($r1), 'its next turn follows it';
     like $t->error_log, qr/buffered to a temporary file/, 'the body was in a file';
 
-    my @log = `cat @{[ $t->path('logs/small.log') ]}`;
+    my @log = log_lines($t->path('logs/small.log'));
     like $log[-1], qr/^prefix_hit\|\d+\|/, 'routed as a prefix hit';
 };
 
 subtest 'unusable bodies fall back' => sub {
-    my $n = () = `cat @{[ $t->path('logs/small.log') ]}`;
+    my $n = () = log_lines($t->path('logs/small.log'));
     my $big = chat([ user => 'x' x 300_000 ]);
 
     my @cases = (
@@ -204,7 +204,7 @@ subtest 'unusable bodies fall back' => sub {
         ok $r->{headers}{'x-backend-port'}, "$name: by a backend";
     }
 
-    my @log = `cat @{[ $t->path('logs/small.log') ]}`;
+    my @log = log_lines($t->path('logs/small.log'));
     my @routes = map { (split /\|/)[0] } @log[$n .. $#log];
     is_deeply \@routes, [ ('fallback') x @cases ], '$affinity_route is fallback';
 
@@ -226,7 +226,7 @@ subtest 'with session_affinity: the session decides, its prompt is learned' => s
     }
     is $moved, 0, 'a later turn without the id finds the session\'s backend';
 
-    my @log = `cat @{[ $t->path('logs/both.log') ]}`;
+    my @log = log_lines($t->path('logs/both.log'));
     my @routes = map { (split /\|/)[0] } @log;
     is scalar(grep { $_ eq 'session_new' } @routes), 20, 'sessions routed first';
     is scalar(grep { $_ eq 'prefix_hit' } @routes), 20,

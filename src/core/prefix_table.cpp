@@ -18,15 +18,6 @@ uint64_t PrefixTable::key(uint64_t level_hash) const noexcept
     return k != 0 ? k : 1;
 }
 
-PrefixBucket &PrefixTable::bucket_of(uint64_t key) noexcept
-{
-    uint64_t n = zone_.header().buckets;
-    uint64_t index = static_cast<uint64_t>(
-        (static_cast<unsigned __int128>(key) * n) >> 64);
-
-    return zone_.buckets<PrefixBucket>()[index];
-}
-
 size_t PrefixTable::expire(PrefixBucket &bucket) noexcept
 {
     return bucket.expire(now_, timeout_, [this](const PrefixEntry &) {
@@ -37,7 +28,7 @@ size_t PrefixTable::expire(PrefixBucket &bucket) noexcept
 
 PrefixEntry *PrefixTable::find(uint64_t key) noexcept
 {
-    PrefixBucket &bucket = bucket_of(key);
+    PrefixBucket &bucket = zone_.bucket_of<PrefixBucket>(key);
     PrefixEntry *entry = bucket.find(key, expire(bucket));
 
     if (entry) {
@@ -49,7 +40,7 @@ PrefixEntry *PrefixTable::find(uint64_t key) noexcept
 
 bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
 {
-    PrefixBucket &bucket = bucket_of(key);
+    PrefixBucket &bucket = zone_.bucket_of<PrefixBucket>(key);
     size_t live = expire(bucket);
     PrefixEntry *entry = bucket.find(key, live);
     bool existed = entry != nullptr;

@@ -65,7 +65,6 @@ public:
     void add_fork(uint64_t key) noexcept;
 
 private:
-    PrefixBucket &bucket_of(uint64_t key) noexcept;
     size_t expire(PrefixBucket &bucket) noexcept;
 
     Zone zone_;

@@ -13,16 +13,6 @@ uint64_t SessionTable::buckets_for(size_t region_size) noexcept
     return (region_size - fixed) / sizeof(SessionBucket);
 }
 
-SessionBucket &SessionTable::bucket_of(uint64_t key) noexcept
-{
-    // Multiply-shift maps the hash onto [0, buckets) without a division.
-    uint64_t n = zone_.header().buckets;
-    uint64_t index = static_cast<uint64_t>(
-        (static_cast<unsigned __int128>(key) * n) >> 64);
-
-    return zone_.buckets<SessionBucket>()[index];
-}
-
 void SessionTable::drop(const SessionEntry &entry) noexcept
 {
     zone_.add_pins(entry.peer, -1);
@@ -39,7 +29,7 @@ size_t SessionTable::expire(SessionBucket &bucket) noexcept
 
 SessionEntry *SessionTable::find(uint64_t key) noexcept
 {
-    SessionBucket &bucket = bucket_of(key);
+    SessionBucket &bucket = zone_.bucket_of<SessionBucket>(key);
     SessionEntry *entry = bucket.find(key, expire(bucket));
 
     if (entry) {
@@ -51,7 +41,7 @@ SessionEntry *SessionTable::find(uint64_t key) noexcept
 
 SessionEntry *SessionTable::insert(uint64_t key) noexcept
 {
-    SessionBucket &bucket = bucket_of(key);
+    SessionBucket &bucket = zone_.bucket_of<SessionBucket>(key);
     SessionEntry *entry = bucket.push_front(
         expire(bucket), [this](const SessionEntry &victim) {
             drop(victim);

@@ -53,7 +53,6 @@ public:
     void repin(SessionEntry *entry, uint64_t peer) noexcept;
 
 private:
-    SessionBucket &bucket_of(uint64_t key) noexcept;
     size_t expire(SessionBucket &bucket) noexcept;
     void drop(const SessionEntry &entry) noexcept;
 

@@ -91,6 +91,16 @@ public:
             reinterpret_cast<char *>(header_) + header_->buckets_offset);
     }
 
+    // The bucket of a key: multiply-shift maps the 64-bit hash onto
+    // [0, buckets) without a division.
+    template <typename Bucket>
+    Bucket &bucket_of(uint64_t key) const noexcept
+    {
+        uint64_t index = static_cast<uint64_t>(
+            (static_cast<unsigned __int128>(key) * header_->buckets) >> 64);
+        return buckets<Bucket>()[index];
+    }
+
     // Slot of a peer id, claimed if absent; kNoSlot when the table is full.
     // Caller holds the zone lock.
     uint32_t claim_slot(uint64_t peer_id) noexcept;

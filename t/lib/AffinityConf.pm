@@ -8,7 +8,9 @@ use strict;
 use warnings;
 
 use Exporter 'import';
-our @EXPORT_OK = qw(proxy_conf servers routes session_request);
+our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines);
+
+use Time::HiRes qw(sleep time);
 
 # servers(\@ports, %extra) - "server 127.0.0.1:PORT ...;" lines; $extra{PORT}
 # appends parameters (weight=2, backup, down, ...) to that server.
@@ -51,19 +53,39 @@ $location
 EOF
 }
 
+# log_lines($path) - the lines of an access log once it has settled.  A
+# client can see the end of a response before nginx logs it: after a request
+# with a body nginx closes lingeringly, shutting down its side first and
+# logging when the connection is finally closed.  So wait until the log
+# has not grown for 150 ms (at most 3 s).
+sub log_lines {
+    my ($path) = @_;
+    my ($size, $since, $deadline) = (-1, time, time + 3);
+    while (time < $deadline) {
+        my $now = -s $path // 0;
+        if ($now != $size) {
+            ($size, $since) = ($now, time);
+        } elsif (time - $since >= 0.15) {
+            last;
+        }
+        sleep 0.03;
+    }
+    open my $fh, '<', $path or return ();
+    my @lines = <$fh>;
+    close $fh;
+    return @lines;
+}
+
 # routes($t) - the route log as a list of {route, session, upstream, status}.
 sub routes {
     my ($t) = @_;
-    my $log = $t->path('logs/route.log');
-    open my $fh, '<', $log or return ();
     my @r;
-    while (my $line = <$fh>) {
+    for my $line (log_lines($t->path('logs/route.log'))) {
         chomp $line;
         my ($route, $session, $upstream, $status) = split /\|/, $line, 4;
         push @r, { route => $route, session => $session,
                    upstream => $upstream, status => $status };
     }
-    close $fh;
     return @r;
 }
 
