@@ -354,6 +354,10 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
                    "free affinity peer %ui", state);
 
     if (ap->slot != AFFINITY_NO_SLOT) {
+        if (state & NGX_PEER_FAILED) {
+            affinity_zone_peer_failed(ap->shctx->zone, ap->slot);
+        }
+
         affinity_zone_peer_release(ap->shctx->zone, ap->slot);
         ap->slot = AFFINITY_NO_SLOT;
     }

@@ -98,6 +98,13 @@ static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
       0,
       NULL },
 
+    { ngx_string("affinity_status"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_upstream_affinity_status,
+      0,
+      0,
+      NULL },
+
       ngx_null_command
 };
 

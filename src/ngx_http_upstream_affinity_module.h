@@ -124,6 +124,8 @@ extern ngx_module_t  ngx_http_upstream_affinity_module;
 
 ngx_int_t ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ngx_http_upstream_srv_conf_t *us);
+char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_ctx_t *ctx);

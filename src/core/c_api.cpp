@@ -253,7 +253,13 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     stats->id = atomic_load(&s.id);
     stats->inflight = atomic_load(&s.inflight);
     stats->requests = atomic_load(&s.requests);
+    stats->failures = atomic_load(&s.failures);
     stats->pins = atomic_load(&s.pins);
+
+    static_assert(AFFINITY_ROUTES == kRoutes, "one counter per outcome");
+    for (size_t i = 0; i < kRoutes; i++) {
+        stats->routes[i] = atomic_load(&s.routes[i]);
+    }
 }
 
 void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t slot) noexcept
@@ -269,6 +275,14 @@ void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t slot) noexcept
         PeerSlot &s = zone_of(zone).peer_slots()[slot];
         atomic_add<int64_t>(&s.inflight, 1);
         atomic_add<uint64_t>(&s.requests, 1);
+        atomic_add<uint64_t>(&s.routes[AFFINITY_ROUTE_FALLBACK], 1);
+    }
+}
+
+void affinity_zone_peer_failed(affinity_zone_t *zone, uint32_t slot) noexcept
+{
+    if (slot < kPeerSlots) {
+        atomic_add<uint64_t>(&zone_of(zone).peer_slots()[slot].failures, 1);
     }
 }
 

@@ -335,6 +335,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         PeerSlot &counters = zone.peer_slots()[slot];
         atomic_add<int64_t>(&counters.inflight, 1);
         atomic_add<uint64_t>(&counters.requests, 1);
+        atomic_add<uint64_t>(&counters.routes[decision.route % kRoutes], 1);
     }
 
     return 0;

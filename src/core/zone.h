@@ -18,7 +18,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr uint32_t kPeerSlots = 256;
 constexpr uint32_t kNoSlot = UINT32_MAX;
 
@@ -43,15 +43,19 @@ struct alignas(64) ZoneHeader {
     uint32_t reserved;
 };
 
+constexpr size_t kRoutes = 8;      // affinity_route_e values
+
 struct alignas(64) PeerSlot {
-    uint64_t id;            // 0 = free
-    int64_t inflight;       // atomic
-    uint64_t requests;      // atomic
-    int64_t pins;           // entries pinned to this peer (zone lock)
-    uint64_t reserved[4];
+    uint64_t id;                // 0 = free
+    int64_t inflight;           // atomic
+    uint64_t requests;          // atomic
+    int64_t pins;               // entries pinned to this peer (zone lock)
+    uint64_t failures;          // atomic: tries that failed
+    uint64_t reserved[3];
+    uint64_t routes[kRoutes];   // atomic: requests by routing outcome
 };
 
-static_assert(sizeof(PeerSlot) == 64, "a peer slot is one cache line");
+static_assert(sizeof(PeerSlot) == 128, "a peer slot is two cache lines");
 
 // Atomic helpers for counters in shared memory.  The values are plain
 // integers in the region (POD), updated with the compiler's builtins.

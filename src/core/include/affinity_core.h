@@ -141,11 +141,16 @@ AFFINITY_API uint64_t affinity_zone_key_hash(const affinity_zone_t *zone,
 AFFINITY_API uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
     uint64_t peer_id) AFFINITY_NOEXCEPT;
 
+/* affinity_route_e values, for per-outcome counters */
+#define AFFINITY_ROUTES  8
+
 typedef struct {
     uint64_t    id;
     int64_t     inflight;
     uint64_t    requests;
-    int64_t     pins;
+    uint64_t    failures;   /* tries reported failed */
+    int64_t     pins;       /* sessions pinned to the peer */
+    uint64_t    routes[AFFINITY_ROUTES];    /* requests by affinity_route_e */
 } affinity_peer_stats_t;
 
 /* Lock-free; counters are read atomically one by one. */
@@ -157,9 +162,13 @@ AFFINITY_API void affinity_zone_peer_stats(const affinity_zone_t *zone,
 AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
     uint32_t slot) AFFINITY_NOEXCEPT;
 
-/* Lock-free: counts a request placed outside affinity_route() (e.g. by
- * round robin on a backup peer). */
+/* Lock-free: counts a request placed outside affinity_route() (by round
+ * robin on a backup peer), as a fallback. */
 AFFINITY_API void affinity_zone_peer_acquire(affinity_zone_t *zone,
+    uint32_t slot) AFFINITY_NOEXCEPT;
+
+/* Lock-free: counts a try that failed on the peer. */
+AFFINITY_API void affinity_zone_peer_failed(affinity_zone_t *zone,
     uint32_t slot) AFFINITY_NOEXCEPT;
 
 

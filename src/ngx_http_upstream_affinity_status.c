@@ -1,0 +1,722 @@
+
+/*
+ * affinity_status: what the affinity balancers of this nginx are doing, per
+ * upstream and peer, from the counters in shared memory (so the figures are
+ * those of all workers).  JSON, built with jansson; with ?format=prometheus,
+ * the Prometheus text exposition format.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <jansson.h>
+
+#include "ngx_http_upstream_affinity_module.h"
+
+
+/* names of affinity_route_e values; the status tells spills apart */
+static const char  *ngx_http_upstream_affinity_route_names[AFFINITY_ROUTES] = {
+    NULL,
+    "session_hit",
+    "session_new",
+    "session_moved",
+    "session_spill",
+    "fallback",
+    "prefix_hit",
+    "prefix_new"
+};
+
+
+/* one peer of an upstream, as reported */
+typedef struct {
+    ngx_str_t                               name;
+    ngx_uint_t                              backup;
+    affinity_peer_stats_t                   stats;
+} ngx_http_upstream_affinity_peer_status_t;
+
+
+/* one affinity upstream, as reported */
+typedef struct {
+    ngx_str_t                               name;
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
+    ngx_array_t                             peers;
+} ngx_http_upstream_affinity_upstream_status_t;
+
+
+/* a Prometheus response under construction */
+typedef struct {
+    ngx_http_request_t                     *r;
+    ngx_chain_t                            *out;
+    ngx_chain_t                           **last;
+    ngx_buf_t                              *b;
+    size_t                                  len;
+} ngx_http_upstream_affinity_text_t;
+
+
+static ngx_int_t ngx_http_upstream_affinity_status_handler(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
+    ngx_array_t *upstreams);
+static void ngx_http_upstream_affinity_zone_info(ngx_shm_zone_t *shm_zone,
+    affinity_zone_info_t *info);
+static ngx_int_t ngx_http_upstream_affinity_json(ngx_http_request_t *r,
+    ngx_array_t *upstreams, ngx_chain_t *out);
+static json_t *ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone);
+static ngx_int_t ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
+    ngx_array_t *upstreams, ngx_chain_t *out);
+static ngx_int_t ngx_http_upstream_affinity_printf(
+    ngx_http_upstream_affinity_text_t *t, const char *fmt, ...);
+static ngx_str_t *ngx_http_upstream_affinity_label(ngx_pool_t *pool,
+    ngx_str_t *value);
+
+
+char *
+ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    clcf->handler = ngx_http_upstream_affinity_status_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_status_handler(ngx_http_request_t *r)
+{
+    ngx_int_t     rc;
+    ngx_str_t     format;
+    ngx_uint_t    prometheus;
+    ngx_chain_t   out;
+    ngx_array_t   upstreams;
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    prometheus = ngx_http_arg(r, (u_char *) "format", 6, &format) == NGX_OK
+                 && format.len == 10
+                 && ngx_strncmp(format.data, "prometheus", 10) == 0;
+
+    if (ngx_array_init(&upstreams, r->pool, 4,
+                       sizeof(ngx_http_upstream_affinity_upstream_status_t))
+        != NGX_OK
+        || ngx_http_upstream_affinity_collect(r, &upstreams) != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (prometheus) {
+        ngx_str_set(&r->headers_out.content_type,
+                    "text/plain; version=0.0.4; charset=utf-8");
+        rc = ngx_http_upstream_affinity_prometheus(r, &upstreams, &out);
+
+    } else {
+        ngx_str_set(&r->headers_out.content_type, "application/json");
+        rc = ngx_http_upstream_affinity_json(r, &upstreams, &out);
+    }
+
+    if (rc != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.status = NGX_HTTP_OK;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+/*
+ * Reads the counters of every upstream that uses this balancer.  Peers are
+ * taken from the upstream's current list (the names) and the counter slots
+ * the module gave them (the figures).
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
+    ngx_array_t *upstreams)
+{
+    uint32_t                                       slot;
+    ngx_uint_t                                     i, j, backup;
+    affinity_zone_t                               *zone;
+    ngx_http_upstream_rr_peer_t                   *peer;
+    ngx_http_upstream_rr_peers_t                  *peers, *list;
+    ngx_http_upstream_srv_conf_t                 **uscfp;
+    ngx_http_upstream_main_conf_t                 *umcf;
+    ngx_http_upstream_affinity_srv_conf_t         *ascf;
+    ngx_http_upstream_affinity_peer_status_t      *ps;
+    ngx_http_upstream_affinity_shctx_t            *shctx;
+    ngx_http_upstream_affinity_upstream_status_t  *us;
+
+    umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;           /* an implicit upstream of proxy_pass */
+        }
+
+        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (ascf == NULL || ascf->counter_zone == NULL
+            || ascf->peers == NULL || uscfp[i]->peer.data == NULL)
+        {
+            continue;
+        }
+
+        us = ngx_array_push(upstreams);
+        if (us == NULL) {
+            return NGX_ERROR;
+        }
+
+        us->name = uscfp[i]->host;
+        us->conf = ascf;
+
+        if (ngx_array_init(&us->peers, r->pool, ascf->npeers + ascf->nbackup,
+                           sizeof(ngx_http_upstream_affinity_peer_status_t))
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        shctx = ascf->counter_zone->data;
+        zone = shctx->zone;
+        peers = uscfp[i]->peer.data;
+
+        ngx_http_upstream_rr_peers_rlock(peers);
+
+        for (list = peers, backup = 0; list; list = list->next, backup++) {
+
+            for (peer = list->peer, j = 0; peer; peer = peer->next, j++) {
+
+                if (backup) {
+                    slot = j < ascf->nbackup ? ascf->backup_slots[j]
+                                             : AFFINITY_NO_SLOT;
+                } else {
+                    slot = j < ascf->npeers ? ascf->peers[j].slot
+                                            : AFFINITY_NO_SLOT;
+                }
+
+                ps = ngx_array_push(&us->peers);
+                if (ps == NULL) {
+                    ngx_http_upstream_rr_peers_unlock(peers);
+                    return NGX_ERROR;
+                }
+
+                ps->name.data = ngx_pstrdup(r->pool, &peer->name);
+                if (ps->name.data == NULL) {
+                    ngx_http_upstream_rr_peers_unlock(peers);
+                    return NGX_ERROR;
+                }
+
+                ps->name.len = peer->name.len;
+                ps->backup = backup;
+
+                affinity_zone_peer_stats(zone, slot, &ps->stats);
+            }
+
+            if (backup) {
+                break;
+            }
+        }
+
+        ngx_http_upstream_rr_peers_unlock(peers);
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_upstream_affinity_zone_info(ngx_shm_zone_t *shm_zone,
+    affinity_zone_info_t *info)
+{
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    shctx = shm_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    affinity_zone_info(shctx->zone, info);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
+    ngx_chain_t *out)
+{
+    char                                          *text;
+    size_t                                         len;
+    json_t                                        *root, *all, *u, *list, *p;
+    json_t                                        *routes, *totals, *zones;
+    ngx_buf_t                                     *b;
+    ngx_uint_t                                     i, j, k;
+    ngx_http_upstream_affinity_peer_status_t      *ps;
+    ngx_http_upstream_affinity_upstream_status_t  *us;
+
+    root = json_object();
+    all = json_object();
+
+    if (root == NULL || all == NULL || json_object_set_new(root, "upstreams", all))
+    {
+        json_decref(root);
+        return NGX_ERROR;
+    }
+
+    us = upstreams->elts;
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        u = json_object();
+        list = json_array();
+        totals = json_object();
+        zones = json_object();
+
+        if (u == NULL || list == NULL || totals == NULL || zones == NULL
+            || json_object_setn_new(all, (char *) us[i].name.data,
+                                    us[i].name.len, u)
+            || json_object_set_new(u, "balance",
+                   json_pack("{s:f,s:i}",
+                             "factor", (double) us[i].conf->factor / 1000,
+                             "slack", (json_int_t) us[i].conf->slack))
+            || json_object_set_new(u, "zones", zones)
+            || json_object_set_new(u, "peers", list)
+            || json_object_set_new(u, "routes", totals))
+        {
+            json_decref(list);
+            json_decref(totals);
+            json_decref(zones);
+            goto failed;
+        }
+
+        if (us[i].conf->session_zone
+            && json_object_set_new(zones, "sessions",
+                   ngx_http_upstream_affinity_json_zone(
+                                                   us[i].conf->session_zone)))
+        {
+            goto failed;
+        }
+
+        if (us[i].conf->prefix_zone
+            && json_object_set_new(zones, "prefixes",
+                   ngx_http_upstream_affinity_json_zone(
+                                                   us[i].conf->prefix_zone)))
+        {
+            goto failed;
+        }
+
+        for (k = 1; k < AFFINITY_ROUTES; k++) {
+            if (json_object_set_new(totals,
+                                    ngx_http_upstream_affinity_route_names[k],
+                                    json_integer(0)))
+            {
+                goto failed;
+            }
+        }
+
+        ps = us[i].peers.elts;
+
+        for (j = 0; j < us[i].peers.nelts; j++) {
+            routes = json_object();
+            p = json_pack("{s:s%,s:b,s:I,s:I,s:I,s:I}",
+                          "name", (char *) ps[j].name.data, ps[j].name.len,
+                          "backup", (int) ps[j].backup,
+                          "inflight", (json_int_t)
+                                      ngx_max(ps[j].stats.inflight, 0),
+                          "requests", (json_int_t) ps[j].stats.requests,
+                          "failures", (json_int_t) ps[j].stats.failures,
+                          "pins", (json_int_t) ngx_max(ps[j].stats.pins, 0));
+
+            if (routes == NULL || p == NULL || json_array_append_new(list, p)
+                || json_object_set_new(p, "routes", routes))
+            {
+                json_decref(routes);
+                goto failed;
+            }
+
+            for (k = 1; k < AFFINITY_ROUTES; k++) {
+                json_int_t  n = (json_int_t) ps[j].stats.routes[k];
+                const char *name = ngx_http_upstream_affinity_route_names[k];
+
+                if (json_object_set_new(routes, name, json_integer(n))
+                    || json_object_set_new(totals, name,
+                           json_integer(json_integer_value(
+                                            json_object_get(totals, name))
+                                        + n)))
+                {
+                    goto failed;
+                }
+            }
+        }
+    }
+
+    text = json_dumps(root, JSON_INDENT(2));
+    json_decref(root);
+
+    if (text == NULL) {
+        return NGX_ERROR;
+    }
+
+    len = ngx_strlen(text);
+
+    b = ngx_create_temp_buf(r->pool, len + 1);
+    if (b == NULL) {
+        free(text);
+        return NGX_ERROR;
+    }
+
+    b->last = ngx_cpymem(b->last, text, len);
+    *b->last++ = '\n';
+    free(text);
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    out->buf = b;
+    out->next = NULL;
+
+    r->headers_out.content_length_n = b->last - b->pos;
+
+    return NGX_OK;
+
+failed:
+
+    json_decref(root);
+    return NGX_ERROR;
+}
+
+
+static json_t *
+ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
+{
+    affinity_zone_info_t  info;
+
+    ngx_http_upstream_affinity_zone_info(shm_zone, &info);
+
+    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I}",
+                     "name", (char *) shm_zone->shm.name.data,
+                     shm_zone->shm.name.len,
+                     "size", (json_int_t) shm_zone->shm.size,
+                     "capacity", (json_int_t) info.capacity,
+                     "entries", (json_int_t) info.used,
+                     "evictions", (json_int_t) info.evictions,
+                     "expiries", (json_int_t) info.expiries);
+}
+
+
+/*
+ * The Prometheus text format: each family once, with HELP and TYPE, then
+ * its samples for every upstream and peer.
+ */
+
+typedef enum {
+    NGX_HTTP_UPSTREAM_AFFINITY_INFLIGHT = 0,
+    NGX_HTTP_UPSTREAM_AFFINITY_REQUESTS,
+    NGX_HTTP_UPSTREAM_AFFINITY_FAILURES,
+    NGX_HTTP_UPSTREAM_AFFINITY_PINS
+} ngx_http_upstream_affinity_metric_e;
+
+
+static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
+    { "nginx_upstream_affinity_peer_inflight", "gauge",
+      "Requests in flight to the peer, from all workers." },
+    { "nginx_upstream_affinity_peer_requests_total", "counter",
+      "Requests sent to the peer (each try counts)." },
+    { "nginx_upstream_affinity_peer_failures_total", "counter",
+      "Tries that failed on the peer." },
+    { "nginx_upstream_affinity_peer_pins", "gauge",
+      "Sessions pinned to the peer." }
+};
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
+    ngx_array_t *upstreams, ngx_chain_t *out)
+{
+    int64_t                                        v;
+    ngx_str_t                                     *uname, *pname, *zname;
+    ngx_uint_t                                     i, j, k, m, z;
+    ngx_shm_zone_t                                *zone, *seen[64];
+    affinity_zone_info_t                           info;
+    ngx_http_upstream_affinity_text_t              t;
+    ngx_http_upstream_affinity_peer_status_t      *ps;
+    ngx_http_upstream_affinity_upstream_status_t  *us;
+
+    ngx_memzero(&t, sizeof(ngx_http_upstream_affinity_text_t));
+    t.r = r;
+    t.last = &t.out;
+
+    us = upstreams->elts;
+
+    for (m = 0; m < 4; m++) {
+        if (ngx_http_upstream_affinity_printf(&t, "# HELP %s %s\n# TYPE %s %s\n",
+                ngx_http_upstream_affinity_peer_metrics[m][0],
+                ngx_http_upstream_affinity_peer_metrics[m][2],
+                ngx_http_upstream_affinity_peer_metrics[m][0],
+                ngx_http_upstream_affinity_peer_metrics[m][1])
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        for (i = 0; i < upstreams->nelts; i++) {
+            uname = ngx_http_upstream_affinity_label(r->pool, &us[i].name);
+            if (uname == NULL) {
+                return NGX_ERROR;
+            }
+
+            ps = us[i].peers.elts;
+
+            for (j = 0; j < us[i].peers.nelts; j++) {
+                pname = ngx_http_upstream_affinity_label(r->pool,
+                                                         &ps[j].name);
+                if (pname == NULL) {
+                    return NGX_ERROR;
+                }
+
+                switch (m) {
+                case NGX_HTTP_UPSTREAM_AFFINITY_INFLIGHT:
+                    v = ngx_max(ps[j].stats.inflight, 0);
+                    break;
+                case NGX_HTTP_UPSTREAM_AFFINITY_REQUESTS:
+                    v = (int64_t) ps[j].stats.requests;
+                    break;
+                case NGX_HTTP_UPSTREAM_AFFINITY_FAILURES:
+                    v = (int64_t) ps[j].stats.failures;
+                    break;
+                default: /* NGX_HTTP_UPSTREAM_AFFINITY_PINS */
+                    v = ngx_max(ps[j].stats.pins, 0);
+                    break;
+                }
+
+                if (ngx_http_upstream_affinity_printf(&t,
+                        "%s{upstream=\"%V\",peer=\"%V\",backup=\"%s\"} %L\n",
+                        ngx_http_upstream_affinity_peer_metrics[m][0],
+                        uname, pname, ps[j].backup ? "true" : "false", v)
+                    != NGX_OK)
+                {
+                    return NGX_ERROR;
+                }
+            }
+        }
+    }
+
+    if (ngx_http_upstream_affinity_printf(&t,
+            "# HELP nginx_upstream_affinity_routes_total Requests by how "
+            "they were routed.\n"
+            "# TYPE nginx_upstream_affinity_routes_total counter\n")
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        uname = ngx_http_upstream_affinity_label(r->pool, &us[i].name);
+        if (uname == NULL) {
+            return NGX_ERROR;
+        }
+
+        ps = us[i].peers.elts;
+
+        for (j = 0; j < us[i].peers.nelts; j++) {
+            pname = ngx_http_upstream_affinity_label(r->pool, &ps[j].name);
+            if (pname == NULL) {
+                return NGX_ERROR;
+            }
+
+            for (k = 1; k < AFFINITY_ROUTES; k++) {
+                if (ngx_http_upstream_affinity_printf(&t,
+                        "nginx_upstream_affinity_routes_total{upstream=\"%V\","
+                        "peer=\"%V\",route=\"%s\"} %uL\n", uname, pname,
+                        ngx_http_upstream_affinity_route_names[k],
+                        ps[j].stats.routes[k])
+                    != NGX_OK)
+                {
+                    return NGX_ERROR;
+                }
+            }
+        }
+    }
+
+    /* zones, each once even when upstreams share it */
+
+    if (ngx_http_upstream_affinity_printf(&t,
+            "# HELP nginx_upstream_affinity_zone_capacity Entries the zone "
+            "holds at most.\n"
+            "# TYPE nginx_upstream_affinity_zone_capacity gauge\n"
+            "# HELP nginx_upstream_affinity_zone_entries Entries in use.\n"
+            "# TYPE nginx_upstream_affinity_zone_entries gauge\n"
+            "# HELP nginx_upstream_affinity_zone_evictions_total Entries "
+            "evicted to make room (least recently used).\n"
+            "# TYPE nginx_upstream_affinity_zone_evictions_total counter\n"
+            "# HELP nginx_upstream_affinity_zone_expiries_total Entries "
+            "dropped after their idle timeout.\n"
+            "# TYPE nginx_upstream_affinity_zone_expiries_total counter\n")
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    z = 0;
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        for (k = 0; k < 2; k++) {
+            zone = k ? us[i].conf->prefix_zone : us[i].conf->session_zone;
+
+            if (zone == NULL) {
+                continue;
+            }
+
+            for (j = 0; j < z; j++) {
+                if (seen[j] == zone) {
+                    break;
+                }
+            }
+
+            if (j < z || z == 64) {
+                continue;
+            }
+
+            seen[z++] = zone;
+
+            zname = ngx_http_upstream_affinity_label(r->pool,
+                                                     &zone->shm.name);
+            if (zname == NULL) {
+                return NGX_ERROR;
+            }
+
+            ngx_http_upstream_affinity_zone_info(zone, &info);
+
+            if (ngx_http_upstream_affinity_printf(&t,
+                    "nginx_upstream_affinity_zone_capacity"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
+                    "nginx_upstream_affinity_zone_entries"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
+                    "nginx_upstream_affinity_zone_evictions_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
+                    "nginx_upstream_affinity_zone_expiries_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n",
+                    zname, k ? "prefixes" : "sessions", info.capacity,
+                    zname, k ? "prefixes" : "sessions", info.used,
+                    zname, k ? "prefixes" : "sessions", info.evictions,
+                    zname, k ? "prefixes" : "sessions", info.expiries)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    if (t.b == NULL) {
+        return NGX_ERROR;
+    }
+
+    t.b->last_buf = (r == r->main) ? 1 : 0;
+    t.b->last_in_chain = 1;
+
+    *out = *t.out;
+    r->headers_out.content_length_n = t.len;
+
+    return NGX_OK;
+}
+
+
+/* Appends formatted text, starting a new 4k buffer when one fills up. */
+
+static ngx_int_t
+ngx_http_upstream_affinity_printf(ngx_http_upstream_affinity_text_t *t,
+    const char *fmt, ...)
+{
+    u_char       *p;
+    va_list       args;
+    ngx_chain_t  *cl;
+
+    /* every call writes less than a kilobyte: names are escaped addresses */
+
+    if (t->b == NULL || t->b->end - t->b->last < 1024) {
+        cl = ngx_alloc_chain_link(t->r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        t->b = ngx_create_temp_buf(t->r->pool, 4096);
+        if (t->b == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = t->b;
+        cl->next = NULL;
+        *t->last = cl;
+        t->last = &cl->next;
+    }
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(t->b->last, t->b->end, fmt, args);
+    va_end(args);
+
+    t->len += p - t->b->last;
+    t->b->last = p;
+
+    return NGX_OK;
+}
+
+
+/* A label value: backslash, double quote and line feed escaped. */
+
+static ngx_str_t *
+ngx_http_upstream_affinity_label(ngx_pool_t *pool, ngx_str_t *value)
+{
+    u_char     *p;
+    ngx_str_t  *s;
+    ngx_uint_t  i;
+
+    s = ngx_palloc(pool, sizeof(ngx_str_t));
+    if (s == NULL) {
+        return NULL;
+    }
+
+    /* at most 200 bytes of a name: a sample line stays under 1k */
+
+    s->data = ngx_pnalloc(pool, ngx_min(value->len, 200) * 2);
+    if (s->data == NULL) {
+        return NULL;
+    }
+
+    p = s->data;
+
+    for (i = 0; i < value->len && i < 200; i++) {
+        switch (value->data[i]) {
+        case '\\':
+            *p++ = '\\'; *p++ = '\\';
+            break;
+        case '"':
+            *p++ = '\\'; *p++ = '"';
+            break;
+        case '\n':
+            *p++ = '\\'; *p++ = 'n';
+            break;
+        default:
+            *p++ = value->data[i];
+        }
+    }
+
+    s->len = p - s->data;
+
+    return s;
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env perl
+
+# affinity_status: per upstream and peer counters after known traffic, in
+# JSON and in the Prometheus text format, exact across four workers.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use JSON::PP;
+use List::Util qw(sum);
+use Test::More;
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers);
+
+my $t = AffinityTest->new;
+my ($p1, $p2, $spare) = $t->start_backends(3);
+my $status_port = $t->port;
+
+# An upstream named with a double quote, to see label escaping.
+my $extra = <<'HTTP' =~ s/STATUS_PORT/$status_port/r;
+    upstream "odd\"name" {
+        server 127.0.0.1:1;
+        session_affinity zone=odd:128k;
+    }
+
+    server {
+        listen 127.0.0.1:STATUS_PORT;
+        location = /status { affinity_status; }
+    }
+HTTP
+
+my $upstream = servers([ $p1, $p2 ]) . servers([$spare], $spare => 'backup') . <<'UPSTREAM';
+        session_affinity zone=st_sessions:1m;
+        prefix_affinity zone=st_prefixes:1m;
+UPSTREAM
+
+$t->write_conf(proxy_conf($t, $upstream, http => $extra,
+                          location => '            proxy_next_upstream_tries 2;'));
+$t->start_nginx;
+
+sub status_json {
+    my $r = $t->http(GET => '/status', port => $status_port);
+    is $r->{status}, 200, 'status answers 200';
+    like $r->{headers}{'content-type'}, qr{^application/json}, 'as JSON';
+    return decode_json($r->{body});
+}
+
+my %json = ('Content-Type' => 'application/json');
+
+# Known traffic: 5 sessions twice each; 2 conversations of 2 turns; 3
+# requests with neither a session nor a prompt.
+for my $round (1, 2) {
+    $t->http(GET => '/', headers => { 'X-Session-ID' => "st-$_" }) for 1 .. 5;
+}
+for my $c (1, 2) {
+    my $m1 = qq({"role":"user","content":"conversation $c: ) . ('words ' x 30) . '"}';
+    my $m2 = qq({"role":"assistant","content":"reply $c"},{"role":"user","content":"more $c"});
+    $t->http(POST => '/', headers => \%json, body => qq({"model":"m","messages":[$m1]}));
+    $t->http(POST => '/', headers => \%json, body => qq({"model":"m","messages":[$m1,$m2]}));
+}
+$t->http(GET => '/') for 1 .. 3;
+
+my $s = status_json();
+my $u = $s->{upstreams}{llm};
+ok $u, 'the upstream is listed';
+ok exists $s->{upstreams}{'odd"name'}, 'every affinity upstream is listed';
+
+subtest 'JSON counters after known traffic' => sub {
+    is_deeply $u->{balance}, { factor => 1.25, slack => 2 }, 'balance parameters';
+    my @peers = @{ $u->{peers} };
+    is scalar(@peers), 3, 'three peers';
+    is_deeply [ map { $_->{backup} ? 1 : 0 } @peers ], [ 0, 0, 1 ], 'the backup is marked';
+
+    is sum(map { $_->{requests} } @peers), 17, '17 requests in all';
+    is sum(map { $_->{inflight} } @peers), 0, 'none in flight';
+    is sum(map { $_->{pins} } @peers), 5, 'five sessions pinned';
+
+    my %r = %{ $u->{routes} };
+    is $r{session_new}, 5, 'session_new';
+    is $r{session_hit}, 5, 'session_hit';
+    is $r{prefix_new}, 2, 'prefix_new';
+    is $r{prefix_hit}, 2, 'prefix_hit';
+    is $r{fallback}, 3, 'fallback';
+    is $r{session_moved} + $r{session_spill}, 0, 'nothing moved';
+
+    for my $p (@peers) {
+        is sum(values %{ $p->{routes} }), $p->{requests},
+            "$p->{name}: routes add up to its requests";
+    }
+
+    is $u->{zones}{sessions}{entries}, 5, 'session zone holds 5 entries';
+    is $u->{zones}{sessions}{name}, 'st_sessions', 'zone name';
+    ok $u->{zones}{sessions}{capacity} > 30000, "1m holds $u->{zones}{sessions}{capacity} pins";
+    # each ~250-character prompt reaches only the 100-character level, which
+    # both turns of a conversation share: one entry per conversation
+    is $u->{zones}{prefixes}{entries}, 2, 'prefix zone holds one level each';
+};
+
+subtest 'failures are counted' => sub {
+    $t->stop_backend($p1);
+    $t->http(GET => '/', headers => { 'X-Session-ID' => "st-$_" }) for 1 .. 5;
+    my ($dead) = grep { $_->{name} eq "127.0.0.1:$p1" } @{ status_json()->{upstreams}{llm}{peers} };
+    ok $dead->{failures} >= 1, "the stopped backend has $dead->{failures} failures";
+};
+
+subtest 'Prometheus text format' => sub {
+    my $r = $t->http(GET => '/status?format=prometheus', port => $status_port);
+    is $r->{status}, 200, 'served';
+    like $r->{headers}{'content-type'}, qr{^text/plain; version=0\.0\.4}, 'content type';
+
+    my (%help, %type, %samples, @bad);
+    for my $line (split /\n/, $r->{body}) {
+        if ($line =~ /^# HELP (\S+) \S/) { $help{$1}++; next }
+        if ($line =~ /^# TYPE (\S+) (counter|gauge)$/) {
+            push @bad, "TYPE after samples: $line" if $samples{$1};
+            $type{$1}++;
+            next;
+        }
+        if ($line =~ /^([a-z_]+)\{((?:[a-z]+="(?:[^"\\]|\\.)*",?)*)\} (\d+)$/) {
+            push @bad, "sample before its TYPE: $line" unless $type{$1};
+            $samples{$1}{$2} = $3;
+            next;
+        }
+        push @bad, $line;
+    }
+    is_deeply \@bad, [], 'every line is HELP, TYPE or a well-formed sample';
+    is scalar(grep { $help{$_} != 1 || ($type{$_} // 0) != 1 } keys %help), 0,
+        'each family has one HELP and one TYPE';
+
+    my $json = status_json()->{upstreams}{llm};
+    my $req = $samples{nginx_upstream_affinity_peer_requests_total};
+    for my $p (@{ $json->{peers} }) {
+        my $labels = sprintf 'upstream="llm",peer="%s",backup="%s"',
+            $p->{name}, $p->{backup} ? 'true' : 'false';
+        is $req->{$labels}, $p->{requests}, "requests of $p->{name} as in JSON";
+        is $samples{nginx_upstream_affinity_peer_pins}{$labels}, $p->{pins}, '  pins';
+    }
+
+    my $routes = $samples{nginx_upstream_affinity_routes_total};
+    is sum(map { $routes->{$_} } grep { /upstream="llm"/ && /route="session_new"/ } keys %$routes),
+        5, 'routes_total by route';
+
+    ok exists $samples{nginx_upstream_affinity_zone_entries}{'zone="st_sessions",kind="sessions"'},
+        'zone metrics';
+    ok scalar(grep { /upstream="odd\\"name"/ } keys %$req), 'label values are escaped';
+};
+
+$t->stop_nginx;
+is_deeply [ $t->log_problems ], [], 'no alert, crit, emerg or crash in error.log';
+
+done_testing;
