@@ -110,20 +110,38 @@ int place(const LoadBound &load, const Ring *ring, uint64_t hash, int skip,
     return i >= 0 ? i : load.least_loaded(skip, rotate);
 }
 
+int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
+                 const affinity_request_t &request,
+                 affinity_decision_t &decision) noexcept;
+
+// A new session is placed by its prompt when the prefix index knows it
+// (prefixes is set): a generated id, or a client that changed its id,
+// still lands where the prompt's prefix is cached.
 int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                   const affinity_peer_t *peers,
                   const affinity_request_t &request,
+                  PrefixTable *prefixes,
                   affinity_decision_t &decision) noexcept
 {
     SessionTable table(zone, request.now, request.timeout);
     SessionEntry *entry = table.find(request.key_hash);
 
     if (entry == nullptr) {
-        int i = place(load, ring, request.ring_hash, -1, request.rotate);
+        int i;
+        uint32_t prefix_len = 0;
+
+        if (prefixes) {
+            affinity_decision_t by_prompt;
+            i = route_prefix(*prefixes, ring, load, request, by_prompt);
+            prefix_len = by_prompt.prefix_len;
+
+        } else {
+            i = place(load, ring, request.ring_hash, -1, request.rotate);
+        }
 
         if (i >= 0) {
             table.repin(table.insert(request.key_hash), peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_NEW, 0};
+            decision = {i, AFFINITY_ROUTE_SESSION_NEW, prefix_len};
         }
 
         return i;
@@ -305,7 +323,8 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     int chosen;
 
     if (request.has_key && sessions) {
-        chosen = route_session(zone, ring, load, peers, request, decision);
+        chosen = route_session(zone, ring, load, peers, request,
+                               prefixes ? &table : nullptr, decision);
 
     } else if (prefixes) {
         chosen = route_prefix(table, ring, load, request, decision);

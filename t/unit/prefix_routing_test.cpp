@@ -609,24 +609,59 @@ TEST(PrefixRoute, SessionDecidesAndTheLevelsAreRecorded)
     }
     ASSERT_GE(s, 0);
 
+    // A new session is placed by its prompt (cold here: the ring position
+    // of its longest level), not by its key, and pinned there.
+    const int placed = f.ring_first(l1.back().hash);
+    ASSERT_NE(placed, s);
+
     Routed t1 = f.send(l1, true, key);
     EXPECT_EQ(t1.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW})
         << route_name(t1.decision.route);
-    EXPECT_EQ(t1.decision.peer, s);
+    EXPECT_EQ(t1.decision.peer, placed);
     EXPECT_EQ(t1.decision.prefix_len, 0u);
     EXPECT_EQ(f.session_zone().info().used, 1u);
-    EXPECT_EQ(f.peers_of(l1.back()), (std::vector<int>{s}));
+    EXPECT_EQ(f.peers_of(l1.back()), (std::vector<int>{placed}));
 
-    Routed again = f.send(l1, true, key);
+    // From then on the session decides.
+    Routed again = f.send(l2, true, key);
     EXPECT_EQ(again.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
-    EXPECT_EQ(again.decision.peer, s);
+    EXPECT_EQ(again.decision.peer, placed);
 
     // Without the key, the next turn finds the session's peer by prefix.
     Routed t2 = f.send(l2);
     EXPECT_EQ(t2.decision.route, kPrefixHit) << route_name(t2.decision.route);
-    EXPECT_EQ(t2.decision.peer, s);
-    EXPECT_EQ(t2.decision.prefix_len, l1.back().length);
+    EXPECT_EQ(t2.decision.peer, placed);
+    EXPECT_EQ(t2.decision.prefix_len, l2.back().length);
     EXPECT_EQ(f.session_zone().info().used, 1u);
+}
+
+TEST(PrefixRoute, NewSessionGoesWhereItsPromptIsCached)
+{
+    // A conversation served without an id; then a new id (generated, or a
+    // client that changed its id) continues it: the session is pinned
+    // where the conversation's prefix is, not where its key hashes.
+    Fleet f;
+    Conversation c(22, words(10, 500));
+    std::vector<affinity_level_t> l1 = levels_of(c.body(1));
+    std::vector<affinity_level_t> l2 = levels_of(c.body(2));
+
+    Routed t1 = f.send(l1);
+    ASSERT_EQ(t1.decision.route, kPrefixNew);
+    const int home = t1.decision.peer;
+
+    for (size_t i = 0; i < 20; i++) {
+        std::string key = "fresh-" + std::to_string(i);
+        Routed r = f.send(l2, true, key);
+        EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+        EXPECT_EQ(r.decision.peer, home) << key;
+        // turn 1's prefix, then turn 2's too once a session recorded it
+        EXPECT_EQ(r.decision.prefix_len,
+                  i == 0 ? l1.back().length : l2.back().length);
+
+        Routed next = f.send(l2, true, key);
+        EXPECT_EQ(next.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+        EXPECT_EQ(next.decision.peer, home);
+    }
 }
 
 TEST(PrefixRoute, IndexEntriesExpireAfterThePrefixTimeout)
