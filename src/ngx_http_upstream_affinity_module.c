@@ -448,7 +448,8 @@ ngx_http_upstream_affinity_claim_slots(
 static ngx_int_t
 ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf)
 {
-#if (NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V3 || NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V2)
+#if (NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V3                                    \
+     || NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V2)
     const char  *level;
 
     __builtin_cpu_init();

@@ -104,7 +104,7 @@ typedef struct {
 typedef struct {
     ngx_str_t                               key;
     ngx_uint_t                              route;      /* affinity_route_e */
-    ngx_uint_t                              source;     /* where key came from */
+    ngx_uint_t                              source;     /* key's source */
     ngx_uint_t                              prefix_len; /* matched level */
     affinity_level_t                       *levels;
     ngx_uint_t                              nlevels;

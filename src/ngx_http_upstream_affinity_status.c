@@ -274,7 +274,8 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
     root = json_object();
     all = json_object();
 
-    if (root == NULL || all == NULL || json_object_set_new(root, "upstreams", all))
+    if (root == NULL || all == NULL
+        || json_object_set_new(root, "upstreams", all))
     {
         json_decref(root);
         return NGX_ERROR;
@@ -465,7 +466,8 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     us = upstreams->elts;
 
     for (m = 0; m < 4; m++) {
-        if (ngx_http_upstream_affinity_printf(&t, "# HELP %s %s\n# TYPE %s %s\n",
+        if (ngx_http_upstream_affinity_printf(&t,
+                "# HELP %s %s\n# TYPE %s %s\n",
                 ngx_http_upstream_affinity_peer_metrics[m][0],
                 ngx_http_upstream_affinity_peer_metrics[m][2],
                 ngx_http_upstream_affinity_peer_metrics[m][0],
