@@ -10,6 +10,8 @@
 #   make bench-quick     trace replay on a slice, main policies (< 5 min)
 #   make bench           everything: whole trace, all policies, throughput
 #                        against hash consistent, microbenchmarks
+#   make test-matrix     e2e tests against several nginx versions
+#   make install         module and load_module snippet, as Debian lays out
 #   make clean
 
 NGINX_SRC ?=
@@ -88,3 +90,29 @@ demo: module
 
 clean:
 	rm -rf $(BUILD)
+
+# nginx versions to run the e2e tests against (scripts/test-matrix.sh): the
+# installed Debian nginx, others built from Debian's upstream source.
+MATRIX_VERSIONS ?= 1.22.1 1.26.3
+
+# make install / make uninstall: the module, a load_module snippet in
+# modules-available and its symlink in modules-enabled, laid out as Debian's
+# libnginx-mod-* packages do.  For packaging: DESTDIR, PREFIX (/usr),
+# SYSCONFDIR (/etc), NGINX_MODULES_DIR (default: --modules-path of
+# nginx -V), NGINX_MODULE_ENABLE=0 (no modules-enabled symlink).
+DESTDIR    ?=
+PREFIX     ?= /usr
+SYSCONFDIR ?= /etc
+INSTALL_ENV = DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" \
+              SYSCONFDIR="$(SYSCONFDIR)" NGINX_BIN="$(NGINX_BIN)"
+
+.PHONY: test-matrix install uninstall
+
+test-matrix: deps
+	@scripts/test-matrix.sh $(MATRIX_VERSIONS)
+
+install: module
+	@$(INSTALL_ENV) scripts/install-module.sh install
+
+uninstall:
+	@$(INSTALL_ENV) scripts/install-module.sh uninstall

@@ -1,0 +1,153 @@
+#!/bin/sh
+# Install or uninstall build/ngx_http_upstream_affinity_module.so the way
+# Debian's libnginx-mod-* packages lay a dynamic module out:
+#
+#   <modules dir>/ngx_http_upstream_affinity_module.so
+#   PREFIX/share/nginx/modules-available/mod-http-upstream-affinity.conf
+#       load_module modules/ngx_http_upstream_affinity_module.so;
+#   SYSCONFDIR/nginx/modules-enabled/50-mod-http-upstream-affinity.conf
+#       symlink to the file above
+#
+#   scripts/install-module.sh install | uninstall
+#
+# Environment (make install / make uninstall pass them through):
+#
+#   DESTDIR               staging root for packaging (default: none)
+#   PREFIX                /usr
+#   SYSCONFDIR            /etc
+#   NGINX_BIN             the nginx whose modules dir to use (/usr/sbin/nginx)
+#   NGINX_MODULES_DIR     default: --modules-path= of "nginx -V", else
+#                         <nginx --prefix>/modules, else /usr/lib/nginx/modules;
+#                         PREFIX/lib/nginx/modules when PREFIX is not /usr
+#   NGINX_MODULE_ENABLE   0: no modules-enabled symlink (a package would
+#                         create it in its postinst, as dh_nginx does)
+#   NGINX_LOAD_MODULE     the path written after load_module; default
+#                         modules/<so> when <nginx prefix>/modules is the
+#                         modules dir (Debian), else the absolute path
+#
+# uninstall removes the files and symlink, and the directories install had
+# to create (recorded in build/install-manifest; only if empty).
+set -eu
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+so=ngx_http_upstream_affinity_module.so
+conf=mod-http-upstream-affinity.conf
+link=50-$conf
+
+DESTDIR=${DESTDIR:-}
+DESTDIR=${DESTDIR%/}
+PREFIX=${PREFIX:-/usr}
+SYSCONFDIR=${SYSCONFDIR:-/etc}
+NGINX_BIN=${NGINX_BIN:-/usr/sbin/nginx}
+enable=${NGINX_MODULE_ENABLE:-1}
+
+# Configure arguments of the nginx binary, if there is one.
+nginx_args=""
+if [ -x "$NGINX_BIN" ]; then
+    nginx_args=$("$NGINX_BIN" -V 2>&1 | sed -n 's/^configure arguments: //p')
+fi
+nginx_arg() {
+    printf '%s\n' "$nginx_args" | tr ' ' '\n' | sed -n "s/^--$1=//p" | tail -n 1
+}
+
+nginx_prefix=""
+if [ -x "$NGINX_BIN" ]; then
+    nginx_prefix=$(nginx_arg prefix)
+    nginx_prefix=${nginx_prefix:-/usr/local/nginx}
+fi
+
+if [ -n "${NGINX_MODULES_DIR:-}" ]; then
+    moddir=$NGINX_MODULES_DIR
+elif [ "$PREFIX" != /usr ]; then
+    moddir=$PREFIX/lib/nginx/modules
+else
+    moddir=$(nginx_arg modules-path)
+    if [ -z "$moddir" ] && [ -n "$nginx_prefix" ]; then
+        moddir=$nginx_prefix/modules
+    fi
+    moddir=${moddir:-/usr/lib/nginx/modules}
+fi
+available=$PREFIX/share/nginx/modules-available
+enabled=$SYSCONFDIR/nginx/modules-enabled
+
+load=${NGINX_LOAD_MODULE:-}
+if [ -z "$load" ]; then
+    if [ -n "$nginx_prefix" ] && [ "$(readlink -m "$nginx_prefix/modules")" = \
+                                   "$(readlink -m "$moddir")" ]; then
+        load=modules/$so
+    else
+        load=$moddir/$so
+    fi
+fi
+
+manifest=$repo/build/install-manifest
+[ -z "$DESTDIR" ] || manifest=$manifest$(printf '%s' "$DESTDIR" | tr '/' '_')
+
+say() { printf 'install-module: %s\n' "$*" >&2; }
+
+# mkdir -p that records, in the manifest, each directory it creates under
+# DESTDIR (DESTDIR itself is created if needed, and not recorded).
+make_dir() {
+    [ -z "$DESTDIR" ] || mkdir -p "$DESTDIR"
+    dir=$1
+    missing=""
+    while [ "$dir" != / ] && [ ! -d "$DESTDIR$dir" ]; do
+        missing="$dir $missing"
+        dir=$(dirname "$dir")
+    done
+    for dir in $missing; do
+        mkdir -m 0755 "$DESTDIR$dir"
+        say "created $DESTDIR$dir"
+        echo "$dir" >> "$manifest"
+    done
+}
+
+install_module() {
+    if [ ! -f "$repo/build/$so" ]; then
+        say "build/$so not found; run make first"
+        exit 1
+    fi
+    mkdir -p "$repo/build"
+    touch "$manifest"
+
+    make_dir "$moddir"
+    make_dir "$available"
+    install -m 0644 "$repo/build/$so" "$DESTDIR$moddir/$so"
+    say "installed $DESTDIR$moddir/$so"
+
+    printf 'load_module %s;\n' "$load" > "$DESTDIR$available/$conf.tmp"
+    chmod 0644 "$DESTDIR$available/$conf.tmp"
+    mv -f "$DESTDIR$available/$conf.tmp" "$DESTDIR$available/$conf"
+    say "installed $DESTDIR$available/$conf (load_module $load;)"
+
+    if [ "$enable" != 0 ]; then
+        make_dir "$enabled"
+        ln -sfn "$available/$conf" "$DESTDIR$enabled/$link"
+        say "linked $DESTDIR$enabled/$link -> $available/$conf"
+    fi
+}
+
+uninstall_module() {
+    for f in "$DESTDIR$enabled/$link" "$DESTDIR$available/$conf" \
+             "$DESTDIR$moddir/$so"; do
+        if [ -e "$f" ] || [ -L "$f" ]; then
+            rm -f "$f"
+            say "removed $f"
+        fi
+    done
+    # Directories install created, deepest first, if nothing else is there.
+    if [ -f "$manifest" ]; then
+        sort -r -u "$manifest" | while read -r dir; do
+            if [ -d "$DESTDIR$dir" ] && rmdir "$DESTDIR$dir" 2>/dev/null; then
+                say "removed $DESTDIR$dir"
+            fi
+        done
+        rm -f "$manifest"
+    fi
+}
+
+case "${1:-}" in
+    install)   install_module ;;
+    uninstall) uninstall_module ;;
+    *)         echo "usage: $0 install|uninstall" >&2; exit 2 ;;
+esac
