@@ -32,6 +32,7 @@ static const char  *ngx_http_upstream_affinity_route_names[AFFINITY_ROUTES] = {
 /* one peer of an upstream, as reported */
 typedef struct {
     ngx_str_t                               name;
+    ngx_str_t                              *label;  /* name, escaped */
     ngx_uint_t                              backup;
     affinity_peer_stats_t                   stats;
 } ngx_http_upstream_affinity_peer_status_t;
@@ -40,6 +41,7 @@ typedef struct {
 /* one affinity upstream, as reported */
 typedef struct {
     ngx_str_t                               name;
+    ngx_str_t                              *label;  /* name, escaped */
     ngx_http_upstream_affinity_srv_conf_t  *conf;
     ngx_array_t                             peers;
 } ngx_http_upstream_affinity_upstream_status_t;
@@ -451,7 +453,7 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out)
 {
     int64_t                                        v;
-    ngx_str_t                                     *uname, *pname, *zname;
+    ngx_str_t                                     *zname;
     ngx_uint_t                                     i, j, k, m, z;
     ngx_shm_zone_t                                *zone, *seen[64];
     affinity_zone_info_t                           info;
@@ -464,6 +466,25 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     t.last = &t.out;
 
     us = upstreams->elts;
+
+    /* label values, escaped once for all the families that use them */
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        us[i].label = ngx_http_upstream_affinity_label(r->pool, &us[i].name);
+        if (us[i].label == NULL) {
+            return NGX_ERROR;
+        }
+
+        ps = us[i].peers.elts;
+
+        for (j = 0; j < us[i].peers.nelts; j++) {
+            ps[j].label = ngx_http_upstream_affinity_label(r->pool,
+                                                           &ps[j].name);
+            if (ps[j].label == NULL) {
+                return NGX_ERROR;
+            }
+        }
+    }
 
     for (m = 0; m < 4; m++) {
         if (ngx_http_upstream_affinity_printf(&t,
@@ -478,19 +499,9 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
         }
 
         for (i = 0; i < upstreams->nelts; i++) {
-            uname = ngx_http_upstream_affinity_label(r->pool, &us[i].name);
-            if (uname == NULL) {
-                return NGX_ERROR;
-            }
-
             ps = us[i].peers.elts;
 
             for (j = 0; j < us[i].peers.nelts; j++) {
-                pname = ngx_http_upstream_affinity_label(r->pool,
-                                                         &ps[j].name);
-                if (pname == NULL) {
-                    return NGX_ERROR;
-                }
 
                 switch (m) {
                 case NGX_HTTP_UPSTREAM_AFFINITY_INFLIGHT:
@@ -510,7 +521,8 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                 if (ngx_http_upstream_affinity_printf(&t,
                         "%s{upstream=\"%V\",peer=\"%V\",backup=\"%s\"} %L\n",
                         ngx_http_upstream_affinity_peer_metrics[m][0],
-                        uname, pname, ps[j].backup ? "true" : "false", v)
+                        us[i].label, ps[j].label,
+                        ps[j].backup ? "true" : "false", v)
                     != NGX_OK)
                 {
                     return NGX_ERROR;
@@ -529,23 +541,14 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     }
 
     for (i = 0; i < upstreams->nelts; i++) {
-        uname = ngx_http_upstream_affinity_label(r->pool, &us[i].name);
-        if (uname == NULL) {
-            return NGX_ERROR;
-        }
-
         ps = us[i].peers.elts;
 
         for (j = 0; j < us[i].peers.nelts; j++) {
-            pname = ngx_http_upstream_affinity_label(r->pool, &ps[j].name);
-            if (pname == NULL) {
-                return NGX_ERROR;
-            }
-
             for (k = 1; k < AFFINITY_ROUTES; k++) {
                 if (ngx_http_upstream_affinity_printf(&t,
                         "nginx_upstream_affinity_routes_total{upstream=\"%V\","
-                        "peer=\"%V\",route=\"%s\"} %uL\n", uname, pname,
+                        "peer=\"%V\",route=\"%s\"} %uL\n",
+                        us[i].label, ps[j].label,
                         ngx_http_upstream_affinity_route_names[k],
                         ps[j].stats.routes[k])
                     != NGX_OK)
