@@ -29,6 +29,7 @@ LoadBound::LoadBound(const Zone &zone, const affinity_peer_t *peers,
         }
 
         inflight_[i] = n;
+        short_ids_[i] = short_peer_id(peers[i].id);
 
         // Failed peers carry no new load and do not lower everyone's bound.
         if (peers[i].state != AFFINITY_PEER_FAILED) {
@@ -90,7 +91,7 @@ int LoadBound::index_of(uint64_t peer_id) const noexcept
 int LoadBound::index_of_short(uint32_t short_id) const noexcept
 {
     for (size_t i = 0; i < npeers_; i++) {
-        if (short_peer_id(peers_[i].id) == short_id) {
+        if (short_ids_[i] == short_id) {
             return static_cast<int>(i);
         }
     }
@@ -110,7 +111,8 @@ int place(const LoadBound &load, const Ring *ring, uint64_t hash, int skip,
     return i >= 0 ? i : load.least_loaded(skip, rotate);
 }
 
-int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
+int route_prefix(PrefixTable &table, const uint64_t *keys,
+                 const Ring *ring, const LoadBound &load,
                  const affinity_request_t &request,
                  affinity_decision_t &decision) noexcept;
 
@@ -120,7 +122,7 @@ int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
 int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                   const affinity_peer_t *peers,
                   const affinity_request_t &request,
-                  PrefixTable *prefixes,
+                  PrefixTable *prefixes, const uint64_t *keys,
                   affinity_decision_t &decision) noexcept
 {
     SessionTable table(zone, request.now, request.timeout);
@@ -132,7 +134,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
         if (prefixes) {
             affinity_decision_t by_prompt;
-            i = route_prefix(*prefixes, ring, load, request, by_prompt);
+            i = route_prefix(*prefixes, keys, ring, load, request, by_prompt);
             prefix_len = by_prompt.prefix_len;
 
         } else {
@@ -215,14 +217,15 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // with) says little about where this prompt belongs, and following it would
 // pile every new conversation onto one peer: the prompt is placed on the
 // ring by its own longest level, with bounded load, like a cold one.
-int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
+int route_prefix(PrefixTable &table, const uint64_t *keys,
+                 const Ring *ring, const LoadBound &load,
                  const affinity_request_t &request,
                  affinity_decision_t &decision) noexcept
 {
     uint64_t own = request.levels[request.nlevels - 1].hash;
 
     for (size_t j = request.nlevels; j-- > 0;) {
-        PrefixEntry *entry = table.find(table.key(request.levels[j].hash));
+        PrefixEntry *entry = table.find(keys[j]);
 
         if (entry == nullptr) {
             continue;
@@ -283,15 +286,14 @@ int route_prefix(PrefixTable &table, const Ring *ring, const LoadBound &load,
 // Records every level of the prompt for the peer that got it, and counts a
 // continuation of the longest level that was already known: that is where
 // this prompt branches off what was seen before.
-void record_levels(PrefixTable &table, const affinity_request_t &request,
+void record_levels(PrefixTable &table, const uint64_t *keys, size_t nkeys,
                    uint64_t peer_id) noexcept
 {
     size_t branch = SIZE_MAX;
     bool known = false;
 
-    for (size_t j = 0; j < request.nlevels; j++) {
-        bool existed = table.record(table.key(request.levels[j].hash),
-                                    peer_id);
+    for (size_t j = 0; j < nkeys; j++) {
+        bool existed = table.record(keys[j], peer_id);
 
         if (known && !existed) {
             branch = j - 1;
@@ -300,7 +302,7 @@ void record_levels(PrefixTable &table, const affinity_request_t &request,
     }
 
     if (branch != SIZE_MAX) {
-        table.add_fork(table.key(request.levels[branch].hash));
+        table.add_fork(keys[branch]);
     }
 }
 
@@ -320,14 +322,27 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
                     && request.levels != nullptr;
     Zone index(request.prefixes);
     PrefixTable table(index, request.now, request.prefix_timeout);
+
+    // Each level's key in this zone, mixed once for lookups and records.
+    uint64_t keys[AFFINITY_MAX_LEVELS];
+    size_t nkeys = prefixes ? std::min<size_t>(request.nlevels,
+                                               AFFINITY_MAX_LEVELS)
+                            : 0;
+    for (size_t j = 0; j < nkeys; j++) {
+        keys[j] = table.key(request.levels[j].hash);
+    }
+
+    affinity_request_t capped = request;
+    capped.nlevels = static_cast<uint32_t>(nkeys);
+
     int chosen;
 
     if (request.has_key && sessions) {
-        chosen = route_session(zone, ring, load, peers, request,
-                               prefixes ? &table : nullptr, decision);
+        chosen = route_session(zone, ring, load, peers, capped,
+                               prefixes ? &table : nullptr, keys, decision);
 
     } else if (prefixes) {
-        chosen = route_prefix(table, ring, load, request, decision);
+        chosen = route_prefix(table, keys, ring, load, capped, decision);
 
     } else {
         chosen = load.least_loaded(-1, request.rotate);
@@ -345,7 +360,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     // The chosen peer now holds every level of this prompt in its cache:
     // later prompts that extend it will find it, whatever routed this one.
     if (prefixes) {
-        record_levels(table, request, peers[chosen].id);
+        record_levels(table, keys, nkeys, peers[chosen].id);
     }
 
     uint32_t slot = peers[chosen].slot;

@@ -55,6 +55,7 @@ private:
     const affinity_peer_t *peers_;
     size_t npeers_;
     int64_t inflight_[kMaxPeers];
+    uint32_t short_ids_[kMaxPeers];     // what prefix entries store
     double share_per_weight_;
     double factor_;
     double slack_;
