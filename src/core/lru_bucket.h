@@ -63,12 +63,15 @@ struct LruBucket {
         return &entries[0];
     }
 
-    // The live entry with key, moved to the front; nullptr if absent.
-    Entry *find(uint64_t key, size_t live)
+    // The live entry with key, used now: moved to the front, its last use
+    // stamped.  nullptr if absent.
+    Entry *find(uint64_t key, size_t live, uint32_t now)
     {
         for (size_t i = 0; i < live; i++) {
             if (entries[i].key == key) {
-                return promote(i);
+                Entry *e = promote(i);
+                e->last_used = now;
+                return e;
             }
         }
         return nullptr;

@@ -29,20 +29,14 @@ size_t PrefixTable::expire(PrefixBucket &bucket) noexcept
 PrefixEntry *PrefixTable::find(uint64_t key) noexcept
 {
     PrefixBucket &bucket = zone_.bucket_of<PrefixBucket>(key);
-    PrefixEntry *entry = bucket.find(key, expire(bucket));
-
-    if (entry) {
-        entry->last_used = now_;
-    }
-
-    return entry;
+    return bucket.find(key, expire(bucket), now_);
 }
 
 bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
 {
     PrefixBucket &bucket = zone_.bucket_of<PrefixBucket>(key);
     size_t live = expire(bucket);
-    PrefixEntry *entry = bucket.find(key, live);
+    PrefixEntry *entry = bucket.find(key, live, now_);
     bool existed = entry != nullptr;
 
     if (!existed) {

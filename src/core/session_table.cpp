@@ -30,13 +30,7 @@ size_t SessionTable::expire(SessionBucket &bucket) noexcept
 SessionEntry *SessionTable::find(uint64_t key) noexcept
 {
     SessionBucket &bucket = zone_.bucket_of<SessionBucket>(key);
-    SessionEntry *entry = bucket.find(key, expire(bucket));
-
-    if (entry) {
-        entry->last_used = now_;
-    }
-
-    return entry;
+    return bucket.find(key, expire(bucket), now_);
 }
 
 SessionEntry *SessionTable::insert(uint64_t key) noexcept
