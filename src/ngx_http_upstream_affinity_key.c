@@ -145,9 +145,9 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx, ngx_str_t *path, ngx_str_t *value)
 {
     size_t            len;
-    u_char           *out;
     ngx_int_t         rc;
     affinity_field_e  frc;
+    u_char            out[NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX];
 
     if (ctx->body.read && ctx->body.invalid) {
         /* an earlier field found the body is not a JSON object */
@@ -160,14 +160,9 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
         return rc;
     }
 
-    out = ngx_pnalloc(r->pool, NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX);
-    if (out == NULL) {
-        return NGX_ERROR;
-    }
-
     frc = affinity_json_field((char *) ctx->body.data, ctx->body.len,
                               (char *) path->data, path->len, (char *) out,
-                              NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX, &len);
+                              sizeof(out), &len);
 
     if (frc == AFFINITY_FIELD_INVALID) {
         ngx_http_upstream_affinity_warn(r,
@@ -183,7 +178,14 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    value->data = out;
+    /* only a key that was found is kept, at its own length */
+
+    value->data = ngx_pnalloc(r->pool, len);
+    if (value->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(value->data, out, len);
     value->len = len;
 
     return NGX_OK;
