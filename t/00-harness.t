@@ -1,7 +1,8 @@
 #!/usr/bin/env perl
 
-# Self-test of the test harness (t/lib/AffinityTest.pm) and the mock backend
-# (t/backend.pl), using plain nginx round-robin without the module.
+# Self-test of the test harness (t/lib/AffinityTest.pm), the mock backend
+# (t/backend.pl) and the mock DNS server (t/dns.pl), using plain nginx
+# round-robin and nginx's resolver without the module.
 
 use strict;
 use warnings;
@@ -9,6 +10,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use IO::Select;
 use IO::Socket::INET;
 use Test::More;
 use Time::HiRes qw(time);
@@ -26,6 +28,18 @@ sub raw_exchange {
     local $/;
     my $reply = <$sock>;
     return $reply // '';
+}
+
+# Sends one raw UDP packet to the DNS server, returns the reply or undef if
+# none came within $timeout seconds.
+sub dns_exchange {
+    my ($port, $packet, $timeout) = @_;
+    my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+        Proto => 'udp') or die "udp socket: $!";
+    send($sock, $packet, 0) or die "send: $!";
+    return undef unless IO::Select->new($sock)->can_read($timeout // 1);
+    recv($sock, my $reply, 65535, 0);
+    return $reply;
 }
 
 sub ports_seen {
@@ -94,9 +108,105 @@ subtest 'backend direct' => sub {
     ok $closed->{error}, "with an error ($closed->{error})";
 };
 
+# --- other loopback addresses, DNS ------------------------------------------
+
+# Two backends sharing a port on other addresses, as a DNS name's servers.
+my $shared = $t->port;
+my $at3 = $t->start_backend_at('127.0.0.3', $shared);
+my $at4 = $t->start_backend_at('127.0.0.4', $shared);
+my $dns = $t->start_dns('app.test' => ['127.0.0.3', '127.0.0.4'], 'empty.test' => []);
+
+subtest 'backend on another address' => sub {
+    is $at3, "127.0.0.3:$shared", 'key is ADDR:PORT';
+    is_deeply [$t->backend_keys], [(sort { $a <=> $b } @all), $at3, $at4], 'backend_keys';
+    is_deeply [$t->backend_ports], [sort { $a <=> $b } @all], 'backend_ports: 127.0.0.1 only';
+
+    my $res = $t->http(GET => '/x', port => $at3);
+    is $res->{status}, 200, 'status';
+    is $res->{body}, "127.0.0.3:$shared\n", 'body is ADDR:PORT';
+    is $res->{headers}{'x-backend-port'}, $shared, 'X-Backend-Port';
+    is $res->{headers}{'x-backend-addr'}, "127.0.0.3:$shared", 'X-Backend-Addr';
+    $res = $t->http(GET => '/x', host => '127.0.0.4', port => $shared);
+    is $res->{body}, "127.0.0.4:$shared\n", 'host option';
+    ok !exists $t->http(GET => '/', port => $fast1)->{headers}{'x-backend-addr'},
+        'no X-Backend-Addr on 127.0.0.1';
+    is $t->http(GET => '/', port => $shared)->{status}, 0, 'nothing on 127.0.0.1:shared';
+
+    my $stats = $t->backend_stats($at3);
+    is_deeply [@$stats{qw(port addr requests)}], [$shared, '127.0.0.3', 1], 'stats';
+    ok $t->backend_reset($at3), 'reset';
+    is $t->backend_stats($at3)->{requests}, 0, 'reset worked';
+
+    $t->stop_backend($at4);
+    is $t->http(GET => '/', port => $at4)->{status}, 0, 'stopped: refuses connections';
+    is $t->http(GET => '/', port => $at3)->{status}, 200, 'the other address still answers';
+    is $t->start_backend($at4), $at4, 'restarted by key';
+    is $t->http(GET => '/', port => $at4)->{body}, "127.0.0.4:$shared\n", 'answers again';
+};
+
+subtest 'dns server' => sub {
+    is $t->dns_port, $dns, 'dns_port';
+
+    my $r = $t->dns_query('app.test');
+    is $r->{rcode}, 'NOERROR', 'A: NOERROR';
+    is sprintf('%04x', $r->{flags}), '8580', 'QR AA RD RA set';
+    is $r->{question}, 'app.test', 'question echoed';
+    is_deeply $r->{addrs}, ['127.0.0.3', '127.0.0.4'], 'both addresses';
+    is_deeply $r->{ttls}, [1, 1], 'TTL 1';
+
+    is_deeply $t->dns_query('APP.Test.')->{addrs}, ['127.0.0.3', '127.0.0.4'],
+        'case and trailing dot ignored';
+    $r = $t->dns_query('app.test', type => 'AAAA');
+    is_deeply [@$r{qw(rcode answers)}], ['NOERROR', 0], 'AAAA: NOERROR, no answers';
+    $r = $t->dns_query('app.test', type => 15);
+    is_deeply [@$r{qw(rcode answers)}], ['NOERROR', 0], 'MX: NOERROR, no answers';
+    $r = $t->dns_query('empty.test');
+    is_deeply [@$r{qw(rcode answers)}], ['NOERROR', 0], 'name without addresses';
+    $r = $t->dns_query('missing.test');
+    is_deeply [@$r{qw(rcode answers)}], ['NXDOMAIN', 0], 'unknown name: NXDOMAIN';
+    is sprintf('%04x', $r->{flags}), '8583', 'NXDOMAIN flags';
+
+    ok $t->set_dns('app.test' => '127.0.0.4', 'new.test' => ['127.0.0.5', '127.0.0.6']),
+        'set_dns';
+    is_deeply $t->dns_query('app.test')->{addrs}, ['127.0.0.4'], 'changed at once';
+    is_deeply $t->dns_query('new.test')->{addrs}, ['127.0.0.5', '127.0.0.6'], 'name added';
+    is $t->dns_query('empty.test')->{rcode}, 'NXDOMAIN', 'name left out is gone';
+    ok !eval { $t->set_dns('x.test' => '1.2.3'); 1 }, 'bad address refused';
+    like $@, qr/bad IPv4 address/, 'with a message';
+    ok !eval { $t->start_dns('y.test' => '1.2.3.4'); 1 }, 'only one DNS server';
+
+    # Malformed packets are ignored or refused, never fatal.
+    my $query = sub { pack('n n n n n n', 7, @_[0, 1], 0, 0, 0) . $_[2] };
+    my $q = "\3app\4test\0" . pack('n n', 1, 1);
+    is dns_exchange($dns, "\0\1\2", 0.3), undef, 'short packet ignored';
+    is dns_exchange($dns, $query->(0x8000, 1, $q), 0.3), undef, 'response ignored';
+    my $reply = dns_exchange($dns, $query->(0x0100, 1, "\xc0\x0c" . pack('n n', 1, 1)));
+    is length($reply) && unpack('x2 n', $reply) & 0xf, 1, 'compression pointer: FORMERR';
+    $reply = dns_exchange($dns, $query->(0x0100, 1, "\3app\7te"));
+    is length($reply) && unpack('x2 n', $reply) & 0xf, 1, 'truncated name: FORMERR';
+    $reply = dns_exchange($dns, $query->(0x0100, 2, $q . $q));
+    is length($reply) && unpack('x2 n', $reply) & 0xf, 1, 'two questions: FORMERR';
+    $reply = dns_exchange($dns, $query->(0x1100, 1, $q));
+    is length($reply) && unpack('x2 n', $reply) & 0xf, 4, 'opcode 2: NOTIMP';
+    $reply = dns_exchange($dns, $query->(0x0000, 1, "\3app\4test\0" . pack('n n', 1, 3)));
+    is length($reply) && unpack('x2 n', $reply), 0x8485, 'class CH: REFUSED, RD not set';
+    is_deeply $t->dns_query('app.test')->{addrs}, ['127.0.0.4'], 'still answering';
+
+    $t->stop_dns;
+    is $t->dns_port, undef, 'stopped';
+    my $none = $t->dns_query('app.test', port => $dns, timeout => 0.3);
+    ok !defined $none->{rcode} && $none->{error}, "no answer ($none->{error})";
+    is $t->start_dns({ port => $dns, ttl => 5 }, 'app.test' => '127.0.0.3'), $dns,
+        'restarted on the same port';
+    is_deeply $t->dns_query('app.test')->{ttls}, [5], 'with another TTL';
+
+    $t->set_dns('app.test' => ['127.0.0.3', '127.0.0.4']);
+};
+
 # --- nginx ----------------------------------------------------------------
 
 my $listen = $t->listen_port;
+my $dns_listen = $t->port;
 my $servers = join '', map { "        server 127.0.0.1:$_;\n" } @all;
 
 $t->write_conf(<<"EOF", no_module => 1);
@@ -129,7 +239,21 @@ $servers    }
         server 127.0.0.1:$fast1;
         keepalive 8;
     }
+
+    # nginx's resolver against t/dns.pl: a variable host is resolved per request.
+    resolver 127.0.0.1:$dns valid=1s;
+    server {
+        listen 127.0.0.1:$dns_listen;
+        location / {
+            set \$dns_host app.test;
+            proxy_pass http://\$dns_host:$shared;
+        }
+    }
 EOF
+
+like $t->nginx_version, qr/^\d+\.\d+\.\d+$/, 'nginx_version';
+ok $t->nginx_at_least('1.0'), 'nginx_at_least an old version';
+ok !$t->nginx_at_least('999.0.0'), 'not a future one';
 
 my ($code, $out) = $t->nginx_test;
 is $code, 0, 'nginx -t succeeds' or diag $out;
@@ -186,6 +310,47 @@ subtest 'http client' => sub {
     is $res->{body}, "$fast1\n", 'answered';
     $res = $t->http(POST => '/ka/y', body => 'plain body');
     is $res->{body}, "$fast1\n", 'second request on keep-alive upstream';
+};
+
+subtest 'nginx resolver' => sub {
+    my $ask = sub {
+        my %seen;
+        for my $i (1 .. $_[0]) {
+            my $res = $t->http(GET => "/dns/$i", port => $dns_listen);
+            $seen{ $res->{status} == 200 ? $res->{body} : "status $res->{status}" }++;
+        }
+        return \%seen;
+    };
+    # Waits (up to 10 s) until 10 requests in a row see only @want.
+    my $settles = sub {
+        my (@want) = @_;
+        my $deadline = time + 10;
+        while (time < $deadline) {
+            my $seen = $ask->(10);
+            return 1 if !grep { my $k = $_; !grep { $_ eq $k } @want } keys %$seen;
+            select undef, undef, undef, 0.2;
+        }
+        return 0;
+    };
+
+    my $seen = $ask->(30);
+    is_deeply [sort keys %$seen], ["127.0.0.3:$shared\n", "127.0.0.4:$shared\n"],
+        'both resolved addresses used';
+
+    $t->set_dns('app.test' => ['127.0.0.4']);
+    ok $settles->("127.0.0.4:$shared\n"), 'one address left: only it is used';
+
+    $t->set_dns();
+    ok $settles->('status 502'), 'NXDOMAIN: 502';
+
+    $t->set_dns('app.test' => ['127.0.0.3']);
+    ok $settles->("127.0.0.3:$shared\n"), 'back: the new address is used';
+
+    my @bad = grep { /invalid .*DNS response|unexpected .*DNS response|short DNS response/ }
+        split /\n/, $t->error_log;
+    is_deeply \@bad, [], 'nginx accepted every DNS response' or diag join "\n", @bad;
+    like $t->error_log, qr/app\.test could not be resolved \(3: Host not found\)/,
+        'nginx saw the NXDOMAIN';
 };
 
 subtest 'stopped backend is skipped' => sub {

@@ -6,17 +6,21 @@ backend.pl - mock HTTP backend for the upstream affinity test suite
 
 =head1 SYNOPSIS
 
-    perl t/backend.pl --port 8081 [--delay-ms 0] [--pidfile FILE] [--watch-pid PID]
+    perl t/backend.pl --port 8081 [--host 127.0.0.1] [--delay-ms 0] [--pidfile FILE]
+                      [--watch-pid PID]
 
 =head1 DESCRIPTION
 
 A single-process, single-threaded HTTP/1.x server built on a non-blocking
-IO::Select event loop.  It listens on 127.0.0.1:PORT and can serve hundreds
-of concurrent connections.
+IO::Select event loop.  It listens on ADDR:PORT (ADDR is 127.0.0.1 unless
+C<--host> says otherwise) and can serve hundreds of concurrent connections.
 
 Every request (except the special paths below) is answered, after a delay,
 with C<200>, the headers C<X-Backend-Port: PORT>, C<Content-Type: text/plain>
-and C<Content-Length>, and the body C<"PORT\n">.  The delay is taken from the
+and C<Content-Length>, and the body C<"PORT\n">.  A backend listening on an
+address other than 127.0.0.1 (several can then share a port, as the servers
+a DNS name resolves to do) also sends C<X-Backend-Addr: ADDR:PORT>, and its
+body is C<"ADDR:PORT\n"> instead.  The delay is taken from the
 C<X-Delay-Ms> request header if present, otherwise from C<--delay-ms>.
 Delays are event-loop timers, so many requests can wait at the same time.
 
@@ -31,12 +35,15 @@ client sends C<Connection: keep-alive>.
 
 Special paths (answered at once, not counted as requests):
 
-    /__stats   body "port=P inflight=N max_inflight=N requests=N\n"
+    /__stats   body "port=P inflight=N max_inflight=N requests=N\n", with
+               " addr=ADDR" before the newline when ADDR is not 127.0.0.1
     /__reset   zero max_inflight and requests (inflight is kept), body "ok\n"
 
 Options:
 
     --port PORT       port to listen on (required)
+    --host ADDR       IPv4 address to listen on (default 127.0.0.1); on Linux
+                      every address in 127.0.0.0/8 is local
     --delay-ms MS     default response delay (default 0)
     --pidfile FILE    write the process id to FILE (removed on exit)
     --watch-pid PID   exit when process PID no longer exists
@@ -61,16 +68,24 @@ use constant {
     LISTEN_BACKLOG  => 1024,
 };
 
-my %opt = (delay_ms => 0);
+my %opt = (delay_ms => 0, host => '127.0.0.1');
 GetOptions(
     'port=i'      => \$opt{port},
+    'host=s'      => \$opt{host},
     'delay-ms=i'  => \$opt{delay_ms},
     'pidfile=s'   => \$opt{pidfile},
     'watch-pid=i' => \$opt{watch_pid},
-) or die "usage: $0 --port PORT [--delay-ms MS] [--pidfile FILE] [--watch-pid PID]\n";
+) or die "usage: $0 --port PORT [--host ADDR] [--delay-ms MS] [--pidfile FILE] "
+       . "[--watch-pid PID]\n";
 die "$0: --port is required\n" unless $opt{port};
 
 my $PORT = $opt{port};
+my $HOST = $opt{host};
+
+# What identifies this backend in its responses: the port alone on the
+# default address (as always), "ADDR:PORT" on any other.
+my $DEFAULT_HOST = $HOST eq '127.0.0.1';
+my $IDENTITY     = $DEFAULT_HOST ? $PORT : "$HOST:$PORT";
 
 my %stats = (inflight => 0, max_inflight => 0, requests => 0);
 
@@ -81,7 +96,7 @@ my $running = 1;
 $SIG{PIPE} = 'IGNORE';
 $SIG{TERM} = $SIG{INT} = sub { $running = 0 };
 
-my $listener = listen_socket($PORT);
+my $listener = listen_socket($HOST, $PORT);
 my $rsel     = IO::Select->new($listener);
 my $wsel     = IO::Select->new;
 
@@ -120,13 +135,13 @@ exit 0;
 # Sockets and the event loop
 
 sub listen_socket {
-    my ($port) = @_;
+    my ($host, $port) = @_;
 
     # Retry for a while: the port may briefly still be held after a restart.
     my $deadline = time + 5;
     while (1) {
         my $sock = IO::Socket::INET->new(
-            LocalAddr => '127.0.0.1',
+            LocalAddr => $host,
             LocalPort => $port,
             Proto     => 'tcp',
             Listen    => LISTEN_BACKLOG,
@@ -136,7 +151,7 @@ sub listen_socket {
             $sock->blocking(0);
             return $sock;
         }
-        die "$0: cannot listen on 127.0.0.1:$port: $!\n"
+        die "$0: cannot listen on $host:$port: $!\n"
             unless $! == EADDRINUSE && time < $deadline;
         select(undef, undef, undef, 0.1);
     }
@@ -361,8 +376,9 @@ sub handle_request {
     my ($path) = split /\?/, $req->{path}, 2;
 
     if ($path eq '/__stats') {
-        queue_response($c, 200, sprintf("port=%d inflight=%d max_inflight=%d requests=%d\n",
-            $PORT, @stats{qw(inflight max_inflight requests)}), $req);
+        queue_response($c, 200, sprintf("port=%d inflight=%d max_inflight=%d requests=%d%s\n",
+            $PORT, @stats{qw(inflight max_inflight requests)},
+            $DEFAULT_HOST ? '' : " addr=$HOST"), $req);
         return;
     }
     if ($path eq '/__reset') {
@@ -392,7 +408,7 @@ sub finish_request {
     my ($c) = @_;
     return if $c->{closed};
     $stats{inflight}--;
-    queue_response($c, 200, "$PORT\n", delete $c->{req});
+    queue_response($c, 200, "$IDENTITY\n", delete $c->{req});
 }
 
 sub queue_response {
@@ -402,6 +418,7 @@ sub queue_response {
     my $head = join "\r\n",
         "HTTP/1.1 $status $reason{$status}",
         "X-Backend-Port: $PORT",
+        ($DEFAULT_HOST ? () : "X-Backend-Addr: $HOST:$PORT"),
         'Content-Type: text/plain',
         'Content-Length: ' . length($body),
         'Connection: ' . ($c->{keepalive} ? 'keep-alive' : 'close'),

@@ -27,11 +27,42 @@ AffinityTest - harness for the upstream affinity module tests
     my $res = $t->http(GET => '/');
     is $res->{status}, 200;
 
+Servers found through DNS (C<server NAME resolve;>, nginx 1.27.3 or later):
+
+    my $port = $t->port;
+    my @keys = map { $t->start_backend_at("127.0.0.$_", $port) } 2 .. 3;
+    my $dns  = $t->start_dns('app.test' => ['127.0.0.2', '127.0.0.3']);
+
+    $t->write_conf(<<"EOF");
+        resolver 127.0.0.1:$dns valid=1s ipv6=off;
+        upstream app { zone app 64k; server app.test:$port resolve; }
+        ...
+    EOF
+    $t->start_nginx;
+    $t->set_dns('app.test' => ['127.0.0.3']);    # 127.0.0.2 leaves
+
 =head1 DESCRIPTION
 
 Runs a private nginx (with the module loaded) against mock backends
-(F<t/backend.pl>) in a fresh temporary directory, and offers small HTTP
-client helpers.  Everything listens on and connects to 127.0.0.1 only.
+(F<t/backend.pl>) and a mock DNS server (F<t/dns.pl>) in a fresh temporary
+directory, and offers small HTTP and DNS client helpers.  Everything listens
+on loopback addresses: nginx, the DNS server and backends started with
+C<start_backends> / C<start_backend> on 127.0.0.1, backends started with
+C<start_backend_at> on any address of 127.0.0.0/8 (all local on Linux).
+
+A backend is named by a I<key>: its port if it listens on 127.0.0.1 (so
+plain port numbers work as they always have), C<"ADDR:PORT"> otherwise.
+Every method that takes a backend (C<stop_backend>, C<backend_stats>,
+C<backend_reset>, the C<port> of C<http>) accepts a key.
+
+The DNS server answers A queries from a records file that C<set_dns>
+replaces atomically; it is read again for every query, so the next query
+after C<set_dns> returns sees the new addresses.  How soon nginx asks again
+is nginx's business: after a successful answer it re-resolves a C<resolve>
+server when the TTL (1 s by default, see C<start_dns>) or the C<resolver>'s
+C<valid=> time has passed, plus one second; after NXDOMAIN (or a name with
+no addresses) it removes all the name's peers and asks again only after
+C<valid=> or 10 s, so tests that empty a name should set C<valid=1s>.
 
 Environment:
 
@@ -73,6 +104,8 @@ use Time::HiRes qw(time sleep);
 my $T_DIR     = dirname(dirname(abs_path(__FILE__)));    # .../t
 my $REPO_DIR  = dirname($T_DIR);
 my $BACKEND   = File::Spec->catfile($T_DIR, 'backend.pl');
+my $DNS       = File::Spec->catfile($T_DIR, 'dns.pl');
+my $LOCALHOST = '127.0.0.1';
 my $MODULE_SO = 'ngx_http_upstream_affinity_module.so';
 
 my %USED_PORTS;    # ports handed out by port() in this process
@@ -109,7 +142,8 @@ sub new {
         dir       => $dir->dirname,
         no_module => $opt{no_module} ? 1 : 0,
         workers   => $opt{workers} // 4,    # default for write_conf
-        backends  => {},      # port => { pid, delay_ms }
+        backends  => {},      # key => { pid, host, port, delay_ms }
+        dns       => undef,   # { pid, port, records } while running
     }, $class;
 
     # nginx workers run as an unprivileged user when started by root.
@@ -191,30 +225,78 @@ sub start_backends {
     return wantarray ? @ports : $ports[0];
 }
 
-# $t->start_backend($port, delay_ms => 0) - (re)starts a backend on $port.
+# $t->start_backend($key, delay_ms => 0) - (re)starts a backend on $key (a
+# port, or "ADDR:PORT" as returned by start_backend_at); returns the key.
 sub start_backend {
-    my ($self, $port, %opt) = @_;
-    croak "backend on port $port is already running" if $self->{backends}{$port};
-    $self->_spawn_backend($port, %opt);
-    $self->_wait_backend($port);
-    return $port;
+    my ($self, $key, %opt) = @_;
+    return $self->start_backend_at(_split_key($key), %opt);
 }
 
-# $t->stop_backend($port) - stops it; afterwards the port refuses connections.
+# $t->start_backend_at($host, $port, delay_ms => 0) - starts a backend on
+# $host:$port, any address of 127.0.0.0/8; $port defaults to a fresh
+# $t->port.  Backends on different addresses may share a port, as the
+# servers one DNS name resolves to do.  Returns the backend's key: $port for
+# 127.0.0.1, "$host:$port" otherwise.
+sub start_backend_at {
+    my ($self, $host, $port, %opt) = @_;
+    croak 'start_backend_at: no host' unless defined $host && length $host;
+    $port //= $self->port;
+    my $key = _backend_key($host, $port);
+    croak "backend on $host:$port is already running" if $self->{backends}{$key};
+    $self->_spawn_backend($key, %opt);
+    $self->_wait_backend($key);
+    return $key;
+}
+
+# $t->stop_backend($key) - stops it; afterwards its port refuses connections.
 sub stop_backend {
-    my ($self, $port) = @_;
-    my $b = delete $self->{backends}{$port} or croak "no backend on port $port";
+    my ($self, $key) = @_;
+    $key = _backend_key(_split_key($key));
+    my $b = delete $self->{backends}{$key} or croak "no backend on $key";
     _terminate($b->{pid}, 'TERM', 10);
     return;
 }
 
-# $t->backend_ports - ports of the running backends.
-sub backend_ports { sort { $a <=> $b } keys %{ $_[0]{backends} } }
+# $t->backend_ports - ports of the running backends on 127.0.0.1.
+sub backend_ports {
+    sort { $a <=> $b } grep { /^\d+$/ } keys %{ $_[0]{backends} };
+}
+
+# $t->backend_keys - keys of all running backends, by address then port.
+sub backend_keys {
+    my ($self) = @_;
+    return map { $_->[0] }
+        sort { $a->[1] cmp $b->[1] || $a->[2] <=> $b->[2] }
+        map { my ($h, $p) = _split_key($_); [ $_, inet_aton($h) // $h, $p ] }
+        keys %{ $self->{backends} };
+}
+
+# "ADDR:PORT" -> (ADDR, PORT); a bare port is on 127.0.0.1.
+sub _split_key {
+    my ($key) = @_;
+    croak 'no backend port given' unless defined $key;
+    return ($1, $2) if $key =~ /^(.+):(\d+)$/;
+    croak "not a port or ADDR:PORT: $key" unless $key =~ /^\d+$/;
+    return ($LOCALHOST, $key);
+}
+
+sub _backend_key {
+    my ($host, $port) = @_;
+    return $host eq $LOCALHOST ? $port + 0 : "$host:$port";
+}
+
+# Log and pid file names: "backend-PORT" or "backend-ADDR-PORT".
+sub _backend_file {
+    my ($self, $key, $dir, $ext) = @_;
+    (my $tag = $key) =~ tr/:/-/;
+    return $self->path("$dir/backend-$tag.$ext");
+}
 
 sub _spawn_backend {
-    my ($self, $port, %opt) = @_;
+    my ($self, $key, %opt) = @_;
+    my ($host, $port) = _split_key($key);
     my $delay = $opt{delay_ms} // 0;
-    my $log   = $self->path("logs/backend-$port.log");
+    my $log   = $self->_backend_file($key, 'logs', 'log');
     my $ppid  = $$;
 
     my $pid = fork // croak "fork: $!";
@@ -222,46 +304,231 @@ sub _spawn_backend {
         open STDIN, '<', File::Spec->devnull;
         open STDOUT, '>>', $log;
         open STDERR, '>&', \*STDOUT;
-        { exec $^X, $BACKEND, '--port', $port, '--delay-ms', $delay,
-            '--pidfile', $self->path("tmp/backend-$port.pid"), '--watch-pid', $ppid };
+        { exec $^X, $BACKEND, '--host', $host, '--port', $port, '--delay-ms', $delay,
+            '--pidfile', $self->_backend_file($key, 'tmp', 'pid'), '--watch-pid', $ppid };
         print STDERR "exec $^X $BACKEND: $!\n";
         POSIX::_exit(127);
     }
-    $self->{backends}{$port} = { pid => $pid, delay_ms => $delay };
+    $self->{backends}{$key} = { pid => $pid, host => $host, port => $port,
+                                delay_ms => $delay };
 }
 
 sub _wait_backend {
-    my ($self, $port) = @_;
-    my $pid = $self->{backends}{$port}{pid};
+    my ($self, $key) = @_;
+    my $b = $self->{backends}{$key};
     my $deadline = time + 15;
 
-    until (_port_open($port)) {
-        if (waitpid($pid, WNOHANG) == $pid) {
-            delete $self->{backends}{$port};
-            croak "backend on port $port exited (status $?): "
-                . _slurp($self->path("logs/backend-$port.log"));
+    until (_port_open($b->{port}, $b->{host})) {
+        if (waitpid($b->{pid}, WNOHANG) == $b->{pid}) {
+            delete $self->{backends}{$key};
+            croak "backend on $b->{host}:$b->{port} exited (status $?): "
+                . _slurp($self->_backend_file($key, 'logs', 'log'));
         }
-        croak "backend on port $port did not start within 15 s" if time > $deadline;
+        croak "backend on $b->{host}:$b->{port} did not start within 15 s"
+            if time > $deadline;
         sleep 0.02;
     }
 }
 
-# $t->backend_stats($port) - { port, inflight, max_inflight, requests }.
+# $t->backend_stats($key) - { port, inflight, max_inflight, requests }, and
+# addr for a backend not on 127.0.0.1.
 sub backend_stats {
-    my ($self, $port) = @_;
-    my $res = $self->http(GET => '/__stats', port => $port);
-    croak "GET /__stats on backend $port failed: "
+    my ($self, $key) = @_;
+    my $res = $self->http(GET => '/__stats', port => $key);
+    croak "GET /__stats on backend $key failed: "
         . ($res->{error} // "status $res->{status}")
         unless $res->{status} == 200;
-    return { $res->{body} =~ /(\w+)=(\d+)/g };
+    return { $res->{body} =~ /(\w+)=(\S+)/g };
 }
 
-# $t->backend_reset($port) - zero max_inflight and requests of a backend.
+# $t->backend_reset($key) - zero max_inflight and requests of a backend.
 sub backend_reset {
-    my ($self, $port) = @_;
-    my $res = $self->http(GET => '/__reset', port => $port);
-    croak "GET /__reset on backend $port failed" unless $res->{status} == 200;
+    my ($self, $key) = @_;
+    my $res = $self->http(GET => '/__reset', port => $key);
+    croak "GET /__reset on backend $key failed" unless $res->{status} == 200;
     return 1;
+}
+
+# ---------------------------------------------------------------------------
+# DNS
+
+# $t->start_dns({ ttl => 1, port => free }, NAME => [ADDR, ...] | ADDR, ...)
+# Starts the mock DNS server (t/dns.pl) on a UDP port of 127.0.0.1 serving
+# these A records (the leading hash of options is optional); returns its
+# port, for "resolver 127.0.0.1:PORT".  One DNS server per test object at a
+# time; pass port => $t->dns_port (taken before stop_dns) to start it again
+# where nginx looks for it.
+sub start_dns {
+    my ($self, @args) = @_;
+    my %opt = ref $args[0] eq 'HASH' ? %{ shift @args } : ();
+    croak 'the DNS server is already running' if $self->{dns};
+    my $ttl = $opt{ttl} // 1;
+    croak "bad ttl: $ttl" unless $ttl =~ /^\d+$/;
+
+    my $records = $self->path('dns-records');
+    $self->_write_records($records, @args);
+
+    my $port = $opt{port} // $self->_udp_port;
+    my $log  = $self->path('logs/dns.log');
+    my $pidfile = $self->path('tmp/dns.pid');
+    my $ppid = $$;
+    unlink $pidfile;
+
+    my $pid = fork // croak "fork: $!";
+    if ($pid == 0) {
+        open STDIN, '<', File::Spec->devnull;
+        open STDOUT, '>>', $log;
+        open STDERR, '>&', \*STDOUT;
+        { exec $^X, $DNS, '--port', $port, '--records', $records, '--ttl', $ttl,
+            '--pidfile', $pidfile, '--watch-pid', $ppid };
+        print STDERR "exec $^X $DNS: $!\n";
+        POSIX::_exit(127);
+    }
+    $self->{dns} = { pid => $pid, port => $port, records => $records };
+
+    # dns.pl writes its pid file once the socket is bound.
+    my $deadline = time + 15;
+    until (_slurp($pidfile) =~ /^\s*$pid\s*$/) {
+        if (waitpid($pid, WNOHANG) == $pid) {
+            delete $self->{dns};
+            croak "DNS server on port $port exited (status $?): " . _slurp($log);
+        }
+        croak "DNS server on port $port did not start within 15 s" if time > $deadline;
+        sleep 0.02;
+    }
+    return $port;
+}
+
+# $t->set_dns(NAME => [ADDR, ...] | ADDR, ...) - replaces all records at
+# once (an empty list [] leaves a name that exists but has no addresses; a
+# name left out gets NXDOMAIN).  The next query sees the new records.
+sub set_dns {
+    my ($self, @records) = @_;
+    my $dns = $self->{dns} or croak 'the DNS server is not running (start_dns)';
+    $self->_write_records($dns->{records}, @records);
+    return 1;
+}
+
+# $t->stop_dns - stops the DNS server; queries then go unanswered.
+sub stop_dns {
+    my ($self) = @_;
+    my $dns = delete $self->{dns} or croak 'the DNS server is not running';
+    _terminate($dns->{pid}, 'TERM', 10);
+    return;
+}
+
+# $t->dns_port - UDP port of the running DNS server, undef if none.
+sub dns_port { $_[0]{dns} ? $_[0]{dns}{port} : undef }
+
+# $t->dns_query($name, type => 'A' | 'AAAA' | number, port => dns_port,
+#     timeout => 2)
+# Asks a DNS server over UDP.  Returns { rcode => 'NOERROR' | 'NXDOMAIN' | ..,
+# flags, question => NAME, answers => count, addrs => [A record addresses],
+# ttls => [their TTLs] }, or { rcode => undef, error => ".." }.
+sub dns_query {
+    my ($self, $name, %opt) = @_;
+    my %type = (A => 1, AAAA => 28, ANY => 255);
+    my $type = $opt{type} // 'A';
+    $type = $type{ uc $type } // croak "unknown type $type" unless $type =~ /^\d+$/;
+    my $port = $opt{port} // $self->dns_port // croak 'no DNS port';
+
+    my $sock = IO::Socket::INET->new(PeerAddr => $LOCALHOST, PeerPort => $port,
+        Proto => 'udp') or return { rcode => undef, error => "socket: $!" };
+    my $id = int rand 65536;
+    my $qname = join '', map { pack 'C/a*', $_ } grep { length } split /\./, $name;
+    send($sock, pack('n n n n n n', $id, 0x0100, 1, 0, 0, 0) . $qname
+        . "\0" . pack('n n', $type, 1), 0) or return { rcode => undef, error => "send: $!" };
+
+    my $deadline = time + ($opt{timeout} // 2);
+    my $reply;
+    while (1) {
+        my $left = $deadline - time;
+        return { rcode => undef, error => 'timeout' }
+            if $left <= 0 || !IO::Select->new($sock)->can_read($left);
+        defined recv($sock, $reply, 65535, 0)
+            or return { rcode => undef, error => "recv: $!" };
+        last if length $reply >= 12 && unpack('n', $reply) == $id;
+    }
+    return _parse_dns_reply($reply);
+}
+
+sub _parse_dns_reply {
+    my ($reply) = @_;
+    my ($flags, $qd, $an) = unpack 'x2 n n n', $reply;
+    my @rcodes = qw(NOERROR FORMERR SERVFAIL NXDOMAIN NOTIMP REFUSED);
+    my %res = (flags => $flags, rcode => $rcodes[$flags & 0xf] // $flags & 0xf,
+               answers => $an, addrs => [], ttls => []);
+
+    # Skips a (possibly compressed) name at $$pos, returns it dotted.
+    my $name = sub {
+        my ($pos) = @_;
+        my @labels;
+        while ($$pos < length $reply) {
+            my $len = ord substr($reply, $$pos, 1);
+            if ($len >= 0xc0) { $$pos += 2; push @labels, '*'; last }
+            $$pos += 1 + $len;
+            last if $len == 0;
+            push @labels, substr($reply, $$pos - $len, $len);
+        }
+        return join '.', @labels;
+    };
+
+    my $pos = 12;
+    for (1 .. $qd) {
+        $res{question} = $name->(\$pos);
+        $pos += 4;
+    }
+    for (1 .. $an) {
+        $name->(\$pos);
+        last if $pos + 10 > length $reply;
+        my ($type, $class, $ttl, $len) = unpack 'n n N n', substr($reply, $pos, 10);
+        $pos += 10;
+        if ($type == 1 && $len == 4) {
+            push @{ $res{addrs} }, join '.', unpack 'C4', substr($reply, $pos, 4);
+            push @{ $res{ttls} }, $ttl;
+        }
+        $pos += $len;
+    }
+    return \%res;
+}
+
+# Writes the records file atomically: a temporary file renamed over it.
+sub _write_records {
+    my ($self, $file, @records) = @_;
+    croak 'odd number of arguments: NAME => [ADDR, ...] pairs expected' if @records % 2;
+    my %records = @records;
+
+    my $text = '';
+    for my $name (sort keys %records) {
+        croak "bad DNS name: '$name'" unless $name =~ /^[A-Za-z0-9_.-]+$/;
+        my $addrs = $records{$name};
+        my @addrs = ref $addrs eq 'ARRAY' ? @$addrs : defined $addrs ? ($addrs) : ();
+        for my $addr (@addrs) {
+            my @octets = ($addr // '') =~ /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/;
+            croak "bad IPv4 address for $name: " . ($addr // 'undef')
+                if !@octets || grep { $_ > 255 } @octets;
+        }
+        $text .= join(' ', $name, @addrs) . "\n";
+    }
+
+    my $tmp = "$file.tmp";
+    open my $fh, '>', $tmp or croak "write $tmp: $!";
+    print {$fh} $text;
+    close $fh or croak "write $tmp: $!";
+    rename $tmp, $file or croak "rename $tmp to $file: $!";
+}
+
+# A port from $t->port that is also free for UDP on 127.0.0.1.
+sub _udp_port {
+    my ($self) = @_;
+    for (1 .. 20) {
+        my $port = $self->port;
+        my $sock = IO::Socket::INET->new(LocalAddr => $LOCALHOST, LocalPort => $port,
+            Proto => 'udp') or next;
+        close $sock;
+        return $port;
+    }
+    croak 'no port free for UDP found';
 }
 
 # ---------------------------------------------------------------------------
@@ -420,13 +687,26 @@ sub _nginx_cmd {
 }
 
 # "-e" appeared in nginx 1.19.5.
-sub _nginx_supports_e {
+sub _nginx_supports_e { $_[0]->nginx_at_least('1.19.5') }
+
+# $t->nginx_version - version of the nginx binary ("1.22.1"), undef if
+# "nginx -v" does not tell.
+sub nginx_version {
     my ($self) = @_;
-    $self->{supports_e} //= do {
+    $self->{nginx_version} //= do {
         my (undef, $out) = _run($self->{nginx}, '-v');
-        my ($maj, $min, $patch) = $out =~ m{nginx/(\d+)\.(\d+)\.(\d+)};
-        defined $maj && sprintf('%03d%03d%03d', $maj, $min, $patch) ge '001019005' ? 1 : 0;
+        $out =~ m{nginx/(\d+\.\d+\.\d+)} ? $1 : '';
     };
+    return length $self->{nginx_version} ? $self->{nginx_version} : undef;
+}
+
+# $t->nginx_at_least('1.27.3') - whether nginx is that version or newer
+# (e.g. "server NAME resolve;" needs 1.27.3); false if the version is unknown.
+sub nginx_at_least {
+    my ($self, $want) = @_;
+    my $have = $self->nginx_version // return 0;
+    my $key = sub { sprintf '%03d%03d%03d', map { $_ // 0 } (split /\./, $_[0])[0 .. 2] };
+    return $key->($have) ge $key->($want) ? 1 : 0;
 }
 
 # $t->error_log - full text of logs/error.log.
@@ -448,7 +728,8 @@ sub log_problems {
 # HTTP client
 
 # $t->http($method, $path, headers => {..} | [k => v, ..], body => $str,
-#     port => listen_port, timeout => 30)
+#     port => listen_port, host => '127.0.0.1', timeout => 30)
+# port may also be a backend key "ADDR:PORT", which sets the host too.
 # Returns { status, headers => { lc name => value ("\n"-joined if repeated) },
 #     set_cookie => [..], body, raw }, or { status => 0, error => ".." }.
 sub http {
@@ -461,7 +742,8 @@ sub http {
 }
 
 # $t->parallel(\@requests, timeout => 30) - each request is
-# { method, path, headers, body, port }; all connections are opened at once.
+# { method, path, headers, body, port, host } as for http; all connections
+# are opened at once.
 # Returns the responses (as from http) in the same order.
 sub parallel {
     my ($self, $requests, %opt) = @_;
@@ -471,13 +753,14 @@ sub parallel {
     my (@slots, %by_fd);
 
     for my $req (@$requests) {
-        my $port = $req->{port} // $self->{listen_port};
+        my ($host, $port) = ($req->{host} // $LOCALHOST, $req->{port} // $self->{listen_port});
+        ($host, $port) = ($1, $2) if $port =~ /^(.+):(\d+)$/;
         my $slot = { out => _build_request($req), in => '' };
         push @slots, $slot;
 
-        my ($sock, $err) = _connect_nb($port);
+        my ($sock, $err) = _connect_nb($host, $port);
         if (!$sock) {
-            $slot->{res} = { status => 0, error => "connect to 127.0.0.1:$port: $err" };
+            $slot->{res} = { status => 0, error => "connect to $host:$port: $err" };
             next;
         }
         $slot->{sock} = $sock;
@@ -547,11 +830,12 @@ sub parallel {
 }
 
 sub _connect_nb {
-    my ($port) = @_;
+    my ($host, $port) = @_;
     socket(my $sock, PF_INET, SOCK_STREAM, IPPROTO_TCP) or return (undef, "socket: $!");
     my $flags = fcntl($sock, F_GETFL, 0);
     fcntl($sock, F_SETFL, $flags | O_NONBLOCK) or return (undef, "fcntl: $!");
-    my $addr = pack_sockaddr_in($port, inet_aton('127.0.0.1'));
+    my $ip   = inet_aton($host) // return (undef, "bad address $host");
+    my $addr = pack_sockaddr_in($port, $ip);
     return ($sock) if connect($sock, $addr) || $! == EINPROGRESS;
     return (undef, "$!");
 }
@@ -629,9 +913,9 @@ sub _decode_chunked {
 # Process helpers
 
 sub _port_open {
-    my ($port) = @_;
+    my ($port, $host) = @_;
     my $sock = IO::Socket::INET->new(
-        PeerAddr => '127.0.0.1',
+        PeerAddr => $host // $LOCALHOST,
         PeerPort => $port,
         Proto    => 'tcp',
         Timeout  => 1,
@@ -689,10 +973,14 @@ sub _cleanup {
         _terminate($master, 'TERM', 10);
         kill 'KILL', grep { kill 0, $_ } @workers;
     }
-    for my $port (keys %{ $self->{backends} }) {
-        my $b = delete $self->{backends}{$port};
+    for my $key (keys %{ $self->{backends} }) {
+        my $b = delete $self->{backends}{$key};
         kill 'TERM', $b->{pid};
         push @{ $self->{stopping} }, $b->{pid};
+    }
+    if (my $dns = delete $self->{dns}) {
+        kill 'TERM', $dns->{pid};
+        push @{ $self->{stopping} }, $dns->{pid};
     }
     _terminate($_, 'TERM', 10) for @{ delete $self->{stopping} // [] };
 }
