@@ -24,7 +24,13 @@ typedef struct {
     ngx_http_upstream_affinity_shctx_t     *shctx;      /* counters */
     ngx_http_upstream_affinity_shctx_t     *prefixes;   /* or NULL */
     ngx_http_upstream_rr_peers_t           *primary;
+
+    /* the view of the primary peers this request was given */
     affinity_peer_t                        *peers;
+    ngx_uint_t                              npeers;
+    affinity_ring_t                        *ring;
+    ngx_uint_t                              config;
+
     affinity_request_t                      request;
 
     /* the counter slot this try holds an in-flight request in */
@@ -71,12 +77,30 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ap->primary = ap->rrp.peers;
     ap->slot = AFFINITY_NO_SLOT;
 
-    ap->peers = ngx_palloc(r->pool, ascf->npeers * sizeof(affinity_peer_t));
+    /*
+     * Servers with "resolve" may have changed the peer list since this
+     * worker last looked (nginx 1.27.3+): the view is brought up to date
+     * first, and the request keeps the one it was given.
+     */
+
+    ngx_http_upstream_rr_peers_rlock(ap->primary);
+
+    ngx_http_upstream_affinity_update_peers(ascf, ap->primary,
+                                            r->connection->log);
+
+    ap->config = ascf->config;
+    ap->npeers = ascf->npeers;
+    ap->ring = ascf->ring;
+
+    ap->peers = ngx_palloc(r->pool, ap->npeers * sizeof(affinity_peer_t) + 1);
     if (ap->peers == NULL) {
+        ngx_http_upstream_rr_peers_unlock(ap->primary);
         return NGX_ERROR;
     }
 
-    ngx_memcpy(ap->peers, ascf->peers, ascf->npeers * sizeof(affinity_peer_t));
+    ngx_memcpy(ap->peers, ascf->peers, ap->npeers * sizeof(affinity_peer_t));
+
+    ngx_http_upstream_rr_peers_unlock(ap->primary);
 
     /*
      * The key is looked up once per request, not per try: a retry after
@@ -141,7 +165,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     time_t                                 now;
     uintptr_t                              m;
-    ngx_uint_t                             i, n, usable;
+    ngx_uint_t                             i, n, usable, draining;
     affinity_peer_t                       *state;
     affinity_balance_t                     balance;
     affinity_decision_t                    decision;
@@ -162,9 +186,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     /* backup servers are chosen by round robin, as least_conn does */
 
-    if (peers != ap->primary
-        || ngx_http_upstream_affinity_peers_changed(peers, ascf->npeers))
-    {
+    if (peers != ap->primary) {
         return ngx_http_upstream_affinity_round_robin(pc, ap);
     }
 
@@ -176,21 +198,52 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     ngx_http_upstream_rr_peers_wlock(peers);
 
     /*
+     * A peer list changed at run time since the request started, or one
+     * without peers yet (all "resolve" servers unresolved), is round robin's.
+     */
+
+    if (ap->npeers == 0
+        || ap->config != ngx_http_upstream_affinity_config(peers))
+    {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return ngx_http_upstream_affinity_round_robin(pc, ap);
+    }
+
+    /* a request the sticky module binds to a peer goes there */
+
+    peer = ngx_http_upstream_affinity_hinted_peer(rrp, pc, &i);
+
+    if (peer) {
+        ap->slot = i < ap->npeers ? ap->peers[i].slot : AFFINITY_NO_SLOT;
+        affinity_zone_peer_acquire(ap->shctx->zone, ap->slot,
+                                   (uint32_t) now);
+
+        ap->ctx->route = AFFINITY_ROUTE_FALLBACK;
+        ap->ctx->prefix_len = 0;
+
+        goto found;
+    }
+
+    /*
      * Classify the peers as round robin would see them.  A failed peer
      * loses its sessions for good; a peer that is only busy for this request
-     * (tried already, or at max_conns) keeps them.
+     * (tried already, or at max_conns) keeps them, and so does a draining
+     * one, which serves nothing else.
      */
 
     usable = 0;
+    draining = 0;
 
-    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
-
+    for (peer = peers->peer, i = 0;
+         peer && i < ap->npeers;
+         peer = peer->next, i++)
+    {
         n = i / (8 * sizeof(uintptr_t));
         m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
 
         state = &ap->peers[i];
 
-        if (peer->down
+        if ((peer->down && !ngx_http_upstream_affinity_draining(peer))
             || (peer->max_fails
                 && peer->fails >= peer->max_fails
                 && now - peer->checked <= peer->fail_timeout))
@@ -202,13 +255,17 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
         {
             state->state = AFFINITY_PEER_BUSY;
 
+        } else if (ngx_http_upstream_affinity_draining(peer)) {
+            state->state = AFFINITY_PEER_DRAINING;
+            draining++;
+
         } else {
             state->state = AFFINITY_PEER_USABLE;
             usable++;
         }
     }
 
-    if (usable == 0) {
+    if (usable + draining == 0) {
         ngx_http_upstream_rr_peers_unlock(peers);
         return ngx_http_upstream_affinity_round_robin(pc, ap);
     }
@@ -235,8 +292,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
         ngx_shmtx_lock(&prefixes->shpool->mutex);
     }
 
-    (void) affinity_route(ap->shctx->zone, ascf->ring, ap->peers,
-                          ascf->npeers, &balance, &ap->request, &decision);
+    (void) affinity_route(ap->shctx->zone, ap->ring, ap->peers, ap->npeers,
+                          &balance, &ap->request, &decision);
 
     if (prefixes) {
         ngx_shmtx_unlock(&prefixes->shpool->mutex);
@@ -260,6 +317,12 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
                    "get affinity peer, route: %ui, peer: %ui %V",
                    (ngx_uint_t) decision.route, i, &peer->name);
 
+    ap->slot = ap->peers[i].slot;
+    ap->ctx->route = decision.route;
+    ap->ctx->prefix_len = decision.prefix_len;
+
+found:
+
     if (now - peer->checked > peer->fail_timeout) {
         peer->checked = now;
     }
@@ -280,10 +343,6 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     rrp->tried[n] |= m;
 
     ngx_http_upstream_rr_peers_unlock(peers);
-
-    ap->slot = ap->peers[i].slot;
-    ap->ctx->route = decision.route;
-    ap->ctx->prefix_len = decision.prefix_len;
 
     return NGX_OK;
 }
@@ -329,16 +388,22 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
         return rc;
     }
 
+    /*
+     * Round robin answers only from the generation of the peer list the
+     * request started with, so the indexes match the view it was given.
+     */
+
     if (ap->rrp.peers == ap->primary) {
-        if (i < ascf->npeers) {
-            ap->slot = ascf->peers[i].slot;
+        if (i < ap->npeers) {
+            ap->slot = ap->peers[i].slot;
         }
 
     } else if (i < ascf->nbackup) {
         ap->slot = ascf->backup_slots[i];
     }
 
-    affinity_zone_peer_acquire(ap->shctx->zone, ap->slot);
+    affinity_zone_peer_acquire(ap->shctx->zone, ap->slot,
+                               (uint32_t) ngx_time());
 
     return rc;
 }
@@ -363,4 +428,38 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
     }
 
     ngx_http_upstream_free_round_robin_peer(pc, &ap->rrp, state);
+}
+
+
+/*
+ * Rebuilds the worker's view of the peers when servers with "resolve" have
+ * changed the list (nginx 1.27.3+).  The caller holds the peers lock.  If
+ * the rebuild fails (no memory) the old view stays, requests with it go to
+ * round robin, and the next request tries again.
+ */
+
+void
+ngx_http_upstream_affinity_update_peers(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_rr_peers_t *peers, ngx_log_t *log)
+{
+    ngx_uint_t  config;
+
+    config = ngx_http_upstream_affinity_config(peers);
+
+    if (config == ascf->config) {
+        return;
+    }
+
+    if (ngx_http_upstream_affinity_build_peers(ascf, peers, NULL, log)
+        != NGX_OK)
+    {
+        return;
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "affinity upstream \"%V\": %ui peers, generation %ui",
+                   &ascf->name, ascf->npeers, config);
+
+    ascf->config = config;
 }

@@ -17,9 +17,15 @@
 /*
  * 1.23.0 replaced the arrays of multi-valued request headers (cookies) with
  * linked lists and changed ngx_http_parse_multi_header_lines() to take the
- * request and the list.
+ * request and the list.  1.29.6 made that function split values at commas
+ * only and added ngx_http_parse_cookie_lines(), which splits at semicolons
+ * as the Cookie header does.
  */
-#if (nginx_version >= 1023000)
+#if (nginx_version >= 1029006)
+#define ngx_http_upstream_affinity_parse_cookie(r, name, value)               \
+    ngx_http_parse_cookie_lines(r, (r)->headers_in.cookie, name, value)
+#define ngx_http_upstream_affinity_cookie_found(rc)  ((rc) != NULL)
+#elif (nginx_version >= 1023000)
 #define ngx_http_upstream_affinity_parse_cookie(r, name, value)               \
     ngx_http_parse_multi_header_lines(r, (r)->headers_in.cookie, name, value)
 #define ngx_http_upstream_affinity_cookie_found(rc)  ((rc) != NULL)
@@ -44,26 +50,55 @@
 
 
 /*
- * With NGX_HTTP_UPSTREAM_MODIFY (1.27.3+, zone + "resolve") the peer list can
- * change at run time; the balancer then notices a different peer count and
- * hands the request to round robin until the next reload rebuilds its ring.
+ * 1.27.3 lets servers with "resolve" in a shared zone change the peer list
+ * at run time, for the balancers whose upstream flags include
+ * NGX_HTTP_UPSTREAM_MODIFY.  The list then has a generation,
+ * *peers->config, that every change increments; a request whose
+ * generation is not the current one is left to round robin (which answers
+ * NGX_BUSY, as for the stock balancers), and each worker rebuilds its view
+ * of the peers when it sees a new generation.
  */
 #if (NGX_HTTP_UPSTREAM_MODIFY)
-#define ngx_http_upstream_affinity_peers_changed(peers, n)                    \
-    ((peers)->number != (n))
+#define NGX_HTTP_UPSTREAM_AFFINITY_MODIFY  NGX_HTTP_UPSTREAM_MODIFY
 #else
-#define ngx_http_upstream_affinity_peers_changed(peers, n)  0
+#define NGX_HTTP_UPSTREAM_AFFINITY_MODIFY  0
+#endif
+
+#if (NGX_HTTP_UPSTREAM_ZONE && nginx_version >= 1027003)
+#define ngx_http_upstream_affinity_config(peers)                              \
+    ((peers)->config ? *(peers)->config : 0)
+#else
+#define ngx_http_upstream_affinity_config(peers)  0
 #endif
 
 
 /*
- * 1.29.6 gave peers a session id ("sid") that the balancer passes on with
- * the chosen address.
+ * 1.29.6 gave peers a session id ("sid", a server's "route=") that the
+ * balancer passes on with the chosen address, and added the sticky module:
+ * it hands the balancer the route a request is bound to (pc->hint), and
+ * every balancer sends the request there while that peer is usable.
  */
 #if (NGX_HTTP_UPSTREAM_SID)
 #define ngx_http_upstream_affinity_set_sid(pc, peer)  (pc)->sid = &(peer)->sid
+#define ngx_http_upstream_affinity_hinted_peer(rrp, pc, p)                    \
+    ngx_http_upstream_get_rr_peer_by_sid(rrp, (pc)->hint, p, 0)
 #else
 #define ngx_http_upstream_affinity_set_sid(pc, peer)
+#define ngx_http_upstream_affinity_hinted_peer(rrp, pc, p)  NULL
+#endif
+
+
+/*
+ * 1.29.6 also added the "drain" server state (with the sticky module):
+ * peer->down is NGX_HTTP_UPSTREAM_DRAINING, round robin skips the peer and
+ * only requests bound to it reach it.  Here it keeps the sessions pinned to
+ * it and takes nothing new.
+ */
+#if (NGX_HTTP_UPSTREAM_STICKY)
+#define ngx_http_upstream_affinity_draining(peer)                             \
+    ((peer)->down == NGX_HTTP_UPSTREAM_DRAINING)
+#else
+#define ngx_http_upstream_affinity_draining(peer)  0
 #endif
 
 

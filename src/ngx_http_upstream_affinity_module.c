@@ -181,11 +181,8 @@ static ngx_int_t
 ngx_http_upstream_init_affinity(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us)
 {
-    ngx_uint_t                              i, n, points;
     ngx_pool_cleanup_t                     *cln;
-    affinity_ring_peer_t                   *ring_peers;
-    ngx_http_upstream_rr_peer_t            *peer;
-    ngx_http_upstream_rr_peers_t           *peers, *backup;
+    ngx_http_upstream_rr_peers_t           *peers;
     ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
     ascf = ngx_http_conf_upstream_srv_conf(us,
@@ -209,77 +206,185 @@ ngx_http_upstream_init_affinity(ngx_conf_t *cf,
     }
 
     peers = us->peer.data;
-    n = peers->number;
 
-    if (n > AFFINITY_MAX_PEERS) {
+    if (peers->number > AFFINITY_MAX_PEERS) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "upstream \"%V\" has %ui servers, affinity balancing "
-                      "supports at most %d", &us->host, n, AFFINITY_MAX_PEERS);
+                      "supports at most %d", &us->host, peers->number,
+                      AFFINITY_MAX_PEERS);
         return NGX_ERROR;
     }
 
-    ascf->npeers = n;
-    ascf->peers = ngx_pcalloc(cf->pool, n * sizeof(affinity_peer_t));
-    ring_peers = ngx_pcalloc(cf->pool, n * sizeof(affinity_ring_peer_t));
-
-    if (ascf->peers == NULL || ring_peers == NULL) {
+    if (ngx_http_upstream_affinity_build_peers(ascf, peers, cf->pool, cf->log)
+        != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
-    /*
-     * Peers are known by a hash of their address, not by their position:
-     * pins then survive reloads that reorder or extend the server list.
-     */
-
-    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
-        ascf->peers[i].id = affinity_peer_id((char *) peer->name.data,
-                                             peer->name.len);
-        ascf->peers[i].weight = peer->weight;
-        ascf->peers[i].slot = AFFINITY_NO_SLOT;
-
-        ring_peers[i].id = ascf->peers[i].id;
-        ring_peers[i].weight = peer->weight;
-    }
-
-    points = NGX_HTTP_UPSTREAM_AFFINITY_RING_TOTAL / peers->total_weight;
-    points = ngx_max(points, NGX_HTTP_UPSTREAM_AFFINITY_RING_POINTS_MIN);
-    points = ngx_min(points, NGX_HTTP_UPSTREAM_AFFINITY_RING_POINTS_MAX);
-
-    ascf->ring = affinity_ring_create(ring_peers, n, (uint32_t) points);
-    if (ascf->ring == NULL) {
-        return NGX_ERROR;
-    }
-
-    cln = ngx_pool_cleanup_add(cf->pool, 0);
-    if (cln == NULL) {
-        affinity_ring_destroy(ascf->ring);
-        return NGX_ERROR;
-    }
-
-    cln->handler = ngx_http_upstream_affinity_ring_cleanup;
-    cln->data = ascf->ring;
-
-    backup = peers->next;
-
-    if (backup) {
-        ascf->nbackup = backup->number;
-        ascf->backup_ids = ngx_pcalloc(cf->pool,
-                                       backup->number * sizeof(uint64_t));
-        ascf->backup_slots = ngx_pcalloc(cf->pool,
-                                         backup->number * sizeof(uint32_t));
-
-        if (ascf->backup_ids == NULL || ascf->backup_slots == NULL) {
+    if (ascf->ring) {
+        cln = ngx_pool_cleanup_add(cf->pool, 0);
+        if (cln == NULL) {
+            affinity_ring_destroy(ascf->ring);
+            ascf->ring = NULL;
             return NGX_ERROR;
         }
 
-        for (peer = backup->peer, i = 0; peer; peer = peer->next, i++) {
-            ascf->backup_ids[i] = affinity_peer_id((char *) peer->name.data,
-                                                   peer->name.len);
-            ascf->backup_slots[i] = AFFINITY_NO_SLOT;
-        }
+        cln->handler = ngx_http_upstream_affinity_ring_cleanup;
+        cln->data = ascf->ring;
     }
 
     us->peer.init = ngx_http_upstream_init_affinity_peer;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The peers as the balancer sees them, in list order: ids, weights and
+ * counter slots, the backup servers' ids and slots, and the ring.  Built
+ * from the configured servers (pool set; the slots are claimed when the
+ * zones are ready) and again in each worker when servers with "resolve"
+ * have changed the list (pool NULL; the memory is the worker's own and is
+ * freed at the next change, the slots are claimed at once).  Peers are
+ * known by a hash of their address, not by their position: pins survive
+ * reloads and changes that reorder or extend the list.
+ */
+
+ngx_int_t
+ngx_http_upstream_affinity_build_peers(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_rr_peers_t *peers, ngx_pool_t *pool, ngx_log_t *log)
+{
+    size_t                               size;
+    uint32_t                            *backup_slots;
+    uint64_t                            *backup_ids;
+    ngx_uint_t                           i, n, nbackup, points, weight;
+    affinity_ring_t                     *ring;
+    affinity_peer_t                     *list;
+    affinity_ring_peer_t                *ring_peers;
+    ngx_http_upstream_rr_peer_t         *peer;
+    ngx_http_upstream_rr_peers_t        *backup;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+    affinity_ring_peer_t                 stack[AFFINITY_MAX_PEERS];
+
+    n = 0;
+    weight = 0;
+
+    for (peer = peers->peer; peer; peer = peer->next) {
+        n++;
+        weight += peer->weight;
+    }
+
+    backup = peers->next;
+    nbackup = 0;
+
+    if (backup) {
+        for (peer = backup->peer; peer; peer = peer->next) {
+            nbackup++;
+        }
+    }
+
+    if (n > AFFINITY_MAX_PEERS || nbackup > AFFINITY_MAX_PEERS) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "upstream \"%V\" has %ui servers, affinity balancing "
+                      "supports at most %d; balancing by round robin until "
+                      "it has fewer", peers->name, ngx_max(n, nbackup),
+                      AFFINITY_MAX_PEERS);
+        n = 0;
+        nbackup = 0;
+    }
+
+    /* one allocation: the peers, then the backup ids, then their slots */
+
+    size = n * sizeof(affinity_peer_t) + nbackup * sizeof(uint64_t)
+           + nbackup * sizeof(uint32_t) + 1;
+
+    list = pool ? ngx_pcalloc(pool, size) : ngx_calloc(size, log);
+    if (list == NULL) {
+        return NGX_ERROR;
+    }
+
+    backup_ids = (uint64_t *) (list + n);
+    backup_slots = (uint32_t *) (backup_ids + nbackup);
+    ring_peers = stack;
+
+    peer = peers->peer;
+
+    for (i = 0; i < n; i++, peer = peer->next) {
+        list[i].id = affinity_peer_id((char *) peer->name.data,
+                                      peer->name.len);
+        list[i].weight = peer->weight;
+        list[i].slot = AFFINITY_NO_SLOT;
+
+        ring_peers[i].id = list[i].id;
+        ring_peers[i].weight = peer->weight;
+    }
+
+    peer = nbackup ? backup->peer : NULL;
+
+    for (i = 0; i < nbackup; i++, peer = peer->next) {
+        backup_ids[i] = affinity_peer_id((char *) peer->name.data,
+                                         peer->name.len);
+        backup_slots[i] = AFFINITY_NO_SLOT;
+    }
+
+    /*
+     * No ring without peers: servers with "resolve" may have no address
+     * yet.  The balancer then leaves the request to round robin.
+     */
+
+    ring = NULL;
+
+    if (n) {
+        points = NGX_HTTP_UPSTREAM_AFFINITY_RING_TOTAL / ngx_max(weight, 1);
+        points = ngx_max(points, NGX_HTTP_UPSTREAM_AFFINITY_RING_POINTS_MIN);
+        points = ngx_min(points, NGX_HTTP_UPSTREAM_AFFINITY_RING_POINTS_MAX);
+
+        ring = affinity_ring_create(ring_peers, n, (uint32_t) points);
+        if (ring == NULL) {
+            if (pool == NULL) {
+                ngx_free(list);
+            }
+
+            return NGX_ERROR;
+        }
+    }
+
+    if (pool == NULL) {
+        shctx = ascf->counter_zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+
+        for (i = 0; i < n; i++) {
+            list[i].slot = affinity_zone_peer_slot(shctx->zone, list[i].id,
+                                                   (uint32_t) ngx_time());
+        }
+
+        for (i = 0; i < nbackup; i++) {
+            backup_slots[i] = affinity_zone_peer_slot(shctx->zone,
+                                                      backup_ids[i],
+                                                      (uint32_t) ngx_time());
+        }
+
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+        /* the previous run-time tables; those from the configuration are
+         * the pool's */
+
+        if (ascf->dynamic) {
+            affinity_ring_destroy(ascf->ring);
+            ngx_free(ascf->peers);
+        }
+
+        ascf->dynamic = 1;
+    }
+
+    ascf->ring = ring;
+    ascf->peers = list;
+    ascf->npeers = n;
+    ascf->backup_ids = backup_ids;
+    ascf->backup_slots = backup_slots;
+    ascf->nbackup = nbackup;
 
     return NGX_OK;
 }
@@ -389,10 +494,12 @@ static ngx_int_t
 ngx_http_upstream_affinity_claim_slots(
     ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log)
 {
+    time_t                                   now;
     ngx_uint_t                               i, j;
     ngx_http_upstream_affinity_srv_conf_t  **confs, *ascf;
 
     confs = shctx->confs.elts;
+    now = ngx_time();
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
 
@@ -405,12 +512,14 @@ ngx_http_upstream_affinity_claim_slots(
 
         for (j = 0; j < ascf->npeers; j++) {
             ascf->peers[j].slot = affinity_zone_peer_slot(shctx->zone,
-                                                          ascf->peers[j].id);
+                                                          ascf->peers[j].id,
+                                                          (uint32_t) now);
         }
 
         for (j = 0; j < ascf->nbackup; j++) {
             ascf->backup_slots[j] = affinity_zone_peer_slot(shctx->zone,
-                                                        ascf->backup_ids[j]);
+                                                        ascf->backup_ids[j],
+                                                        (uint32_t) now);
         }
     }
 
@@ -732,6 +841,8 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
      *     conf->backup_slots = NULL;
      *     conf->backup_ids = NULL;
      *     conf->nbackup = 0;
+     *     conf->config = 0;
+     *     conf->dynamic = 0;
      *     conf->name = { 0, NULL };
      */
 
@@ -1266,6 +1377,7 @@ ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
                   |NGX_HTTP_UPSTREAM_MAX_FAILS
                   |NGX_HTTP_UPSTREAM_FAIL_TIMEOUT
                   |NGX_HTTP_UPSTREAM_DOWN
+                  |NGX_HTTP_UPSTREAM_AFFINITY_MODIFY
                   |NGX_HTTP_UPSTREAM_BACKUP;
 
     return NGX_OK;

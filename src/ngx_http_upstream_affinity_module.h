@@ -96,6 +96,10 @@ typedef struct {
     uint64_t                               *backup_ids;
     ngx_uint_t                              nbackup;
 
+    /* the peer list generation the above were built for (nginx 1.27.3+) */
+    ngx_uint_t                              config;
+    unsigned                                dynamic:1;  /* built at run time */
+
     ngx_str_t                               name;       /* upstream name */
 } ngx_http_upstream_affinity_srv_conf_t;
 
@@ -124,6 +128,12 @@ extern ngx_module_t  ngx_http_upstream_affinity_module;
 
 ngx_int_t ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ngx_http_upstream_srv_conf_t *us);
+ngx_int_t ngx_http_upstream_affinity_build_peers(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_rr_peers_t *peers, ngx_pool_t *pool, ngx_log_t *log);
+void ngx_http_upstream_affinity_update_peers(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_rr_peers_t *peers, ngx_log_t *log);
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,

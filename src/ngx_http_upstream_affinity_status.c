@@ -191,7 +191,8 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
         us->name = uscfp[i]->host;
         us->conf = ascf;
 
-        if (ngx_array_init(&us->peers, r->pool, ascf->npeers + ascf->nbackup,
+        if (ngx_array_init(&us->peers, r->pool,
+                           ascf->npeers + ascf->nbackup + 1,
                            sizeof(ngx_http_upstream_affinity_peer_status_t))
             != NGX_OK)
         {
@@ -203,6 +204,11 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
         peers = uscfp[i]->peer.data;
 
         ngx_http_upstream_rr_peers_rlock(peers);
+
+        /* the peers' slots as of the current list ("resolve" changes it) */
+
+        ngx_http_upstream_affinity_update_peers(ascf, peers,
+                                                r->connection->log);
 
         for (list = peers, backup = 0; list; list = list->next, backup++) {
 

@@ -26,7 +26,7 @@ struct Fleet {
             std::string name = "10.0.0." + std::to_string(i + 1) + ":8000";
             peers[i].id = affinity_peer_id(name.data(), name.size());
             peers[i].weight = 1;
-            peers[i].slot = affinity_zone_peer_slot(zone, peers[i].id);
+            peers[i].slot = affinity_zone_peer_slot(zone, peers[i].id, 0);
             peers[i].state = AFFINITY_PEER_USABLE;
             ring_peers[i] = {peers[i].id, 1};
         }

@@ -225,6 +225,7 @@ void affinity_zone_info(const affinity_zone_t *zone,
     info->expiries = h.expiries;
     info->peer_slots = kPeerSlots;
     info->peer_slots_used = h.peer_slots_used;
+    info->peer_slots_reclaimed = h.peer_slots_reclaimed;
 }
 
 uint64_t affinity_zone_key_hash(const affinity_zone_t *zone, const void *key,
@@ -233,10 +234,10 @@ uint64_t affinity_zone_key_hash(const affinity_zone_t *zone, const void *key,
     return zone_of(zone).key_hash(key, len);
 }
 
-uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
-                                 uint64_t peer_id) noexcept
+uint32_t affinity_zone_peer_slot(affinity_zone_t *zone, uint64_t peer_id,
+                                 uint32_t now) noexcept
 {
-    return zone_of(zone).claim_slot(peer_id);
+    return zone_of(zone).claim_slot(peer_id, now);
 }
 
 void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
@@ -269,10 +270,12 @@ void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t slot) noexcept
     }
 }
 
-void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t slot) noexcept
+void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t slot,
+                                uint32_t now) noexcept
 {
     if (slot < kPeerSlots) {
         PeerSlot &s = zone_of(zone).peer_slots()[slot];
+        __atomic_store_n(&s.last_used, uint64_t(now), __ATOMIC_RELAXED);
         atomic_add<int64_t>(&s.inflight, 1);
         atomic_add<uint64_t>(&s.requests, 1);
         atomic_add<uint64_t>(&s.routes[AFFINITY_ROUTE_FALLBACK], 1);

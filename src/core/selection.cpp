@@ -21,9 +21,10 @@ LoadBound::LoadBound(const Zone &zone, const affinity_peer_t *peers,
     for (size_t i = 0; i < npeers_; i++) {
         int64_t n = 0;
 
-        if (peers[i].slot < kPeerSlots) {
-            // A counter can dip below zero for a moment when a reload resets
-            // nothing but a request ends in an old worker; never trust it.
+        // A slot handed to another peer (claim_slot()) counts nothing for
+        // this one.  A counter can dip below zero for a moment when a request
+        // ends in an old worker after a reload; never trust that.
+        if (owns_slot(zone, peers[i])) {
             n = std::max<int64_t>(atomic_load(&slots[peers[i].slot].inflight),
                                   0);
         }
@@ -151,7 +152,8 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
     int pinned = load.index_of(entry->peer);
 
-    if (pinned >= 0 && load.usable(pinned) && load.accepts(pinned)) {
+    // A draining peer still serves the sessions pinned to it.
+    if (pinned >= 0 && load.serves_pins(pinned) && load.accepts(pinned)) {
         decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
         return pinned;
     }
@@ -187,7 +189,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     } else {
         i = ring ? load.first_on_ring(*ring, request.ring_hash, pinned) : -1;
 
-        if (i < 0 && load.usable(pinned)) {
+        if (i < 0 && load.serves_pins(pinned)) {
             // Everyone is over the bound: stay where the cache is.
             decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
             return pinned;
@@ -363,10 +365,10 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         record_levels(table, keys, nkeys, peers[chosen].id);
     }
 
-    uint32_t slot = peers[chosen].slot;
-
-    if (slot < kPeerSlots) {
-        PeerSlot &counters = zone.peer_slots()[slot];
+    if (owns_slot(zone, peers[chosen])) {
+        PeerSlot &counters = zone.peer_slots()[peers[chosen].slot];
+        __atomic_store_n(&counters.last_used, uint64_t(request.now),
+                         __ATOMIC_RELAXED);
         atomic_add<int64_t>(&counters.inflight, 1);
         atomic_add<uint64_t>(&counters.requests, 1);
         atomic_add<uint64_t>(&counters.routes[decision.route % kRoutes], 1);

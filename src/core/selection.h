@@ -24,6 +24,14 @@ public:
         return peers_[i].state == AFFINITY_PEER_USABLE;
     }
 
+    // Whether peer i may serve a session already pinned to it: a draining
+    // peer (nginx "drain") keeps its sessions but takes nothing new.
+    bool serves_pins(size_t i) const noexcept
+    {
+        return peers_[i].state == AFFINITY_PEER_USABLE
+               || peers_[i].state == AFFINITY_PEER_DRAINING;
+    }
+
     // Whether peer i may take one more request without passing its bound:
     // inflight + 1 <= max(factor * share, share + slack), where share is the
     // peer's weighted part of all in-flight requests plus this one.
@@ -60,6 +68,14 @@ private:
     double factor_;
     double slack_;
 };
+
+// Whether the peer's counter slot is its own (not unset, nor handed to
+// another peer since the caller looked it up).
+inline bool owns_slot(const Zone &zone, const affinity_peer_t &peer) noexcept
+{
+    return peer.slot < kPeerSlots
+           && atomic_load(&zone.peer_slots()[peer.slot].id) == peer.id;
+}
 
 // Implements affinity_route(); see affinity_core.h.
 int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,

@@ -4,26 +4,53 @@
 
 namespace affinity {
 
-uint32_t Zone::claim_slot(uint64_t peer_id) noexcept
+uint32_t Zone::claim_slot(uint64_t peer_id, uint64_t now) noexcept
 {
     PeerSlot *slots = peer_slots();
     uint32_t start = static_cast<uint32_t>(peer_id % kPeerSlots);
+    uint32_t idlest = kNoSlot;
 
+    // Slots are never emptied (a reclaimed one changes hands), so a probe
+    // for a peer may stop at the first empty slot, as find_slot() does.
     for (uint32_t i = 0; i < kPeerSlots; i++) {
-        PeerSlot &slot = slots[(start + i) % kPeerSlots];
+        uint32_t n = (start + i) % kPeerSlots;
+        PeerSlot &slot = slots[n];
 
         if (slot.id == peer_id) {
-            return (start + i) % kPeerSlots;
+            __atomic_store_n(&slot.last_used, now, __ATOMIC_RELAXED);
+            return n;
         }
 
         if (slot.id == 0) {
+            slot = PeerSlot{};
             slot.id = peer_id;
+            slot.last_used = now;
             header_->peer_slots_used++;
-            return (start + i) % kPeerSlots;
+            return n;
+        }
+
+        uint64_t used = atomic_load(&slot.last_used);
+
+        if (atomic_load(&slot.inflight) <= 0 && used + kSlotReclaimIdle <= now
+            && (idlest == kNoSlot || used < slots[idlest].last_used))
+        {
+            idlest = n;
         }
     }
 
-    return kNoSlot;
+    if (idlest == kNoSlot) {
+        return kNoSlot;
+    }
+
+    // The sessions pinned to the old peer keep its id and move when next
+    // seen; its counters go with the slot.
+    PeerSlot &slot = slots[idlest];
+    slot = PeerSlot{};
+    slot.id = peer_id;
+    slot.last_used = now;
+    header_->peer_slots_reclaimed++;
+
+    return idlest;
 }
 
 uint32_t Zone::find_slot(uint64_t peer_id) const noexcept

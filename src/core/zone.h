@@ -21,6 +21,8 @@ constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
 constexpr uint32_t kLayoutVersion = 2;
 constexpr uint32_t kPeerSlots = 256;
 constexpr uint32_t kNoSlot = UINT32_MAX;
+// Seconds a peer slot must be unused before another peer may take it.
+constexpr uint64_t kSlotReclaimIdle = 3600;
 
 enum class ZoneKind : uint32_t { Sessions = 1 };
 
@@ -40,7 +42,7 @@ struct alignas(64) ZoneHeader {
     uint64_t evictions;
     uint64_t expiries;
     uint32_t peer_slots_used;
-    uint32_t reserved;
+    uint32_t peer_slots_reclaimed;  // slots handed to another peer
 };
 
 constexpr size_t kRoutes = 8;      // affinity_route_e values
@@ -51,7 +53,8 @@ struct alignas(64) PeerSlot {
     uint64_t requests;          // atomic
     int64_t pins;               // entries pinned to this peer (zone lock)
     uint64_t failures;          // atomic: tries that failed
-    uint64_t reserved[3];
+    uint64_t last_used;         // atomic: seconds, last claim or request
+    uint64_t reserved[2];
     uint64_t routes[kRoutes];   // atomic: requests by routing outcome
 };
 
@@ -107,7 +110,12 @@ public:
 
     // Slot of a peer id, claimed if absent; kNoSlot when the table is full.
     // Caller holds the zone lock.
-    uint32_t claim_slot(uint64_t peer_id) noexcept;
+    // Finds or claims the counter slot of a peer (caller holds the zone
+    // lock).  With every slot taken, the one idle longest, with nothing in
+    // flight and unused for kSlotReclaimIdle seconds, is given to the new
+    // peer: peers that come and go (servers with "resolve") must not use up
+    // the table.  kNoSlot if none can be had.
+    uint32_t claim_slot(uint64_t peer_id, uint64_t now) noexcept;
 
     // Slot of a peer id, or kNoSlot.  Caller holds the zone lock.
     uint32_t find_slot(uint64_t peer_id) const noexcept;

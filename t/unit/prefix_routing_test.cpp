@@ -587,6 +587,26 @@ TEST(PrefixRoute, BusyPeerIsSkippedButKept)
     EXPECT_EQ(t3.decision.peer, t2.decision.peer);
 }
 
+// A prompt cached on a draining peer is not bound to it, unlike a session:
+// it goes elsewhere, and its sessions there stay.
+TEST(PrefixRoute, DrainingPeerTakesNoPrompts)
+{
+    Fleet f;
+    Conversation c(19, words(8, 400));
+    const int p = f.send(c.body(1)).decision.peer;
+    ASSERT_GE(p, 0);
+
+    f.up().set_state(size_t(p), AFFINITY_PEER_DRAINING);
+    Routed t2 = f.send(c.body(2));
+    EXPECT_NE(t2.decision.peer, p);
+    EXPECT_EQ(t2.decision.route, kPrefixNew);
+
+    for (uint32_t i = 0; i < 50; i++) {
+        Conversation other(500 + i, words(3, 600));
+        EXPECT_NE(f.send(other.body(1)).decision.peer, p) << i;
+    }
+}
+
 TEST(PrefixRoute, SessionDecidesAndTheLevelsAreRecorded)
 {
     Fleet f;

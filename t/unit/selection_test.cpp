@@ -451,6 +451,120 @@ TEST(Selection, OverloadedPinnedPeerSpillsAndThePinFollows)
     EXPECT_EQ(size_t(after.decision.peer), spill);
 }
 
+// nginx "drain": a draining peer serves the sessions pinned to it, and
+// nothing else; it is not failed, so its sessions do not move.
+TEST(Selection, DrainingPeerKeepsItsSessionsAndTakesNoNewOnes)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    std::map<std::string, int> pin;
+    for (int k = 0; k < 200; k++) {
+        std::string key = "drain-" + std::to_string(k);
+        Routed r = router.route_key_released(key);
+        ASSERT_EQ(r.decision.route, kNew);
+        pin[key] = r.decision.peer;
+    }
+
+    const size_t draining = size_t(pin.begin()->second);
+    const int64_t pins_before = up.stats(draining).pins;
+    ASSERT_GT(pins_before, 0);
+    up.set_state(draining, AFFINITY_PEER_DRAINING);
+
+    for (const auto &[key, peer] : pin) {
+        Routed r = router.route_key_released(key);
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.route, kHit) << key;
+        EXPECT_EQ(r.decision.peer, peer) << key;
+    }
+    EXPECT_EQ(up.stats(draining).pins, pins_before);
+
+    // New sessions and keyless requests go elsewhere.
+    for (int k = 0; k < 200; k++) {
+        Routed r = router.route_key_released("new-" + std::to_string(k));
+        EXPECT_EQ(r.decision.route, kNew);
+        EXPECT_NE(size_t(r.decision.peer), draining);
+        Routed f = router.route_nokey();
+        EXPECT_NE(size_t(f.decision.peer), draining);
+        up.release(size_t(f.decision.peer));
+    }
+    EXPECT_EQ(up.stats(draining).pins, pins_before);
+
+    // Back in service, it takes new sessions again.
+    up.set_state(draining, AFFINITY_PEER_USABLE);
+    bool took = false;
+    for (int k = 0; k < 200 && !took; k++) {
+        Routed r = router.route_key_released("later-" + std::to_string(k));
+        took = size_t(r.decision.peer) == draining;
+    }
+    EXPECT_TRUE(took);
+}
+
+// Draining does not lift the bound: an overloaded draining peer spills its
+// session, which then stays where it went.
+TEST(Selection, OverloadedDrainingPeerSpills)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, {kFactor, kSlack});
+
+    Routed first = router.route_key_released("gus");
+    const size_t pinned = size_t(first.decision.peer);
+    up.set_state(pinned, AFFINITY_PEER_DRAINING);
+
+    for (int i = 0; i < 20; i++) {
+        up.acquire(pinned);
+    }
+    ASSERT_FALSE(would_accept(up, pinned));
+
+    Routed r = router.route_key_released("gus");
+    EXPECT_EQ(r.decision.route, kSpill);
+    EXPECT_NE(size_t(r.decision.peer), pinned);
+    EXPECT_EQ(up.stats(pinned).pins, 0);
+
+    // Everyone over the bound: a pinned draining peer still keeps its
+    // session rather than refusing it.
+    Routed second = router.route_key_released("hal");
+    const size_t hal = size_t(second.decision.peer);
+    for (size_t i = 0; i < up.size(); i++) {
+        for (int j = 0; j < 40; j++) {
+            up.acquire(i);
+        }
+    }
+    up.set_state(hal, AFFINITY_PEER_DRAINING);
+    for (size_t i = 0; i < up.size(); i++) {
+        if (i != hal) {
+            up.set_state(i, AFFINITY_PEER_BUSY);
+        }
+    }
+    Routed stay = router.route_key_released("hal");
+    EXPECT_EQ(stay.decision.route, kHit);
+    EXPECT_EQ(size_t(stay.decision.peer), hal);
+}
+
+// With only draining peers left, a request without a session on them is
+// refused by the balancer (nginx then tries round robin and backups).
+TEST(Selection, OnlyDrainingPeersRefuseNewWork)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    Router router(z.get(), up);
+
+    Routed first = router.route_key_released("ida");
+    ASSERT_EQ(first.rc, 0);
+    up.set_state(0, AFFINITY_PEER_DRAINING);
+    up.set_state(1, AFFINITY_PEER_DRAINING);
+
+    EXPECT_EQ(router.route_nokey().rc, -1);
+    EXPECT_EQ(router.route_key_released("someone-new").rc, -1);
+
+    Routed again = router.route_key_released("ida");
+    ASSERT_EQ(again.rc, 0);
+    EXPECT_EQ(again.decision.peer, first.decision.peer);
+    EXPECT_EQ(again.decision.route, kHit);
+}
+
 TEST(Selection, OnlyTheFailedPeersKeysMove)
 {
     TestZone z;

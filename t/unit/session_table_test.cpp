@@ -355,8 +355,8 @@ protected:
     {
         peer_a_ = peer_id_of("a:80");
         peer_b_ = peer_id_of("b:80");
-        slot_a_ = affinity_zone_peer_slot(z_.get(), peer_a_);
-        slot_b_ = affinity_zone_peer_slot(z_.get(), peer_b_);
+        slot_a_ = affinity_zone_peer_slot(z_.get(), peer_a_, 0);
+        slot_b_ = affinity_zone_peer_slot(z_.get(), peer_b_, 0);
     }
 
     int64_t pins(uint32_t slot) const

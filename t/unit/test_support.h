@@ -124,7 +124,7 @@ public:
             affinity_peer_t p{};
             p.id = peer_id_of(peer_name(i));
             p.weight = weights[i];
-            p.slot = affinity_zone_peer_slot(zone, p.id);
+            p.slot = affinity_zone_peer_slot(zone, p.id, 0);
             p.state = AFFINITY_PEER_USABLE;
             EXPECT_NE(p.slot, AFFINITY_NO_SLOT);
             peers_.push_back(p);
@@ -173,7 +173,10 @@ public:
     }
 
     void release(size_t i) { affinity_zone_peer_release(zone_, peers_[i].slot); }
-    void acquire(size_t i) { affinity_zone_peer_acquire(zone_, peers_[i].slot); }
+    void acquire(size_t i)
+    {
+        affinity_zone_peer_acquire(zone_, peers_[i].slot, 0);
+    }
 
     void release_all()
     {

@@ -1,6 +1,8 @@
 // The shared-memory zone: attaching, reattaching, and the peer counters.
 #include <cstring>
+#include <algorithm>
 #include <set>
+#include <vector>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -120,7 +122,7 @@ TEST(ZoneAttach, AttachingAgainReusesTheZone)
     EXPECT_EQ(affinity_zone_key_hash(again, "k", 1),
               affinity_zone_key_hash(zone, "k", 1));
     for (size_t i = 0; i < up.size(); i++) {
-        EXPECT_EQ(affinity_zone_peer_slot(again, up.peer(i).id),
+        EXPECT_EQ(affinity_zone_peer_slot(again, up.peer(i).id, 0),
                   up.peer(i).slot);
     }
     affinity_peer_stats_t s{};
@@ -268,21 +270,21 @@ TEST(ZonePeerSlots, ClaimIsIdempotentAndDistinct)
 
     for (size_t i = 0; i < 20; i++) {
         uint64_t id = peer_id_of(peer_name(i));
-        uint32_t slot = affinity_zone_peer_slot(z.get(), id);
+        uint32_t slot = affinity_zone_peer_slot(z.get(), id, 0);
         ASSERT_NE(slot, AFFINITY_NO_SLOT);
         EXPECT_LT(slot, z.info().peer_slots);
         EXPECT_TRUE(slots.insert(slot).second) << "slot shared by two ids";
 
         // Claiming again gives the same slot and claims nothing new.
-        EXPECT_EQ(affinity_zone_peer_slot(z.get(), id), slot);
-        EXPECT_EQ(affinity_zone_peer_slot(z.get(), id), slot);
+        EXPECT_EQ(affinity_zone_peer_slot(z.get(), id, 0), slot);
+        EXPECT_EQ(affinity_zone_peer_slot(z.get(), id, 0), slot);
         EXPECT_EQ(z.info().peer_slots_used, i + 1);
     }
 
     // Earlier ids still find their slots.
     for (size_t i = 0; i < 20; i++) {
         EXPECT_EQ(slots.count(affinity_zone_peer_slot(
-                      z.get(), peer_id_of(peer_name(i)))),
+                      z.get(), peer_id_of(peer_name(i)), 0)),
                   1u);
     }
     EXPECT_EQ(z.info().peer_slots_used, 20u);
@@ -295,7 +297,7 @@ TEST(ZonePeerSlots, IdsThatCollideStillGetTheirOwnSlots)
     std::set<uint32_t> slots;
     for (uint64_t k = 1; k <= 10; k++) {
         uint64_t id = 7 + k * 256 * 1024;
-        uint32_t slot = affinity_zone_peer_slot(z.get(), id);
+        uint32_t slot = affinity_zone_peer_slot(z.get(), id, 0);
         ASSERT_NE(slot, AFFINITY_NO_SLOT);
         EXPECT_TRUE(slots.insert(slot).second);
     }
@@ -303,7 +305,7 @@ TEST(ZonePeerSlots, IdsThatCollideStillGetTheirOwnSlots)
         uint64_t id = 7 + k * 256 * 1024;
         affinity_peer_stats_t s{};
         affinity_zone_peer_stats(z.get(),
-                                 affinity_zone_peer_slot(z.get(), id), &s);
+                                 affinity_zone_peer_slot(z.get(), id, 0), &s);
         EXPECT_EQ(s.id, id);
     }
 }
@@ -312,7 +314,7 @@ TEST(ZonePeerSlots, StatsStartAtZero)
 {
     TestZone z;
     uint64_t id = peer_id_of("10.1.2.3:80");
-    uint32_t slot = affinity_zone_peer_slot(z.get(), id);
+    uint32_t slot = affinity_zone_peer_slot(z.get(), id, 0);
     ASSERT_NE(slot, AFFINITY_NO_SLOT);
 
     affinity_peer_stats_t s;
@@ -335,8 +337,8 @@ TEST(ZonePeerSlots, StatsStartAtZero)
 TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
 {
     TestZone z;
-    uint32_t a = affinity_zone_peer_slot(z.get(), peer_id_of("a:1"));
-    uint32_t b = affinity_zone_peer_slot(z.get(), peer_id_of("b:1"));
+    uint32_t a = affinity_zone_peer_slot(z.get(), peer_id_of("a:1"), 0);
+    uint32_t b = affinity_zone_peer_slot(z.get(), peer_id_of("b:1"), 0);
     ASSERT_NE(a, b);
 
     auto stats = [&](uint32_t slot) {
@@ -346,7 +348,7 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     };
 
     for (int i = 0; i < 5; i++) {
-        affinity_zone_peer_acquire(z.get(), a);
+        affinity_zone_peer_acquire(z.get(), a, 0);
     }
     EXPECT_EQ(stats(a).inflight, 5);
     EXPECT_EQ(stats(a).requests, 5u);
@@ -358,7 +360,7 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     EXPECT_EQ(stats(a).inflight, 3);
     EXPECT_EQ(stats(a).requests, 5u) << "requests count starts, not ends";
 
-    affinity_zone_peer_acquire(z.get(), b);
+    affinity_zone_peer_acquire(z.get(), b, 0);
     EXPECT_EQ(stats(b).inflight, 1);
     EXPECT_EQ(stats(a).inflight, 3);
 
@@ -368,7 +370,7 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     EXPECT_EQ(stats(a).inflight, 0);
 
     // No slot: ignored.
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_SLOT);
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_SLOT, 0);
     affinity_zone_peer_release(z.get(), AFFINITY_NO_SLOT);
     EXPECT_EQ(stats(a).inflight, 0);
     EXPECT_EQ(stats(b).inflight, 1);
@@ -381,27 +383,120 @@ TEST(ZonePeerSlots, TableRefusesThe257thId)
 
     for (size_t i = 0; i < AFFINITY_MAX_PEERS; i++) {
         uint32_t slot =
-            affinity_zone_peer_slot(z.get(), peer_id_of(peer_name(i)));
+            affinity_zone_peer_slot(z.get(), peer_id_of(peer_name(i)), 0);
         ASSERT_NE(slot, AFFINITY_NO_SLOT) << i;
         slots.insert(slot);
     }
     EXPECT_EQ(slots.size(), size_t{AFFINITY_MAX_PEERS});
     EXPECT_EQ(z.info().peer_slots_used, uint32_t{AFFINITY_MAX_PEERS});
 
-    EXPECT_EQ(affinity_zone_peer_slot(z.get(),
-                                      peer_id_of(peer_name(AFFINITY_MAX_PEERS))),
+    EXPECT_EQ(affinity_zone_peer_slot(
+                  z.get(), peer_id_of(peer_name(AFFINITY_MAX_PEERS)), 0),
               AFFINITY_NO_SLOT);
     EXPECT_EQ(z.info().peer_slots_used, uint32_t{AFFINITY_MAX_PEERS});
 
     // The table being full does not lose the ids it has.
     for (size_t i = 0; i < AFFINITY_MAX_PEERS; i++) {
         uint64_t id = peer_id_of(peer_name(i));
-        uint32_t slot = affinity_zone_peer_slot(z.get(), id);
+        uint32_t slot = affinity_zone_peer_slot(z.get(), id, 0);
         ASSERT_NE(slot, AFFINITY_NO_SLOT);
         affinity_peer_stats_t s{};
         affinity_zone_peer_stats(z.get(), slot, &s);
         EXPECT_EQ(s.id, id);
     }
+}
+
+// Peers that come and go (servers with "resolve") would use up a table
+// whose slots are never freed: a full table hands the slot of the peer idle
+// longest, with nothing in flight, to the new one after an hour unused.
+TEST(ZonePeerSlots, FullTableHandsOverTheIdlestSlot)
+{
+    TestZone z;
+    const uint32_t t0 = 100000;
+    std::vector<uint32_t> slot_of(AFFINITY_MAX_PEERS);
+
+    for (size_t i = 0; i < AFFINITY_MAX_PEERS; i++) {
+        slot_of[i] = affinity_zone_peer_slot(
+            z.get(), peer_id_of(peer_name(i)), t0 + uint32_t(i % 16));
+        ASSERT_NE(slot_of[i], AFFINITY_NO_SLOT);
+    }
+
+    const uint64_t newcomer = peer_id_of(peer_name(AFFINITY_MAX_PEERS));
+
+    // Nobody has been idle for an hour yet.
+    EXPECT_EQ(affinity_zone_peer_slot(z.get(), newcomer, t0 + 3599),
+              AFFINITY_NO_SLOT);
+
+    // Peer 16 (claimed at t0 like peer 0) has a request in flight, and
+    // peer 0 served one later: of the slots idle since t0, peer 32's is
+    // the first free one found.  Peers claimed later are younger.
+    affinity_zone_peer_acquire(z.get(), slot_of[16], t0);
+    affinity_zone_peer_acquire(z.get(), slot_of[0], t0 + 100);
+    affinity_zone_peer_release(z.get(), slot_of[0]);
+
+    uint32_t given = affinity_zone_peer_slot(z.get(), newcomer, t0 + 4000);
+    ASSERT_NE(given, AFFINITY_NO_SLOT);
+    EXPECT_NE(given, slot_of[0]);
+    EXPECT_NE(given, slot_of[16]);
+
+    affinity_peer_stats_t s{};
+    affinity_zone_peer_stats(z.get(), given, &s);
+    EXPECT_EQ(s.id, newcomer);
+    EXPECT_EQ(s.requests, 0u);
+    EXPECT_EQ(s.inflight, 0);
+    EXPECT_EQ(z.info().peer_slots_reclaimed, 1u);
+    EXPECT_EQ(z.info().peer_slots_used, uint32_t{AFFINITY_MAX_PEERS});
+
+    // It was the slot of a peer claimed at t0 (i % 16 == 0).
+    size_t old = std::find(slot_of.begin(), slot_of.end(), given)
+                 - slot_of.begin();
+    ASSERT_LT(old, slot_of.size());
+    EXPECT_EQ(old % 16, 0u);
+
+    // The newcomer keeps its slot; the old peer is refused until another
+    // slot has been idle long enough.
+    EXPECT_EQ(affinity_zone_peer_slot(z.get(), newcomer, t0 + 4000), given);
+    uint32_t back = affinity_zone_peer_slot(z.get(),
+                                            peer_id_of(peer_name(old)),
+                                            t0 + 4000);
+    EXPECT_NE(back, given);
+}
+
+// A peer whose slot went to another peer is routed without its counts
+// rather than with the newcomer's.
+TEST(ZonePeerSlots, RoutingIgnoresASlotHandedOver)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+
+    // Fill the table so that peer 0's slot is the only idle one.
+    const uint32_t t0 = 100000;
+    for (size_t i = 2; i < AFFINITY_MAX_PEERS; i++) {
+        ASSERT_NE(affinity_zone_peer_slot(z.get(), peer_id_of(peer_name(i)),
+                                          t0 + 5000),
+                  AFFINITY_NO_SLOT);
+    }
+    affinity_zone_peer_acquire(z.get(), up.peer(1).slot, t0 + 5000);
+
+    const uint64_t newcomer = peer_id_of("newcomer:1");
+    uint32_t given = affinity_zone_peer_slot(z.get(), newcomer, t0 + 5000);
+    ASSERT_EQ(given, up.peer(0).slot);
+    for (int i = 0; i < 10; i++) {
+        affinity_zone_peer_acquire(z.get(), given, t0 + 5000);
+    }
+
+    // Peer 0 looks idle (0 in flight), not loaded with the newcomer's 10,
+    // and a request routed to it does not count on the newcomer.
+    Router router(z.get(), up);
+    router.now = t0 + 5000;
+    Routed r = router.route_nokey();
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_EQ(r.decision.peer, 0);
+
+    affinity_peer_stats_t s{};
+    affinity_zone_peer_stats(z.get(), given, &s);
+    EXPECT_EQ(s.inflight, 10);
+    EXPECT_EQ(s.id, newcomer);
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ typedef struct {
     uint64_t    expiries;       /* entries dropped after the idle timeout */
     uint32_t    peer_slots;     /* capacity of the per-peer counter table */
     uint32_t    peer_slots_used;
+    uint32_t    peer_slots_reclaimed;   /* slots handed to another peer */
 } affinity_zone_info_t;
 
 /* Caller holds the zone lock for exact figures. */
@@ -135,11 +136,14 @@ AFFINITY_API uint64_t affinity_zone_key_hash(const affinity_zone_t *zone,
 #define AFFINITY_NO_SLOT  UINT32_MAX
 
 /*
- * Finds or claims the counter slot of a peer id.  Caller holds the zone
- * lock.  Returns AFFINITY_NO_SLOT when the counter table is full.
+ * Finds or claims the counter slot of a peer id; now is the time in
+ * seconds.  When every slot is taken, the slot of a peer with nothing in
+ * flight and no request for an hour is handed over (its counters restart).
+ * Caller holds the zone lock.  Returns AFFINITY_NO_SLOT when no slot can be
+ * had.
  */
 AFFINITY_API uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
-    uint64_t peer_id) AFFINITY_NOEXCEPT;
+    uint64_t peer_id, uint32_t now) AFFINITY_NOEXCEPT;
 
 /* affinity_route_e values, for per-outcome counters */
 #define AFFINITY_ROUTES  8
@@ -163,9 +167,10 @@ AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
     uint32_t slot) AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a request placed outside affinity_route() (by round
- * robin on a backup peer), as a fallback. */
+ * robin on a backup peer, or by an nginx sticky hint), as a fallback; now
+ * is the time in seconds. */
 AFFINITY_API void affinity_zone_peer_acquire(affinity_zone_t *zone,
-    uint32_t slot) AFFINITY_NOEXCEPT;
+    uint32_t slot, uint32_t now) AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a try that failed on the peer. */
 AFFINITY_API void affinity_zone_peer_failed(affinity_zone_t *zone,
@@ -178,7 +183,9 @@ typedef enum {
     AFFINITY_PEER_USABLE = 0,   /* may take the request */
     AFFINITY_PEER_BUSY,         /* tried for this request or at max_conns:
                                    skip it now, keep pins to it */
-    AFFINITY_PEER_FAILED        /* down or failed (max_fails): pins move */
+    AFFINITY_PEER_FAILED,       /* down or failed (max_fails): pins move */
+    AFFINITY_PEER_DRAINING      /* being taken out (nginx "drain"): serves
+                                   the sessions pinned to it, nothing new */
 } affinity_peer_state_e;
 
 typedef struct {
