@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run the end-to-end tests (t/*.t) against several nginx versions.
 #
-#   scripts/test-matrix.sh [VERSION...]      default: 1.22.1 1.26.3
+#   scripts/test-matrix.sh [VERSION|TREE...]   default: 1.22.1 1.26.3
 #
-# For each version:
+# An entry that contains a "/" or names an existing directory is an nginx
+# source tree (TREE); any other is a version number.  For each:
 #
 #   - the version of Debian's installed nginx package: the installed
 #     /usr/sbin/nginx with the module that scripts/build-module.sh builds
@@ -16,17 +17,30 @@
 #     dynamic module, so that the nginx binary and the module are built from
 #     the same tree.  Both are copied to build/matrix/VERSION/.
 #
-# Then `prove -j JOBS t/` with NGINX_BIN and AFFINITY_MODULE set to them.
-# One summary line per version at the end; exits non-zero if any failed.
+#   - a source tree, as released (./configure at its top) or a git checkout
+#     of nginx (auto/configure): VERSION is the NGINX_VERSION of its
+#     src/core/nginx.h.  The tree is copied to build/matrix/VERSION/ (again
+#     when it changed since) and built there as above; the tree given is
+#     never written to, so it may be read-only or shared.
 #
-# Re-running downloads, unpacks and configures nothing again; the builds
-# only recompile what changed (nginx itself is not rebuilt at all unless
-# the tree has to be configured again).
+# Then `prove -j JOBS t/` with NGINX_BIN and AFFINITY_MODULE set to them.
+# One summary line per entry at the end; exits non-zero if any failed.
+#
+# Re-running downloads, unpacks, copies and configures nothing again; the
+# builds only recompile what changed (nginx itself is not rebuilt at all
+# unless the tree has to be configured again).
 #
 #   MATRIX_SUITES="trixie"   suites to add deb-src entries for when a
-#                            version is not in the configured ones
+#                            version is not in the configured ones (sid,
+#                            unstable and experimental: without -updates
+#                            and -security, which they do not have)
 #   JOBS=N                   parallel make and prove jobs (default: nproc)
 #   NGINX_CONFIGURE_FLAGS    extra configure flags for source builds
+#
+# For example:
+#
+#   scripts/test-matrix.sh 1.22.1 ../nginx       a git checkout of nginx
+#   make test-matrix MATRIX_VERSIONS="1.26.3 /src/nginx-1.28.3"
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,6 +55,17 @@ if [ $# -eq 0 ]; then
 fi
 
 say() { printf 'test-matrix: %s\n' "$*" >&2; }
+
+# The comment at the top, without its "#".
+usage() { sed -n '2,/^set -e/{/^set -e/d; s/^# \{0,1\}//; p}' "$0"; }
+
+# Options are not taken: "-h" would otherwise be looked up as a version.
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) usage; exit 0 ;;
+        -*) say "unknown option $arg"; usage >&2; exit 2 ;;
+    esac
+done
 
 if [ "$(id -u)" -eq 0 ]; then
     sudo=()
@@ -127,6 +152,9 @@ add_source_suites() {
 # for release $1 in /etc/apt/sources.list.d/debian.sources or, without it,
 # /etc/apt/sources.list: "bookworm" becomes the suite, "bookworm-updates"
 # and "bookworm-security" become "<suite>-updates" and "<suite>-security".
+# sid (unstable) and experimental have neither of those: for them only the
+# base suite, and no stanza at all from an entry of the security archive
+# (apt-get update would fail on the suites it does not have).
 source_stanzas() {
     local codename=$1
     shift
@@ -160,17 +188,22 @@ source_stanzas() {
                 }' /etc/apt/sources.list
         fi
     } | awk -v codename="$codename" -v targets="$*" '
-        function flush(   n, i, j, t, s, out, parts) {
+        function flush(   n, i, j, t, s, out, parts, only_base) {
             if (uris != "" && types ~ /(^| )deb( |$)/ && suites != "") {
                 n = split(suites, parts, " ")
                 split(targets, t, " ")
                 out = ""
-                for (j = 1; j in t; j++)
+                for (j = 1; j in t; j++) {
+                    only_base = t[j] ~ /^(sid|unstable|experimental)$/
                     for (i = 1; i <= n; i++)
                         if (index(parts[i], codename) == 1) {
-                            s = t[j] substr(parts[i], length(codename) + 1)
+                            s = substr(parts[i], length(codename) + 1)
+                            if (only_base && s != "")
+                                continue
+                            s = t[j] s
                             out = out (out == "" ? "" : " ") s
                         }
+                }
                 if (out != "") {
                     print "Types: deb-src"
                     print "URIs: " uris
@@ -253,7 +286,8 @@ fetch_orig() {
     mv "$dir/dl/$orig" "$dir/$orig" && rm -rf "$dir/dl"
 }
 
-# Builds nginx $1 and the module from source into build/matrix/$1/.
+# Builds nginx $1 and the module from Debian's upstream source into
+# build/matrix/$1/.
 build_from_source() {
     local version=$1 dir="$matrix/$1"
     local tree="$dir/nginx-$1" orig="$dir/nginx_$1.orig.tar.gz"
@@ -274,6 +308,74 @@ build_from_source() {
             return 1
         fi
     fi
+    build_tree "$version"
+}
+
+# Whether matrix entry $1 is a source tree rather than a version number.
+is_tree() {
+    case "$1" in */*) return 0 ;; esac
+    [ -d "$1" ]
+}
+
+# The NGINX_VERSION of the nginx source tree $1.
+tree_version() {
+    local v
+    v=$(awk '$1 == "#define" && $2 == "NGINX_VERSION" {
+                 gsub(/"/, "", $3); print $3; exit }' \
+            "$1/src/core/nginx.h" 2>/dev/null) || true
+    # It names directories under build/matrix/.
+    case "$v" in ""|*[!0-9A-Za-z.+~_-]*) return 1 ;; esac
+    echo "$v"
+}
+
+# Builds nginx and the module from the source tree $2, of version $1, into
+# build/matrix/$1/.  The tree is copied to build/matrix/$1/nginx-$1 first,
+# unless that is a copy of it already (.copied-from has its real path) and
+# nothing in it is newer than the copy: a file added, deleted or renamed
+# changes its directory's time too.  Its .git and the objs/ and Makefile of
+# a build of its own are not copied (nor looked at): the build does not
+# need them, and git or that build touching them would make every run copy
+# the tree again.
+build_from_tree() {
+    local version=$1 src dir="$matrix/$1" tree="$matrix/$1/nginx-$1"
+    local mark="$tree/.copied-from"
+
+    src=$(cd "$2" && pwd -P) || return 1
+    if [ ! -f "$src/configure" ] && [ ! -f "$src/auto/configure" ]; then
+        say "nginx $version: $src has neither configure nor auto/configure"
+        return 1
+    fi
+    mkdir -p "$dir"
+    # Given its own copy (build/matrix/VERSION/nginx-VERSION) it builds that.
+    if [ "$src" != "$(cd "$tree" 2>/dev/null && pwd -P)" ] \
+       && { [ ! -f "$mark" ] || [ "$(cat "$mark")" != "$src" ] \
+            || [ -n "$(find "$src" \( -path "$src/.git" -o -path "$src/objs" \
+                       \) -prune -o -newer "$mark" -print -quit)" ]; }; then
+        say "nginx $version: copying $src"
+        rm -rf "$tree" "$dir/copy"
+        # Writable: a read-only tree would be copied as read-only.
+        if ! { mkdir -p "$dir/copy" \
+               && (shopt -s dotglob nullglob
+                   for f in "$src"/*; do
+                       case "${f##*/}" in .git|objs|Makefile) continue ;; esac
+                       cp -a "$f" "$dir/copy/" || exit 1
+                   done) \
+               && rm -f "$dir/copy/.configured" "$dir/copy/.unpacked" \
+               && chmod -R u+w "$dir/copy" \
+               && mv "$dir/copy" "$tree" \
+               && printf '%s\n' "$src" > "$mark"; }; then
+            say "nginx $version: could not copy $src to ${tree#"$repo"/}"
+            return 1
+        fi
+    fi
+    build_tree "$version"
+}
+
+# Configures nginx and the module in build/matrix/$1/nginx-$1 (unless done
+# already with the same flags and addon), builds both and copies them to
+# build/matrix/$1/.
+build_tree() {
+    local version=$1 dir="$matrix/$1" tree="$matrix/$1/nginx-$1"
 
     # shellcheck disable=SC2206  # NGINX_CONFIGURE_FLAGS is a word list
     local flags=(--prefix="$dir/prefix" --with-compat --with-http_ssl_module
@@ -286,13 +388,19 @@ build_from_source() {
                 cat "$repo/config" "$repo/config.make"
                 ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h
                 sh "$repo/scripts/cpu-level.sh")
+    # A release has ./configure; a git checkout of nginx only auto/configure,
+    # which is meant to be run from the top of the tree all the same.
+    local configure=./configure
+    [ -f "$tree/configure" ] || configure=auto/configure
     if [ ! -f "$tree/.configured" ] \
        || [ "$(cat "$tree/.configured")" != "$signature" ]; then
-        say "nginx $version: configure"
+        say "nginx $version: $configure"
         rm -f "$tree/.configured"
-        (cd "$tree" && ./configure "${flags[@]}") > "$dir/configure.log" 2>&1 || {
+        (cd "$tree" && "$configure" "${flags[@]}") \
+            > "$dir/configure.log" 2>&1 || {
             tail -n 30 "$dir/configure.log" >&2
-            say "nginx $version: configure failed, see ${dir#"$repo"/}/configure.log"
+            say "nginx $version: configure failed," \
+                "see ${dir#"$repo"/}/configure.log"
             return 1
         }
         printf '%s' "$signature" > "$tree/.configured"
@@ -352,9 +460,25 @@ dev=$(installed_version nginx-dev)
 failed=0
 summary=()
 
-for version in "$@"; do
+for entry in "$@"; do
     start=$SECONDS
-    if [ -n "$installed" ] && [ "$version" = "$installed" ]; then
+    version=$entry
+    why="build failed"
+    if is_tree "$entry"; then
+        what="source tree"
+        nginx="" module=""
+        if ! version=$(tree_version "$entry"); then
+            version=$entry
+            why="not an nginx source tree"
+            say "$entry: no NGINX_VERSION in src/core/nginx.h; $why"
+            ok=""
+        else
+            say "nginx $version: source tree $entry"
+            if build_from_tree "$version" "$entry"; then ok=1; else ok=""; fi
+            nginx="$matrix/$version/nginx"
+            module="$matrix/$version/$module_name"
+        fi
+    elif [ -n "$installed" ] && [ "$version" = "$installed" ]; then
         what="installed nginx"
         if [ "$dev" != "$installed" ]; then
             say "nginx $version: nginx-dev ${dev:-missing}, not $installed"
@@ -382,7 +506,7 @@ for version in "$@"; do
     fi
 
     if [ -z "$ok" ]; then
-        result="FAIL  build failed"
+        result="FAIL  $why"
     elif counts=$(run_tests "$version" "$nginx" "$module"); then
         result="PASS  $counts"
     else
