@@ -13,7 +13,7 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes);
+use AffinityConf qw(proxy_conf servers routes placement moved);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(4);
@@ -27,26 +27,12 @@ sub conf {
         . "        session_affinity zone=failover:1m;\n");
 }
 
-# Where each session goes now: {id => backend port}.
-sub placement {
-    my %where;
-    for my $id (@ids) {
-        my $r = $t->http(GET => '/', headers => { 'X-Session-ID' => $id });
-        $where{$id} = $r->{status} == 200
-            ? $r->{headers}{'x-backend-port'} : "status $r->{status}";
-    }
-    return \%where;
-}
 
-sub moved {
-    my ($before, $after) = @_;
-    return [ grep { $before->{$_} ne $after->{$_} } sort keys %$before ];
-}
 
 $t->write_conf(conf());
 $t->start_nginx;
 
-my $initial = placement();
+my $initial = placement($t, \@ids);
 my $victim = $ports[1];
 my @victims = grep { $initial->{$_} eq $victim } @ids;
 ok @victims > 30, scalar(@victims) . " sessions on the backend to kill";
@@ -54,7 +40,7 @@ ok @victims > 30, scalar(@victims) . " sessions on the backend to kill";
 subtest 'a killed backend moves only its own sessions' => sub {
     $t->stop_backend($victim);
 
-    my $after = placement();
+    my $after = placement($t, \@ids);
     is scalar(grep { $after->{$_} !~ /^\d+$/ } @ids), 0, 'every request served';
     is_deeply [ sort @{ moved($initial, $after) } ], [ sort @victims ],
         'exactly the dead backend\'s sessions moved';
@@ -67,7 +53,7 @@ subtest 'a killed backend moves only its own sessions' => sub {
     $t->start_backend($victim);
     sleep 3;    # past fail_timeout: the backend is usable again
 
-    my $back = placement();
+    my $back = placement($t, \@ids);
     is_deeply moved($after, $back), [], 'moved sessions stay where they moved';
 
     my $fresh = $t->http(GET => '/', headers => { 'X-Session-ID' => 'x' });
@@ -83,14 +69,14 @@ subtest 'a backend marked down moves only its own sessions' => sub {
     $t->write_conf(conf($down => 'down'));
     $t->reload_nginx;
 
-    my $after = placement();
+    my $after = placement($t, \@ids);
     is_deeply [ sort @{ moved($initial, $after) } ], [ sort @on_down ],
         'exactly its sessions moved';
 
     $t->write_conf(conf());
     $t->reload_nginx;
 
-    is_deeply moved($after, placement()), [],
+    is_deeply moved($after, placement($t, \@ids)), [],
         'they stay moved once it is up again';
 };
 

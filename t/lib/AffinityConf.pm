@@ -8,7 +8,8 @@ use strict;
 use warnings;
 
 use Exporter 'import';
-our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines);
+our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
+                    placement moved);
 
 use Time::HiRes qw(sleep time);
 
@@ -51,6 +52,27 @@ $location
         }
     }
 EOF
+}
+
+# placement($t, \@ids, by => HEADER) - where each session goes now: {id =>
+# the backend's X-Backend-Port (or the response header HEADER)}, or
+# "status N" for a request that failed.
+sub placement {
+    my ($t, $ids, %opt) = @_;
+    my $by = lc($opt{by} // 'X-Backend-Port');
+    my %where;
+    for my $id (@$ids) {
+        my $r = $t->http(GET => '/', headers => { 'X-Session-ID' => $id });
+        $where{$id} = $r->{status} == 200
+            ? $r->{headers}{$by} // "no $by" : "status $r->{status}";
+    }
+    return \%where;
+}
+
+# moved($before, $after) - the sorted ids whose place differs.
+sub moved {
+    my ($before, $after) = @_;
+    return [ grep { $before->{$_} ne $after->{$_} } sort keys %$before ];
 }
 
 # log_lines($path) - the lines of an access log once it has settled.  A
