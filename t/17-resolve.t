@@ -118,6 +118,24 @@ subtest 'status reports the current replicas' => sub {
     unlike $r->{body}, qr/\Q$addrs[1]:$port\E/, 'the removed one is not';
 };
 
+subtest 'a name without addresses, then with them again' => sub {
+    my $before = where(@ids);
+
+    $t->set_dns('llm.test' => []);
+    my $deadline = time + 20;
+    my $status = 200;
+    while (time < $deadline && $status == 200) {
+        $status = $t->http(GET => '/')->{status};
+        sleep 0.2;
+    }
+    is $status, 502, 'no replica: 502, as with round robin';
+
+    $t->set_dns('llm.test' => [ @addrs[0, 2, 3] ]);
+    ok wait_for(map { "$_:$port" } @addrs[0, 2, 3]), 'the replicas are back';
+    is_deeply moved($before, where(@ids)), [],
+        'and every session with the replica it had';
+};
+
 $t->stop_nginx;
 is_deeply [ $t->log_problems ], [], 'no alert, crit, emerg or crash in error.log';
 
