@@ -102,4 +102,13 @@
 #endif
 
 
+/*
+ * 1.29.6 also calls pc->notify when the response header arrives
+ * (NGX_HTTP_UPSTREAM_NOTIFY_HEADER); the sticky module chains it for its
+ * "learn" mode.  This balancer leaves it unset: it records pins and prompt
+ * levels when it routes, since the load bound must see them at once, and
+ * needs no macro for it.
+ */
+
+
 #endif /* _NGX_HTTP_UPSTREAM_AFFINITY_COMPAT_H_INCLUDED_ */
