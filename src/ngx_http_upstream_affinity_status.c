@@ -418,14 +418,17 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
 
     ngx_http_upstream_affinity_zone_info(shm_zone, &info);
 
-    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I}",
+    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
                      "name", (char *) shm_zone->shm.name.data,
                      shm_zone->shm.name.len,
                      "size", (json_int_t) shm_zone->shm.size,
                      "capacity", (json_int_t) info.capacity,
                      "entries", (json_int_t) info.used,
                      "evictions", (json_int_t) info.evictions,
-                     "expiries", (json_int_t) info.expiries);
+                     "expiries", (json_int_t) info.expiries,
+                     "peer_slots", (json_int_t) info.peer_slots_used,
+                     "peer_slots_reclaimed",
+                     (json_int_t) info.peer_slots_reclaimed);
 }
 
 
@@ -578,7 +581,14 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
             "# TYPE nginx_upstream_affinity_zone_evictions_total counter\n"
             "# HELP nginx_upstream_affinity_zone_expiries_total Entries "
             "dropped after their idle timeout.\n"
-            "# TYPE nginx_upstream_affinity_zone_expiries_total counter\n")
+            "# TYPE nginx_upstream_affinity_zone_expiries_total counter\n"
+            "# HELP nginx_upstream_affinity_zone_peer_slots Peer counter "
+            "slots in use (at most 256).\n"
+            "# TYPE nginx_upstream_affinity_zone_peer_slots gauge\n"
+            "# HELP nginx_upstream_affinity_zone_peer_slots_reclaimed_total "
+            "Peer counter slots handed from an idle peer to a new one.\n"
+            "# TYPE nginx_upstream_affinity_zone_peer_slots_reclaimed_total "
+            "counter\n")
         != NGX_OK)
     {
         return NGX_ERROR;
@@ -622,11 +632,18 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                     "nginx_upstream_affinity_zone_evictions_total"
                     "{zone=\"%V\",kind=\"%s\"} %uL\n"
                     "nginx_upstream_affinity_zone_expiries_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n",
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
+                    "nginx_upstream_affinity_zone_peer_slots"
+                    "{zone=\"%V\",kind=\"%s\"} %uD\n"
+                    "nginx_upstream_affinity_zone_peer_slots_reclaimed_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uD\n",
                     zname, k ? "prefixes" : "sessions", info.capacity,
                     zname, k ? "prefixes" : "sessions", info.used,
                     zname, k ? "prefixes" : "sessions", info.evictions,
-                    zname, k ? "prefixes" : "sessions", info.expiries)
+                    zname, k ? "prefixes" : "sessions", info.expiries,
+                    zname, k ? "prefixes" : "sessions", info.peer_slots_used,
+                    zname, k ? "prefixes" : "sessions",
+                    info.peer_slots_reclaimed)
                 != NGX_OK)
             {
                 return NGX_ERROR;

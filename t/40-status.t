@@ -95,6 +95,9 @@ subtest 'JSON counters after known traffic' => sub {
     is $u->{zones}{sessions}{entries}, 5, 'session zone holds 5 entries';
     is $u->{zones}{sessions}{name}, 'st_sessions', 'zone name';
     ok $u->{zones}{sessions}{capacity} > 30000, "1m holds $u->{zones}{sessions}{capacity} pins";
+    is $u->{zones}{sessions}{peer_slots}, 3,
+        'a counter slot for each server, the backup too';
+    is $u->{zones}{sessions}{peer_slots_reclaimed}, 0, 'none handed over';
     # each ~250-character prompt reaches only the 100-character level, which
     # both turns of a conversation share: one entry per conversation
     is $u->{zones}{prefixes}{entries}, 2, 'prefix zone holds one level each';
@@ -152,6 +155,10 @@ subtest 'Prometheus text format' => sub {
 
     ok exists $samples{nginx_upstream_affinity_zone_entries}{'zone="st_sessions",kind="sessions"'},
         'zone metrics';
+    is $samples{nginx_upstream_affinity_zone_peer_slots}{'zone="st_sessions",kind="sessions"'},
+        3, 'peer slots as in JSON';
+    is $samples{nginx_upstream_affinity_zone_peer_slots_reclaimed_total}{'zone="st_sessions",kind="sessions"'},
+        0, 'slots handed over as in JSON';
     ok scalar(grep { /upstream="odd\\"name"/ } keys %$req), 'label values are escaped';
 };
 
