@@ -83,8 +83,6 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
      * first, and the request keeps the one it was given.
      */
 
-    ngx_http_upstream_rr_peers_rlock(ap->primary);
-
     ngx_http_upstream_affinity_update_peers(ascf, ap->primary,
                                             r->connection->log);
 
@@ -94,13 +92,10 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
 
     ap->peers = ngx_palloc(r->pool, ap->npeers * sizeof(affinity_peer_t) + 1);
     if (ap->peers == NULL) {
-        ngx_http_upstream_rr_peers_unlock(ap->primary);
         return NGX_ERROR;
     }
 
     ngx_memcpy(ap->peers, ascf->peers, ap->npeers * sizeof(affinity_peer_t));
-
-    ngx_http_upstream_rr_peers_unlock(ap->primary);
 
     /*
      * The key is looked up once per request, not per try: a retry after
@@ -433,9 +428,12 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
 
 /*
  * Rebuilds the worker's view of the peers when servers with "resolve" have
- * changed the list (nginx 1.27.3+).  The caller holds the peers lock.  If
- * the rebuild fails (no memory) the old view stays, requests with it go to
- * round robin, and the next request tries again.
+ * changed the list (nginx 1.27.3+).  The generation is first read without
+ * the peers lock, so that a request pays nothing while the list stays as it
+ * is: a change that races with it is caught by get_peer, which compares the
+ * generation under the lock.  If the rebuild fails (no memory) the old view
+ * stays, requests with it go to round robin, and the next request tries
+ * again.
  */
 
 void
@@ -445,21 +443,24 @@ ngx_http_upstream_affinity_update_peers(
 {
     ngx_uint_t  config;
 
+    if (ngx_http_upstream_affinity_config(peers) == ascf->config) {
+        return;
+    }
+
+    ngx_http_upstream_rr_peers_rlock(peers);
+
     config = ngx_http_upstream_affinity_config(peers);
 
-    if (config == ascf->config) {
-        return;
-    }
-
-    if (ngx_http_upstream_affinity_build_peers(ascf, peers, NULL, log)
-        != NGX_OK)
+    if (config != ascf->config
+        && ngx_http_upstream_affinity_build_peers(ascf, peers, NULL, log)
+           == NGX_OK)
     {
-        return;
+        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                       "affinity upstream \"%V\": %ui peers, generation %ui",
+                       &ascf->name, ascf->npeers, config);
+
+        ascf->config = config;
     }
 
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
-                   "affinity upstream \"%V\": %ui peers, generation %ui",
-                   &ascf->name, ascf->npeers, config);
-
-    ascf->config = config;
+    ngx_http_upstream_rr_peers_unlock(peers);
 }

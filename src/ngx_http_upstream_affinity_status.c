@@ -203,12 +203,12 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
         zone = shctx->zone;
         peers = uscfp[i]->peer.data;
 
-        ngx_http_upstream_rr_peers_rlock(peers);
-
         /* the peers' slots as of the current list ("resolve" changes it) */
 
         ngx_http_upstream_affinity_update_peers(ascf, peers,
                                                 r->connection->log);
+
+        ngx_http_upstream_rr_peers_rlock(peers);
 
         for (list = peers, backup = 0; list; list = list->next, backup++) {
 
