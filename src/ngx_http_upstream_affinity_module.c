@@ -45,6 +45,9 @@ static ngx_int_t ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone,
     void *data);
 static ngx_int_t ngx_http_upstream_affinity_claim_slots(
     ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
+static void ngx_http_upstream_affinity_claim_conf_slots(
+    ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_log_t *log);
 
 static ngx_int_t ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf);
@@ -261,11 +264,9 @@ ngx_http_upstream_affinity_build_peers(
     ngx_uint_t                           i, n, nbackup, points, weight;
     affinity_ring_t                     *ring;
     affinity_peer_t                     *list;
-    affinity_ring_peer_t                *ring_peers;
     ngx_http_upstream_rr_peer_t         *peer;
     ngx_http_upstream_rr_peers_t        *backup;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
-    affinity_ring_peer_t                 stack[AFFINITY_MAX_PEERS];
+    affinity_ring_peer_t                 ring_peers[AFFINITY_MAX_PEERS];
 
     n = 0;
     weight = 0;
@@ -306,7 +307,6 @@ ngx_http_upstream_affinity_build_peers(
 
     backup_ids = (uint64_t *) (list + n);
     backup_slots = (uint32_t *) (backup_ids + nbackup);
-    ring_peers = stack;
 
     peer = peers->peer;
 
@@ -350,33 +350,12 @@ ngx_http_upstream_affinity_build_peers(
         }
     }
 
-    if (pool == NULL) {
-        shctx = ascf->counter_zone->data;
+    /* the previous run-time view; the one from the configuration is the
+     * pool's */
 
-        ngx_shmtx_lock(&shctx->shpool->mutex);
-
-        for (i = 0; i < n; i++) {
-            list[i].slot = affinity_zone_peer_slot(shctx->zone, list[i].id,
-                                                   (uint32_t) ngx_time());
-        }
-
-        for (i = 0; i < nbackup; i++) {
-            backup_slots[i] = affinity_zone_peer_slot(shctx->zone,
-                                                      backup_ids[i],
-                                                      (uint32_t) ngx_time());
-        }
-
-        ngx_shmtx_unlock(&shctx->shpool->mutex);
-
-        /* the previous run-time tables; those from the configuration are
-         * the pool's */
-
-        if (ascf->dynamic) {
-            affinity_ring_destroy(ascf->ring);
-            ngx_free(ascf->peers);
-        }
-
-        ascf->dynamic = 1;
+    if (pool == NULL && ascf->dynamic) {
+        affinity_ring_destroy(ascf->ring);
+        ngx_free(ascf->peers);
     }
 
     ascf->ring = ring;
@@ -385,6 +364,12 @@ ngx_http_upstream_affinity_build_peers(
     ascf->backup_ids = backup_ids;
     ascf->backup_slots = backup_slots;
     ascf->nbackup = nbackup;
+
+    if (pool == NULL) {
+        ascf->dynamic = 1;
+        ngx_http_upstream_affinity_claim_conf_slots(ascf->counter_zone->data,
+                                                    ascf, log);
+    }
 
     return NGX_OK;
 }
@@ -494,56 +479,56 @@ static ngx_int_t
 ngx_http_upstream_affinity_claim_slots(
     ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log)
 {
-    time_t                                   now;
-    ngx_uint_t                               i, j;
-    ngx_http_upstream_affinity_srv_conf_t  **confs, *ascf;
+    ngx_uint_t                               i;
+    ngx_http_upstream_affinity_srv_conf_t  **confs;
 
     confs = shctx->confs.elts;
-    now = ngx_time();
-
-    ngx_shmtx_lock(&shctx->shpool->mutex);
 
     for (i = 0; i < shctx->confs.nelts; i++) {
-        ascf = confs[i];
-
-        if (ascf->counter_zone != shctx->shm_zone) {
-            continue;
-        }
-
-        for (j = 0; j < ascf->npeers; j++) {
-            ascf->peers[j].slot = affinity_zone_peer_slot(shctx->zone,
-                                                          ascf->peers[j].id,
-                                                          (uint32_t) now);
-        }
-
-        for (j = 0; j < ascf->nbackup; j++) {
-            ascf->backup_slots[j] = affinity_zone_peer_slot(shctx->zone,
-                                                        ascf->backup_ids[j],
-                                                        (uint32_t) now);
-        }
-    }
-
-    ngx_shmtx_unlock(&shctx->shpool->mutex);
-
-    for (i = 0; i < shctx->confs.nelts; i++) {
-        ascf = confs[i];
-
-        if (ascf->counter_zone != shctx->shm_zone) {
-            continue;
-        }
-
-        for (j = 0; j < ascf->npeers; j++) {
-            if (ascf->peers[j].slot == AFFINITY_NO_SLOT) {
-                ngx_log_error(NGX_LOG_WARN, log, 0,
-                              "affinity zone is out of peer counter slots; "
-                              "some peers of upstream \"%V\" are balanced "
-                              "without their in-flight counts", &ascf->name);
-                break;
-            }
+        if (confs[i]->counter_zone == shctx->shm_zone) {
+            ngx_http_upstream_affinity_claim_conf_slots(shctx, confs[i], log);
         }
     }
 
     return NGX_OK;
+}
+
+
+/* the counter slots of one upstream's peers, primary and backup */
+
+static void
+ngx_http_upstream_affinity_claim_conf_slots(
+    ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_log_t *log)
+{
+    uint32_t    now;
+    ngx_uint_t  i, missing;
+
+    now = (uint32_t) ngx_time();
+    missing = 0;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+
+    for (i = 0; i < ascf->npeers; i++) {
+        ascf->peers[i].slot = affinity_zone_peer_slot(shctx->zone,
+                                                      ascf->peers[i].id, now);
+        missing |= (ascf->peers[i].slot == AFFINITY_NO_SLOT);
+    }
+
+    for (i = 0; i < ascf->nbackup; i++) {
+        ascf->backup_slots[i] = affinity_zone_peer_slot(shctx->zone,
+                                                        ascf->backup_ids[i],
+                                                        now);
+    }
+
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (missing) {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "affinity zone is out of peer counter slots; "
+                      "some peers of upstream \"%V\" are balanced "
+                      "without their in-flight counts", &ascf->name);
+    }
 }
 
 
