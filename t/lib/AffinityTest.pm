@@ -292,6 +292,22 @@ sub _backend_file {
     return $self->path("$dir/backend-$tag.$ext");
 }
 
+# _spawn($log, @command) - forks and execs @command with stdin from
+# /dev/null and stdout and stderr appended to $log; returns the child's pid.
+sub _spawn {
+    my ($log, @command) = @_;
+    my $pid = fork // croak "fork: $!";
+    if ($pid == 0) {
+        open STDIN, '<', File::Spec->devnull;
+        open STDOUT, '>>', $log;
+        open STDERR, '>&', \*STDOUT;
+        { exec @command };
+        print STDERR "exec $command[0]: $!\n";
+        POSIX::_exit(127);
+    }
+    return $pid;
+}
+
 sub _spawn_backend {
     my ($self, $key, %opt) = @_;
     my ($host, $port) = _split_key($key);
@@ -299,16 +315,9 @@ sub _spawn_backend {
     my $log   = $self->_backend_file($key, 'logs', 'log');
     my $ppid  = $$;
 
-    my $pid = fork // croak "fork: $!";
-    if ($pid == 0) {
-        open STDIN, '<', File::Spec->devnull;
-        open STDOUT, '>>', $log;
-        open STDERR, '>&', \*STDOUT;
-        { exec $^X, $BACKEND, '--host', $host, '--port', $port, '--delay-ms', $delay,
-            '--pidfile', $self->_backend_file($key, 'tmp', 'pid'), '--watch-pid', $ppid };
-        print STDERR "exec $^X $BACKEND: $!\n";
-        POSIX::_exit(127);
-    }
+    my $pid = _spawn($log, $^X, $BACKEND, '--host', $host, '--port', $port,
+        '--delay-ms', $delay, '--pidfile', $self->_backend_file($key, 'tmp', 'pid'),
+        '--watch-pid', $ppid);
     $self->{backends}{$key} = { pid => $pid, host => $host, port => $port,
                                 delay_ms => $delay };
 }
@@ -374,16 +383,8 @@ sub start_dns {
     my $ppid = $$;
     unlink $pidfile;
 
-    my $pid = fork // croak "fork: $!";
-    if ($pid == 0) {
-        open STDIN, '<', File::Spec->devnull;
-        open STDOUT, '>>', $log;
-        open STDERR, '>&', \*STDOUT;
-        { exec $^X, $DNS, '--port', $port, '--records', $records, '--ttl', $ttl,
-            '--pidfile', $pidfile, '--watch-pid', $ppid };
-        print STDERR "exec $^X $DNS: $!\n";
-        POSIX::_exit(127);
-    }
+    my $pid = _spawn($log, $^X, $DNS, '--port', $port, '--records', $records,
+        '--ttl', $ttl, '--pidfile', $pidfile, '--watch-pid', $ppid);
     $self->{dns} = { pid => $pid, port => $port, records => $records };
 
     # dns.pl writes its pid file once the socket is bound.
@@ -595,15 +596,7 @@ sub start_nginx {
     my $out     = $self->path('logs/nginx.out');
     unlink $pidfile;
 
-    my $pid = fork // croak "fork: $!";
-    if ($pid == 0) {
-        open STDIN, '<', File::Spec->devnull;
-        open STDOUT, '>>', $out;
-        open STDERR, '>&', \*STDOUT;
-        { exec $self->_nginx_cmd, '-g', 'daemon off;' };
-        print STDERR "exec $self->{nginx}: $!\n";
-        POSIX::_exit(127);
-    }
+    my $pid = _spawn($out, $self->_nginx_cmd, '-g', 'daemon off;');
     $self->{nginx_pid} = $pid;
 
     my $deadline = time + 15;
