@@ -12,7 +12,7 @@ mkdir -p $affinity_core_dir
 cat << END                                                >> $NGX_MAKEFILE
 
 AFFINITY_CXX = \$(if \$(CXX),\$(CXX),g++)
-AFFINITY_CXXFLAGS = -std=c++17 -O3 -g -fPIC -fvisibility=hidden \\
+AFFINITY_CXXFLAGS = -std=c++17 -O3 -g -DNDEBUG -fPIC -fvisibility=hidden \\
 	-fvisibility-inlines-hidden -Wall -Wextra -Werror=return-type \\
 	${AFFINITY_MARCH:+-march=$AFFINITY_MARCH} \\
 	-I $ngx_addon_dir/src/core/include -I $ngx_addon_dir/src/core

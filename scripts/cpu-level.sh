@@ -1,9 +1,13 @@
 #!/bin/sh
-# Prints the -march level to build the core with: simdjson's On-Demand parser
-# uses the SIMD kernel of the ISA it is compiled for (and only that one), so
-# the core is built for the best level the build host has, which is what
-# the hosts that run the module have in the usual case.  The module checks
-# the CPU when it loads and refuses to start on a CPU below that level.
+# Prints the -march level to build the core with.  The JSON parser needs
+# none: simdjson's DOM parser lives in libsimdjson, which picks its SIMD
+# kernel when it runs.  The core's own per-request work does: counting code
+# points and hashing prompt text (XXH3) take AVX2 at x86-64-v3, which makes
+# prompt hashing about 2.5 times faster than a baseline build (README,
+# "Performance").  So the core is built for the best level the build host
+# has, which is what the hosts that run the module have in the usual case.
+# The module checks the CPU when it loads and refuses to start on a CPU
+# below that level.
 #
 #   AFFINITY_MARCH=x86-64 | x86-64-v2 | x86-64-v3 | none   overrides
 set -eu

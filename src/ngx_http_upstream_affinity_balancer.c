@@ -98,32 +98,13 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ngx_memcpy(ap->peers, ascf->peers, ap->npeers * sizeof(affinity_peer_t));
 
     /*
-     * The key is looked up once per request, not per try: a retry after
-     * proxy_next_upstream routes the same session.
+     * The key and the prompt are read once per request, not per try: a
+     * retry after proxy_next_upstream routes the same session.
      */
 
-    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
-
-    if (ctx == NULL || ctx->conf != ascf) {
-        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_upstream_affinity_ctx_t));
-        if (ctx == NULL) {
-            return NGX_ERROR;
-        }
-
-        ctx->conf = ascf;
-        ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);
-
-        if (ascf->session_zone
-            && ngx_http_upstream_affinity_session_key(r, ascf, ctx) != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
-
-        if (ascf->prefix_zone
-            && ngx_http_upstream_affinity_prompt(r, ascf, ctx) != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
+    ctx = ngx_http_upstream_affinity_request(r, ascf);
+    if (ctx == NULL) {
+        return NGX_ERROR;
     }
 
     ap->ctx = ctx;
@@ -150,6 +131,55 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ap->request.rotate = (uint32_t) ngx_random();
 
     return NGX_OK;
+}
+
+
+/*
+ * What the balancer needs of a request: its session key and its prompt
+ * levels, read from the headers and from the body (parsed once for both).
+ * Done once per request and upstream, by whoever asks first: the balancer,
+ * or $affinity_session when proxy_set_header evaluates it, before the
+ * balancer runs.  NULL on allocation failure only: a request without a
+ * usable key or body is still routed.
+ */
+
+ngx_http_upstream_affinity_ctx_t *
+ngx_http_upstream_affinity_request(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    ngx_int_t                           rc;
+    ngx_http_upstream_affinity_ctx_t   *ctx;
+    ngx_http_upstream_affinity_body_t   body;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx && ctx->conf == ascf) {
+        return ctx;
+    }
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_upstream_affinity_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    ctx->conf = ascf;
+    ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);
+
+    ngx_memzero(&body, sizeof(ngx_http_upstream_affinity_body_t));
+
+    rc = NGX_OK;
+
+    if (ascf->session_zone) {
+        rc = ngx_http_upstream_affinity_session_key(r, ascf, ctx, &body);
+    }
+
+    if (rc == NGX_OK && ascf->prefix_zone) {
+        rc = ngx_http_upstream_affinity_prompt(r, ascf, ctx, &body);
+    }
+
+    ngx_http_upstream_affinity_body_unload(&body);
+
+    return rc == NGX_OK ? ctx : NULL;
 }
 
 

@@ -1,8 +1,8 @@
 
 /*
- * The request body for ngx_http_upstream_affinity_module: read once per
- * request from what nginx buffered for the upstream (memory buffers, a
- * temporary file, or both), for the session key fields and the prompt
+ * The request body for ngx_http_upstream_affinity_module: the one nginx
+ * buffered for the upstream (memory buffers, a temporary file, or both),
+ * parsed once per request for the session key fields and the prompt
  * prefixes.  A body that cannot be used never fails the request: the
  * balancer goes on without it, and the error log says why once per worker.
  */
@@ -12,38 +12,67 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include <sys/mman.h>
+#if (NGX_LINUX) && defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "ngx_http_upstream_affinity_module.h"
 
 
 /* bodies larger than this are balanced without looking inside */
-#define NGX_HTTP_UPSTREAM_AFFINITY_BODY_MAX  (16 * 1024 * 1024)
+#define NGX_HTTP_UPSTREAM_AFFINITY_BODY_MAX     (16 * 1024 * 1024)
+
+/*
+ * Bodies up to this size are copied into the request pool, and the JSON
+ * parser keeps the buffers it grew for them.  A larger body is mapped (a
+ * temporary file) or copied into a mapping of its own, and everything it
+ * made grow is given back once the request ends, so that a few large
+ * bodies do not leave a worker holding their memory.
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN  (256 * 1024)
 
 
-/* per worker: each reason is logged once */
-static ngx_uint_t  ngx_http_upstream_affinity_warned[
+static ngx_int_t ngx_http_upstream_affinity_body_map(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body, ngx_buf_t *b);
+static ngx_int_t ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body, size_t len);
+static void ngx_http_upstream_affinity_trim_later(ngx_http_request_t *r);
+#if (NGX_LINUX) && defined(__GLIBC__)
+static void ngx_http_upstream_affinity_trim_cleanup(void *data);
+static void ngx_http_upstream_affinity_trim(ngx_event_t *ev);
+#endif
+
+
+/* per worker: the JSON reader, and each warning logged once */
+static affinity_json_t  *ngx_http_upstream_affinity_json;
+static ngx_uint_t        ngx_http_upstream_affinity_warned[
                                      NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST];
 
+#if (NGX_LINUX) && defined(__GLIBC__)
+static ngx_event_t       ngx_http_upstream_affinity_trim_event;
+#endif
+
+
+/*
+ * Parses the request body on first use; later calls answer from the first.
+ * NGX_DECLINED: there is no usable body (the reason is logged once).
+ */
 
 ngx_int_t
-ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_ctx_t *ctx)
+ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body)
 {
-    off_t                               total;
-    size_t                              size;
-    u_char                             *p;
-    ssize_t                             n;
-    ngx_buf_t                          *b;
-    ngx_str_t                          *type;
-    ngx_chain_t                        *cl;
-    ngx_http_upstream_affinity_body_t  *body;
+    off_t         total;
+    ngx_int_t     rc;
+    ngx_str_t    *type;
+    ngx_chain_t  *cl;
 
-    body = &ctx->body;
-
-    if (body->read) {
-        return body->data ? NGX_OK : NGX_DECLINED;
+    if (body->tried) {
+        return body->loaded ? NGX_OK : NGX_DECLINED;
     }
 
-    body->read = 1;
+    body->tried = 1;
 
     /* an unbuffered body is still on its way: only part of it is here */
 
@@ -97,9 +126,138 @@ ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    p = ngx_pnalloc(r->pool, (size_t) total + AFFINITY_JSON_PADDING);
-    if (p == NULL) {
-        return NGX_ERROR;
+    if (ngx_http_upstream_affinity_json == NULL) {
+        ngx_http_upstream_affinity_json =
+                 affinity_json_create(NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN);
+
+        if (ngx_http_upstream_affinity_json == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    /*
+     * A body nginx wrote to a temporary file is mapped, not read: the
+     * parser indexes it in place, and its pages are the page cache's, not
+     * the worker's.  Anything else is made one buffer with the padding the
+     * parser reads past the end.
+     */
+
+    cl = r->request_body->bufs;
+
+    if (cl->next == NULL && cl->buf->in_file && !ngx_buf_in_memory(cl->buf)) {
+        rc = ngx_http_upstream_affinity_body_map(r, body, cl->buf);
+
+    } else {
+        rc = NGX_DECLINED;
+    }
+
+    if (rc == NGX_DECLINED) {
+        rc = ngx_http_upstream_affinity_body_copy(r, body, (size_t) total);
+    }
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if ((size_t) total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN) {
+        ngx_http_upstream_affinity_trim_later(r);
+    }
+
+    if (affinity_json_load(ngx_http_upstream_affinity_json,
+                           (char *) body->data, body->len)
+        != 0)
+    {
+        ngx_http_upstream_affinity_body_unload(body);
+
+        ngx_http_upstream_affinity_warn(r,
+            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
+            "affinity: request body is not a valid JSON object, "
+            "balancing without it", NULL);
+        return NGX_DECLINED;
+    }
+
+    body->json = ngx_http_upstream_affinity_json;
+    body->loaded = 1;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Maps the temporary file of a body, followed by a page of zeros: the
+ * parser may read AFFINITY_JSON_PADDING bytes past the end, and a page of
+ * the file past its end would fault.  NGX_DECLINED: read it instead.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_body_map(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body, ngx_buf_t *b)
+{
+    off_t    start;
+    size_t   len, delta, file_len;
+    u_char  *base, *p;
+
+    len = (size_t) (b->file_last - b->file_pos);
+    start = b->file_pos & ~((off_t) ngx_pagesize - 1);
+    delta = (size_t) (b->file_pos - start);
+    file_len = ngx_align(delta + len, ngx_pagesize);
+
+    base = mmap(NULL, file_len + ngx_pagesize, PROT_READ,
+                MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+        return NGX_DECLINED;
+    }
+
+    p = mmap(base, file_len, PROT_READ, MAP_PRIVATE|MAP_FIXED, b->file->fd,
+             start);
+    if (p == MAP_FAILED) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, ngx_errno,
+                      "affinity: mmap() of \"%V\" failed, reading it",
+                      &b->file->name);
+        (void) munmap(base, file_len + ngx_pagesize);
+        return NGX_DECLINED;
+    }
+
+    body->map = base;
+    body->map_len = file_len + ngx_pagesize;
+    body->data = base + delta;
+    body->len = len;
+
+    return NGX_OK;
+}
+
+
+/* the body's buffers, in memory or in a file, copied into one */
+
+static ngx_int_t
+ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body, size_t len)
+{
+    size_t        size;
+    ssize_t       n;
+    u_char       *p;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    size = len + AFFINITY_JSON_PADDING;
+
+    if (len <= NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN) {
+        p = ngx_pnalloc(r->pool, size);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        p = mmap(NULL, size, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS,
+                 -1, 0);
+        if (p == MAP_FAILED) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
+                          "affinity: mmap(%uz) failed", size);
+            return NGX_ERROR;
+        }
+
+        body->map = p;
+        body->map_len = size;
     }
 
     body->data = p;
@@ -121,11 +279,12 @@ ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
         n = ngx_read_file(b->file, p, size, b->file_pos);
 
         if (n != (ssize_t) size) {
+            ngx_http_upstream_affinity_body_unload(body);
+
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
                 "affinity: could not read the request body from "
                 "its temporary file, balancing without it", NULL);
-            body->data = NULL;
             return NGX_DECLINED;
         }
 
@@ -139,6 +298,25 @@ ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
 }
 
 
+/* the body is no longer needed: the parser forgets it, mappings go */
+
+void
+ngx_http_upstream_affinity_body_unload(ngx_http_upstream_affinity_body_t *body)
+{
+    if (body->loaded) {
+        affinity_json_unload(body->json);
+        body->loaded = 0;
+    }
+
+    if (body->map) {
+        (void) munmap(body->map, body->map_len);
+        body->map = NULL;
+    }
+
+    body->data = NULL;
+}
+
+
 /*
  * The prompt's prefixes, hashed at the configured levels.  Leaves
  * ctx->nlevels at 0 when the body has no usable prompt.
@@ -147,13 +325,14 @@ ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
 ngx_int_t
 ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
-    ngx_http_upstream_affinity_ctx_t *ctx)
+    ngx_http_upstream_affinity_ctx_t *ctx,
+    ngx_http_upstream_affinity_body_t *body)
 {
     size_t             n;
     ngx_int_t          rc;
     affinity_prompt_e  prc;
 
-    rc = ngx_http_upstream_affinity_read_body(r, ctx);
+    rc = ngx_http_upstream_affinity_body_load(r, body);
 
     if (rc != NGX_OK) {
         return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
@@ -165,9 +344,8 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    prc = affinity_prompt_levels((char *) ctx->body.data, ctx->body.len,
-                                 ascf->schedule, ascf->nschedule,
-                                 ctx->levels, ascf->nschedule, &n);
+    prc = affinity_json_prompt(body->json, ascf->schedule, ascf->nschedule,
+                               ctx->levels, ascf->nschedule, &n);
 
     switch (prc) {
 
@@ -184,7 +362,7 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
 
     default: /* AFFINITY_PROMPT_INVALID */
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_INVALID,
+            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
             "affinity: request body is not a valid JSON object, "
             "balancing without it", NULL);
         break;
@@ -196,6 +374,78 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
                    ctx->nlevels ? (ngx_uint_t) ctx->levels[n - 1].length : 0);
 
     return NGX_OK;
+}
+
+
+/*
+ * glibc keeps large blocks freed on its heap when an earlier large free
+ * raised its mapping threshold: after a request with a large body, the
+ * worker gives the free pages back once the request's memory (nginx's own
+ * body buffers among it) is freed.  The cleanup runs before the pool frees
+ * its blocks, so it only posts the trim for the next turn of the event loop.
+ */
+
+static void
+ngx_http_upstream_affinity_trim_later(ngx_http_request_t *r)
+{
+#if (NGX_LINUX) && defined(__GLIBC__)
+    ngx_pool_cleanup_t  *cln;
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return;
+    }
+
+    cln->handler = ngx_http_upstream_affinity_trim_cleanup;
+    cln->data = NULL;
+#endif
+}
+
+
+#if (NGX_LINUX) && defined(__GLIBC__)
+
+static void
+ngx_http_upstream_affinity_trim_cleanup(void *data)
+{
+    ngx_event_t  *ev;
+
+    ev = &ngx_http_upstream_affinity_trim_event;
+
+    if (ev->handler == NULL) {
+        ev->handler = ngx_http_upstream_affinity_trim;
+        ev->log = ngx_cycle->log;
+    }
+
+    ngx_post_event(ev, &ngx_posted_events);
+}
+
+
+static void
+ngx_http_upstream_affinity_trim(ngx_event_t *ev)
+{
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, ev->log, 0, "affinity malloc_trim()");
+
+    (void) malloc_trim(0);
+}
+
+#endif
+
+
+/* at worker exit: the reader and its buffers */
+
+void
+ngx_http_upstream_affinity_body_exit(void)
+{
+#if (NGX_LINUX) && defined(__GLIBC__)
+    if (ngx_http_upstream_affinity_trim_event.posted) {
+        ngx_delete_posted_event(&ngx_http_upstream_affinity_trim_event);
+    }
+#endif
+
+    if (ngx_http_upstream_affinity_json) {
+        affinity_json_destroy(ngx_http_upstream_affinity_json);
+        ngx_http_upstream_affinity_json = NULL;
+    }
 }
 
 

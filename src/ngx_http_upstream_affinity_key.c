@@ -22,14 +22,15 @@
 static ngx_int_t ngx_http_upstream_affinity_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value);
 static ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_ctx_t *ctx, ngx_str_t *path,
+    ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
     ngx_str_t *value);
 
 
 ngx_int_t
 ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
-    ngx_http_upstream_affinity_ctx_t *ctx)
+    ngx_http_upstream_affinity_ctx_t *ctx,
+    ngx_http_upstream_affinity_body_t *body)
 {
     ngx_int_t                             rc;
     ngx_str_t                             value;
@@ -56,7 +57,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
             break;
 
         default: /* NGX_HTTP_UPSTREAM_AFFINITY_FIELD */
-            rc = ngx_http_upstream_affinity_field(r, ctx, &src[i].name,
+            rc = ngx_http_upstream_affinity_field(r, body, &src[i].name,
                                                   &value);
             break;
         }
@@ -93,15 +94,25 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
         }
     }
 
+    /*
+     * Any key routes.  Only a key without control characters is shown in
+     * $affinity_session (which ends up in request and response headers
+     * and in logs), and only one made of cookie octets is echoed.
+     */
+
     if (ctx->keyed) {
+        ctx->exposed = affinity_key_exposable((char *) ctx->key.data,
+                                              ctx->key.len)
+                       ? 1 : 0;
         ctx->echo = affinity_key_echoable((char *) ctx->key.data,
                                           ctx->key.len)
                     ? 1 : 0;
     }
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "affinity session key: \"%V\", source: %i, echo: %ui",
-                   &ctx->key, (ngx_int_t) ctx->source, (ngx_uint_t) ctx->echo);
+                   "affinity session key: %uz bytes, source: %i, echo: %ui",
+                   ctx->key.len, (ngx_int_t) ctx->source,
+                   (ngx_uint_t) ctx->echo);
 
     return NGX_OK;
 }
@@ -142,35 +153,28 @@ ngx_http_upstream_affinity_header(ngx_http_request_t *r, ngx_str_t *name,
 
 static ngx_int_t
 ngx_http_upstream_affinity_field(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_ctx_t *ctx, ngx_str_t *path, ngx_str_t *value)
+    ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
+    ngx_str_t *value)
 {
     size_t            len;
     ngx_int_t         rc;
     affinity_field_e  frc;
     u_char            out[NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX];
 
-    if (ctx->body.read && ctx->body.invalid) {
-        /* an earlier field found the body is not a JSON object */
-        return NGX_DECLINED;
-    }
-
-    rc = ngx_http_upstream_affinity_read_body(r, ctx);
+    rc = ngx_http_upstream_affinity_body_load(r, body);
 
     if (rc != NGX_OK) {
         return rc;
     }
 
-    frc = affinity_json_field((char *) ctx->body.data, ctx->body.len,
-                              (char *) path->data, path->len, (char *) out,
-                              sizeof(out), &len);
+    frc = affinity_json_field(body->json, (char *) path->data, path->len,
+                              (char *) out, sizeof(out), &len);
 
     if (frc == AFFINITY_FIELD_INVALID) {
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_FIELD_INVALID,
-            "affinity: request body is not a JSON object, "
-            "session field \"%V\" ignored", path);
-
-        ctx->body.invalid = 1;
+            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
+            "affinity: request body is not a valid JSON object, "
+            "balancing without it", NULL);
         return NGX_DECLINED;
     }
 

@@ -74,8 +74,14 @@ static char *ngx_http_upstream_affinity_zone(ngx_conf_t *cf,
     ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **zone);
 static ngx_int_t ngx_http_upstream_affinity_timeout(ngx_conf_t *cf,
     ngx_str_t *value, time_t *timeout);
+static ngx_int_t ngx_http_upstream_affinity_cookie_parameter(ngx_conf_t *cf,
+    ngx_str_t *value, ngx_http_upstream_affinity_cookie_t *cookie);
+static ngx_int_t ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_cookie_t *cookie);
 static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf);
+static void ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle);
 
 
 static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
@@ -137,7 +143,7 @@ ngx_module_t  ngx_http_upstream_affinity_module = {
     NULL,                                  /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
-    NULL,                                  /* exit process */
+    ngx_http_upstream_affinity_exit_process, /* exit process */
     NULL,                                  /* exit master */
     NGX_MODULE_V1_PADDING
 };
@@ -533,11 +539,18 @@ ngx_http_upstream_affinity_claim_conf_slots(
 
 
 /*
- * The core is compiled for the instruction set of the build host (its JSON
- * parser has one SIMD kernel, chosen at compile time).  On a CPU below that
- * level it would die of SIGILL; refuse to start instead, before any
- * directive calls into it.
+ * The core is compiled for the instruction set level of the build host
+ * (scripts/cpu-level.sh).  On a CPU below that level it would die of
+ * SIGILL; refuse to start instead, before any directive calls into it.
+ * GCC 12 tests a whole level; older compilers test its main features.
  */
+
+#if (defined __GNUC__ && !defined __clang__ && __GNUC__ >= 12)
+#define ngx_http_upstream_affinity_cpu_has(level, features)                   \
+    __builtin_cpu_supports(level)
+#else
+#define ngx_http_upstream_affinity_cpu_has(level, features)  (features)
+#endif
 
 static ngx_int_t
 ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf)
@@ -549,17 +562,22 @@ ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf)
     __builtin_cpu_init();
 
 #if (NGX_HTTP_UPSTREAM_AFFINITY_X86_64_V3)
-    level = "x86-64-v3 (AVX2, BMI2, FMA)";
+    level = "x86-64-v3 (AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE)";
 
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2")
-        && __builtin_cpu_supports("fma"))
+    if (ngx_http_upstream_affinity_cpu_has("x86-64-v3",
+            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi")
+            && __builtin_cpu_supports("bmi2")
+            && __builtin_cpu_supports("fma")))
     {
         return NGX_OK;
     }
 #else
     level = "x86-64-v2 (SSE4.2, POPCNT)";
 
-    if (__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt")) {
+    if (ngx_http_upstream_affinity_cpu_has("x86-64-v2",
+            __builtin_cpu_supports("sse4.2")
+            && __builtin_cpu_supports("popcnt")))
+    {
         return NGX_OK;
     }
 #endif
@@ -626,15 +644,45 @@ ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
 }
 
 
+/*
+ * $affinity_session: the key in use.  proxy_set_header evaluates it while
+ * the request to the upstream is built, before the balancer runs: the key
+ * is then read (or generated) here, for the upstream that proxy_pass names,
+ * and the balancer uses the same one.  A key with control characters is
+ * used for routing but never shown.
+ */
+
 static ngx_int_t
 ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
 {
-    ngx_http_upstream_affinity_ctx_t  *ctx;
+    ngx_http_upstream_srv_conf_t           *uscf;
+    ngx_http_upstream_affinity_ctx_t       *ctx;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
-    if (ctx == NULL || !ctx->keyed) {
+    if (ctx == NULL
+        && r->upstream
+        && r->upstream->conf
+        && r->upstream->conf->upstream)
+    {
+        uscf = r->upstream->conf->upstream;
+
+        if (uscf->srv_conf
+            && uscf->peer.init == ngx_http_upstream_init_affinity_peer)
+        {
+            ascf = ngx_http_conf_upstream_srv_conf(uscf,
+                                            ngx_http_upstream_affinity_module);
+
+            ctx = ngx_http_upstream_affinity_request(r, ascf);
+            if (ctx == NULL) {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    if (ctx == NULL || !ctx->keyed || !ctx->exposed) {
         v->not_found = 1;
         return NGX_OK;
     }
@@ -681,7 +729,11 @@ ngx_http_upstream_affinity_prefix_len_variable(ngx_http_request_t *r,
 /*
  * Echoes the session key to the client: in the configured header (so a
  * client that did not send one learns its generated id) and, with cookie=,
- * in Set-Cookie.  Keys that are unsafe in a header are never echoed.
+ * in Set-Cookie.  A key that came from the cookie is never copied into the
+ * header: an HttpOnly cookie (often an authentication token) must stay out
+ * of reach of page scripts; it is only refreshed in Set-Cookie when the
+ * cookie has a Max-Age.  Keys that are not safe as a cookie value are never
+ * echoed.
  */
 
 static ngx_int_t
@@ -705,6 +757,10 @@ ngx_http_upstream_affinity_header_filter(ngx_http_request_t *r)
     }
 
     ascf = ctx->conf;
+
+    if (ctx->source == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE) {
+        goto cookie;
+    }
 
     /* do not repeat a header the backend already set */
 
@@ -748,12 +804,13 @@ cookie:
 
     /*
      * Set the cookie when the client cannot have it yet: the key was
-     * generated, or came from somewhere other than that cookie.
+     * generated, or came from another source.  A key that came from the
+     * cookie is sent back only to slide its Max-Age.
      */
 
     if (ascf->echo_cookie.len == 0
-        || (!ctx->generated
-            && ctx->source == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE))
+        || (ctx->source == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE
+            && ascf->cookie_max_age == NGX_CONF_UNSET))
     {
         return ngx_http_next_header_filter(r);
     }
@@ -764,7 +821,7 @@ cookie:
     }
 
     h->value.len = ascf->echo_cookie.len + 1 + ctx->key.len
-                   + sizeof("; Path=/; HttpOnly; SameSite=Lax") - 1;
+                   + ascf->cookie_attributes.len;
 
     h->value.data = ngx_pnalloc(r->pool, h->value.len);
     if (h->value.data == NULL) {
@@ -774,8 +831,7 @@ cookie:
     p = ngx_copy(h->value.data, ascf->echo_cookie.data, ascf->echo_cookie.len);
     *p++ = '=';
     p = ngx_copy(p, ctx->key.data, ctx->key.len);
-    ngx_memcpy(p, "; Path=/; HttpOnly; SameSite=Lax",
-               sizeof("; Path=/; HttpOnly; SameSite=Lax") - 1);
+    ngx_memcpy(p, ascf->cookie_attributes.data, ascf->cookie_attributes.len);
 
     h->hash = 1;
     ngx_str_set(&h->key, "Set-Cookie");
@@ -797,6 +853,13 @@ ngx_http_upstream_affinity_init(ngx_conf_t *cf)
 }
 
 
+static void
+ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_upstream_affinity_body_exit();
+}
+
+
 static void *
 ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
 {
@@ -814,6 +877,7 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
      *     conf->sources = NULL;
      *     conf->echo_header = { 0, NULL };
      *     conf->echo_cookie = { 0, NULL };
+     *     conf->cookie_attributes = { 0, NULL };
      *     conf->generate = 0;
      *     conf->session_zone = NULL;
      *     conf->prefix_zone = NULL;
@@ -831,6 +895,7 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
      *     conf->name = { 0, NULL };
      */
 
+    conf->cookie_max_age = NGX_CONF_UNSET;
     conf->session_timeout = 3600;
     conf->prefix_timeout = 600;
     conf->factor = 1250;
@@ -849,6 +914,7 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
     u_char                               *p;
     ngx_str_t                            *value, s, zone;
     ngx_uint_t                            i, type;
+    ngx_http_upstream_affinity_cookie_t   cookie;
     ngx_http_upstream_affinity_source_t  *src;
 
     static ngx_str_t  suffix = ngx_string("_sessions");
@@ -865,6 +931,11 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
 
     value = cf->args->elts;
     ngx_str_null(&zone);
+
+    ngx_memzero(&cookie, sizeof(ngx_http_upstream_affinity_cookie_t));
+    cookie.max_age = NGX_CONF_UNSET;
+    cookie.samesite = NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_LAX;
+    ngx_str_set(&cookie.path, "/");
 
     for (i = 1; i < cf->args->nelts; i++) {
 
@@ -895,6 +966,15 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
         } else if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
             if (ngx_http_upstream_affinity_timeout(cf, &value[i],
                                                    &ascf->session_timeout)
+                != NGX_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+
+        } else if (ngx_strncmp(value[i].data, "cookie_", 7) == 0) {
+            if (ngx_http_upstream_affinity_cookie_parameter(cf, &value[i],
+                                                            &cookie)
                 != NGX_OK)
             {
                 return NGX_CONF_ERROR;
@@ -979,6 +1059,12 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (ascf->echo_header.len == 0) {
         ascf->echo_header = ngx_http_upstream_affinity_default_header;
+    }
+
+    if (ngx_http_upstream_affinity_cookie_attributes(cf, ascf, &cookie)
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
     }
 
     return ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
@@ -1334,6 +1420,191 @@ ngx_http_upstream_affinity_timeout(ngx_conf_t *cf, ngx_str_t *value,
     }
 
     *timeout = t;
+
+    return NGX_OK;
+}
+
+
+/*
+ * "cookie_secure", "cookie_max_age=TIME", "cookie_domain=NAME",
+ * "cookie_path=PATH", "cookie_samesite=strict|lax|none|off": the
+ * attributes of the Set-Cookie that echoes the key.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_cookie_parameter(ngx_conf_t *cf, ngx_str_t *value,
+    ngx_http_upstream_affinity_cookie_t *cookie)
+{
+    u_char     *p;
+    time_t      t;
+    ngx_str_t   s;
+
+    if (ngx_strcmp(value->data, "cookie_secure") == 0) {
+        cookie->secure = 1;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(value->data, "cookie_max_age=", 15) == 0) {
+        s.data = value->data + 15;
+        s.len = value->len - 15;
+
+        t = ngx_parse_time(&s, 1);
+
+        if (t == (time_t) NGX_ERROR) {
+            goto invalid;
+        }
+
+        cookie->max_age = t;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(value->data, "cookie_domain=", 14) == 0) {
+        s.data = value->data + 14;
+        s.len = value->len - 14;
+
+        for (p = s.data; p < s.data + s.len; p++) {
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')
+                  || (*p >= '0' && *p <= '9') || *p == '.' || *p == '-'))
+            {
+                goto invalid;
+            }
+        }
+
+        if (s.len == 0) {
+            goto invalid;
+        }
+
+        cookie->domain = s;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(value->data, "cookie_path=", 12) == 0) {
+        s.data = value->data + 12;
+        s.len = value->len - 12;
+
+        if (s.len == 0 || s.data[0] != '/') {
+            goto invalid;
+        }
+
+        for (p = s.data; p < s.data + s.len; p++) {
+            if (*p <= ' ' || *p >= 0x7f || *p == ';' || *p == ',') {
+                goto invalid;
+            }
+        }
+
+        cookie->path = s;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(value->data, "cookie_samesite=", 16) == 0) {
+        s.data = value->data + 16;
+        s.len = value->len - 16;
+
+        if (s.len == 6 && ngx_strncasecmp(s.data, (u_char *) "strict", 6) == 0)
+        {
+            cookie->samesite = NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_STRICT;
+
+        } else if (s.len == 3
+                   && ngx_strncasecmp(s.data, (u_char *) "lax", 3) == 0)
+        {
+            cookie->samesite = NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_LAX;
+
+        } else if (s.len == 4
+                   && ngx_strncasecmp(s.data, (u_char *) "none", 4) == 0)
+        {
+            cookie->samesite = NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_NONE;
+
+        } else if (s.len == 3
+                   && ngx_strncasecmp(s.data, (u_char *) "off", 3) == 0)
+        {
+            cookie->samesite = NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_OFF;
+
+        } else {
+            goto invalid;
+        }
+
+        return NGX_OK;
+    }
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "invalid parameter \"%V\"",
+                       value);
+    return NGX_ERROR;
+}
+
+
+/* the attributes after "NAME=KEY" in Set-Cookie, written once */
+
+static ngx_int_t
+ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_cookie_t *cookie)
+{
+    u_char  *p;
+    size_t   len;
+
+    static ngx_str_t  samesite[] = {
+        ngx_string("; SameSite=Lax"),
+        ngx_string("; SameSite=Strict"),
+        ngx_string("; SameSite=None"),
+        ngx_null_string
+    };
+
+    if (cookie->samesite == NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_NONE
+        && !cookie->secure)
+    {
+        /* browsers drop such cookies */
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"cookie_samesite=none\" requires "
+                           "\"cookie_secure\"");
+        return NGX_ERROR;
+    }
+
+    len = sizeof("; Path=") - 1 + cookie->path.len
+          + sizeof("; HttpOnly") - 1
+          + samesite[cookie->samesite].len;
+
+    if (cookie->domain.len) {
+        len += sizeof("; Domain=") - 1 + cookie->domain.len;
+    }
+
+    if (cookie->max_age != NGX_CONF_UNSET) {
+        len += sizeof("; Max-Age=") - 1 + NGX_TIME_T_LEN;
+    }
+
+    if (cookie->secure) {
+        len += sizeof("; Secure") - 1;
+    }
+
+    p = ngx_pnalloc(cf->pool, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    ascf->cookie_attributes.data = p;
+
+    p = ngx_sprintf(p, "; Path=%V", &cookie->path);
+
+    if (cookie->domain.len) {
+        p = ngx_sprintf(p, "; Domain=%V", &cookie->domain);
+    }
+
+    if (cookie->max_age != NGX_CONF_UNSET) {
+        p = ngx_sprintf(p, "; Max-Age=%T", cookie->max_age);
+    }
+
+    p = ngx_cpymem(p, "; HttpOnly", sizeof("; HttpOnly") - 1);
+
+    if (cookie->secure) {
+        p = ngx_cpymem(p, "; Secure", sizeof("; Secure") - 1);
+    }
+
+    p = ngx_cpymem(p, samesite[cookie->samesite].data,
+                   samesite[cookie->samesite].len);
+
+    ascf->cookie_attributes.len = p - ascf->cookie_attributes.data;
+    ascf->cookie_max_age = cookie->max_age;
 
     return NGX_OK;
 }

@@ -32,6 +32,22 @@ typedef struct {
 } ngx_http_upstream_affinity_source_t;
 
 
+#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_LAX     0
+#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_STRICT  1
+#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_NONE    2
+#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_OFF     3
+
+
+/* the cookie_* parameters of session_affinity while they are parsed */
+typedef struct {
+    ngx_str_t                               path;
+    ngx_str_t                               domain;
+    time_t                                  max_age;
+    ngx_uint_t                              samesite;
+    unsigned                                secure:1;
+} ngx_http_upstream_affinity_cookie_t;
+
+
 /* shm_zone->data of an affinity zone */
 typedef struct {
     ngx_slab_pool_t                        *shpool;
@@ -49,20 +65,22 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_FIELD_INVALID,
-    NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_INVALID,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
 } ngx_http_upstream_affinity_warning_e;
 
 
-/* the request body, read once per request for all who need it */
+/* the request body while a request is analyzed: parsed once, on first use */
 typedef struct {
+    affinity_json_t                        *json;   /* the body loaded */
     u_char                                 *data;   /* padded for the parser */
     size_t                                  len;
-    unsigned                                read:1;
-    unsigned                                invalid:1; /* not a JSON object */
+    u_char                                 *map;    /* to unmap, or NULL */
+    size_t                                  map_len;
+    unsigned                                tried:1;
+    unsigned                                loaded:1;
 } ngx_http_upstream_affinity_body_t;
 
 
@@ -71,6 +89,8 @@ typedef struct {
     ngx_array_t                            *sources;
     ngx_str_t                               echo_header;
     ngx_str_t                               echo_cookie;
+    ngx_str_t                               cookie_attributes;
+    time_t                                  cookie_max_age;
     ngx_flag_t                              generate;
     ngx_shm_zone_t                         *session_zone;
     time_t                                  session_timeout;
@@ -112,10 +132,10 @@ typedef struct {
     ngx_uint_t                              prefix_len; /* matched level */
     affinity_level_t                       *levels;
     ngx_uint_t                              nlevels;
-    ngx_http_upstream_affinity_body_t       body;
     unsigned                                keyed:1;
     unsigned                                generated:1;
-    unsigned                                echo:1;
+    unsigned                                echo:1;     /* safe in a cookie */
+    unsigned                                exposed:1;  /* in the variable */
     ngx_http_upstream_affinity_srv_conf_t  *conf;
 } ngx_http_upstream_affinity_ctx_t;
 
@@ -136,14 +156,21 @@ void ngx_http_upstream_affinity_update_peers(
     ngx_http_upstream_rr_peers_t *peers, ngx_log_t *log);
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+ngx_http_upstream_affinity_ctx_t *ngx_http_upstream_affinity_request(
+    ngx_http_request_t *r, ngx_http_upstream_affinity_srv_conf_t *ascf);
 ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
-    ngx_http_upstream_affinity_ctx_t *ctx);
+    ngx_http_upstream_affinity_ctx_t *ctx,
+    ngx_http_upstream_affinity_body_t *body);
 ngx_int_t ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
-    ngx_http_upstream_affinity_ctx_t *ctx);
-ngx_int_t ngx_http_upstream_affinity_read_body(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_ctx_t *ctx);
+    ngx_http_upstream_affinity_ctx_t *ctx,
+    ngx_http_upstream_affinity_body_t *body);
+ngx_int_t ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body);
+void ngx_http_upstream_affinity_body_unload(
+    ngx_http_upstream_affinity_body_t *body);
+void ngx_http_upstream_affinity_body_exit(void);
 void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
     ngx_http_upstream_affinity_warning_e warning, const char *fmt,
     ngx_str_t *arg);

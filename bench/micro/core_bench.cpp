@@ -129,25 +129,31 @@ std::string chat_body(size_t bytes)
            + text + R"("}],"temperature":0.2,"user":"session-42"})";
 }
 
-// Worst case for a session field: it comes after the prompt.
+// A session field after the prompt: the body is parsed whole first.
 void BM_JsonFieldAfterPrompt(benchmark::State &state)
 {
     std::string body = chat_body(static_cast<size_t>(state.range(0)));
     std::string padded = body + std::string(AFFINITY_JSON_PADDING, '\0');
+    affinity_json_t *json = affinity_json_create(1 << 20);
     char out[256];
     size_t len;
 
     for (auto _ : state) {
-        benchmark::DoNotOptimize(affinity_json_field(
-            padded.data(), body.size(), "user", 4, out, sizeof(out), &len));
+        affinity_json_load(json, padded.data(), body.size());
+        benchmark::DoNotOptimize(affinity_json_field(json, "user", 4, out,
+                                                     sizeof(out), &len));
+        affinity_json_unload(json);
     }
+
+    affinity_json_destroy(json);
 
     state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));
 }
 BENCHMARK(BM_JsonFieldAfterPrompt)->Arg(4 << 10)->Arg(32 << 10)->Arg(128 << 10);
 
-// Prompt extraction and level hashing of a multi-turn chat body with the
-// module's default levels (parsing stops at the longest, 32k characters).
+// Parsing, prompt extraction and level hashing of a multi-turn chat body
+// with the module's default levels (the walk stops at the longest, 32k
+// characters; the parser validates the whole body).
 // Chat text as clients send it: mostly plain, a line break (escaped) every
 // line or so, the odd non-ASCII character.
 std::string conversation_body(size_t bytes)
@@ -180,12 +186,17 @@ void BM_PromptLevels(benchmark::State &state)
                                                schedule, AFFINITY_MAX_LEVELS);
     affinity_level_t levels[AFFINITY_MAX_LEVELS];
     size_t nlevels = 0;
+    affinity_json_t *json = affinity_json_create(2 << 20);
 
     for (auto _ : state) {
-        benchmark::DoNotOptimize(affinity_prompt_levels(
-            padded.data(), body.size(), schedule, nschedule, levels,
-            AFFINITY_MAX_LEVELS, &nlevels));
+        affinity_json_load(json, padded.data(), body.size());
+        benchmark::DoNotOptimize(affinity_json_prompt(
+            json, schedule, nschedule, levels, AFFINITY_MAX_LEVELS,
+            &nlevels));
+        affinity_json_unload(json);
     }
+
+    affinity_json_destroy(json);
 
     state.counters["levels"] = double(nlevels);
     state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));

@@ -9,8 +9,8 @@
 #include <openssl/rand.h>
 
 #include "hashing.h"
-#include "json_field.h"
-#include "prompt_levels.h"
+#include "json_body.h"
+#include "level_hasher.h"
 #include "ring.h"
 #include "selection.h"
 #include "session_key.h"
@@ -22,6 +22,12 @@ using namespace affinity;
 
 struct affinity_ring_s {
     Ring ring;
+};
+
+struct affinity_json_s {
+    explicit affinity_json_s(size_t retain) noexcept : body(retain) {}
+
+    JsonBody body;
 };
 
 namespace {
@@ -304,20 +310,50 @@ int affinity_key_echoable(const char *key, size_t len) noexcept
     return key_echoable(key, len) ? 1 : 0;
 }
 
+int affinity_key_exposable(const char *key, size_t len) noexcept
+{
+    return key != nullptr && key_exposable(key, len) ? 1 : 0;
+}
+
 int affinity_uuid_v4(char out[AFFINITY_UUID_LEN]) noexcept
 {
     return uuid_v4(out) ? 0 : -1;
 }
 
-affinity_field_e affinity_json_field(const char *body, size_t len,
-                                     const char *path, size_t path_len,
-                                     char *out, size_t out_cap,
-                                     size_t *out_len) noexcept
+affinity_json_t *affinity_json_create(size_t retain) noexcept
+{
+    return new (std::nothrow) affinity_json_s(retain);
+}
+
+void affinity_json_destroy(affinity_json_t *json) noexcept
+{
+    delete json;
+}
+
+int affinity_json_load(affinity_json_t *json, const char *body,
+                       size_t len) noexcept
 {
     try {
-        return json_field(std::string_view(body, len),
-                          std::string_view(path, path_len), out, out_cap,
-                          out_len);
+        return json->body.load(body, len) ? 0 : -1;
+
+    } catch (...) {
+        json->body.unload();
+        return -1;
+    }
+}
+
+int affinity_json_unload(affinity_json_t *json) noexcept
+{
+    return json->body.unload() ? 1 : 0;
+}
+
+affinity_field_e affinity_json_field(affinity_json_t *json, const char *path,
+                                     size_t path_len, char *out,
+                                     size_t out_cap, size_t *out_len) noexcept
+{
+    try {
+        return json->body.field(std::string_view(path, path_len), out,
+                                out_cap, out_len);
 
     } catch (...) {
         return AFFINITY_FIELD_INVALID;
@@ -333,15 +369,14 @@ size_t affinity_level_schedule(const uint32_t *lengths, size_t nlengths,
                           out_cap);
 }
 
-affinity_prompt_e affinity_prompt_levels(const char *body, size_t len,
-                                         const uint32_t *schedule,
-                                         size_t nschedule,
-                                         affinity_level_t *out,
-                                         size_t out_cap, size_t *nout) noexcept
+affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
+                                       const uint32_t *schedule,
+                                       size_t nschedule,
+                                       affinity_level_t *out, size_t out_cap,
+                                       size_t *nout) noexcept
 {
     try {
-        return prompt_levels(std::string_view(body, len), schedule, nschedule,
-                             out, out_cap, nout);
+        return json->body.prompt(schedule, nschedule, out, out_cap, nout);
 
     } catch (...) {
         *nout = 0;

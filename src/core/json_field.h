@@ -1,17 +1,23 @@
-// Extraction of one field from a JSON request body, with simdjson On-Demand:
-// it parses only as far as the field, at several GB/s.
+// One field of a JSON request body, by a top-level or dotted path
+// ("user", "metadata.session_id"): a session key.
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
+
+#include <simdjson.h>
 
 #include "affinity_core.h"
 
 namespace affinity {
 
-// See affinity_json_field() in affinity_core.h.
-affinity_field_e json_field(std::string_view padded_body,
-                            std::string_view dotted_path, char *out,
-                            size_t out_cap, size_t *out_len);
+// The value at path in the root object of a parsed body: a string
+// unescaped, a number in its shortest form (compact_json.h).  scratch holds
+// the text of a number.
+affinity_field_e read_field(simdjson::dom::object root,
+                            std::string_view dotted_path, std::string &scratch,
+                            char *out, size_t out_cap,
+                            size_t *out_len) noexcept;
 
 }  // namespace affinity

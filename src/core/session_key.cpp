@@ -13,7 +13,26 @@ bool key_echoable(const char *key, size_t len) noexcept
     for (size_t i = 0; i < len; i++) {
         unsigned char c = static_cast<unsigned char>(key[i]);
 
-        if (c <= ' ' || c >= 0x7f || c == ';' || c == ',') {
+        if (c <= ' ' || c >= 0x7f || c == '"' || c == ',' || c == ';'
+            || c == '\\')
+        {
+            return false;
+        }
+    }
+
+    return true;
+}
+
+bool key_exposable(const char *key, size_t len) noexcept
+{
+    if (len == 0) {
+        return false;
+    }
+
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(key[i]);
+
+        if (c < ' ' || c == 0x7f) {
             return false;
         }
     }

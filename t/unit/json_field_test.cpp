@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "affinity_core.h"
+#include "test_support.h"
+
+using namespace affinity_test;
 
 namespace {
 
@@ -15,21 +18,16 @@ struct Field {
     std::string value;
 };
 
-// Calls affinity_json_field() on a copy of body in a buffer of exactly
-// len + AFFINITY_JSON_PADDING bytes, so reads past the padding are caught
-// by AddressSanitizer.
+// Loads body (see LoadedBody) and calls affinity_json_field().
 Field field(const std::string &body, const std::string &path,
             size_t out_cap = 256, char fill = '\0')
 {
-    std::unique_ptr<char[]> buf(new char[body.size() + AFFINITY_JSON_PADDING]);
-    std::memcpy(buf.get(), body.data(), body.size());
-    std::memset(buf.get() + body.size(), fill, AFFINITY_JSON_PADDING);
-
+    LoadedBody loaded(body, fill);
     std::vector<char> out(out_cap + 16, '#');
     size_t out_len = 12345;
 
     affinity_field_e rc =
-        affinity_json_field(buf.get(), body.size(), path.data(), path.size(),
+        affinity_json_field(loaded.json(), path.data(), path.size(),
                             out.data(), out_cap, &out_len);
 
     Field f{rc, {}};
@@ -96,18 +94,28 @@ TEST(JsonField, TopLevelFieldIsNotConfusedWithANestedOne)
                  "meta.user", "inner");
 }
 
-TEST(JsonField, NumbersAsWritten)
+TEST(JsonField, NumbersInTheirShortestForm)
 {
+    // One key per value, however the client spelled it.
     expect_found(R"({"user": 42})", "user", "42");
     expect_found(R"({"user": 42 })", "user", "42");
     expect_found("{\"user\": 42\n}", "user", "42");
     expect_found("{\"user\":42,\"x\":1}", "user", "42");
-    expect_found(R"({"user": -1.5e3})", "user", "-1.5e3");
+    expect_found(R"({"user": 42.0})", "user", "42");
+    expect_found(R"({"user": 4.2e1})", "user", "42");
+    expect_found(R"({"user": -1.5e3})", "user", "-1500");
+    expect_found(R"({"user": 0.25})", "user", "0.25");
     expect_found(R"({"user": 0})", "user", "0");
-    expect_found(R"({"user": 42.0})", "user", "42.0");
-    expect_found(R"({"user": 12345678901234567890123})", "user",
-                 "12345678901234567890123");
+    expect_found(R"({"user": -0})", "user", "0");
+    expect_found(R"({"user": 18446744073709551615})", "user",
+                 "18446744073709551615");
+    expect_found(R"({"user": -9223372036854775808})", "user",
+                 "-9223372036854775808");
     expect_found(R"({"m": {"id": 7}})", "m.id", "7");
+
+    // Past 64 bits, the parser refuses the body: no key, no prompt.
+    expect_rc(R"({"user": 12345678901234567890123})", "user",
+              AFFINITY_FIELD_INVALID);
 }
 
 TEST(JsonField, EscapedStringsAreUnescaped)

@@ -1,5 +1,5 @@
 // Routing by prompt prefix: affinity_route() with request.prefixes set to a
-// prefix index zone and the levels of affinity_prompt_levels(), and the
+// prefix index zone and the levels of affinity_json_prompt(), and the
 // PrefixTable class behind it (recent peers of a level, forks, LRU, idle
 // expiry).
 //

@@ -1,9 +1,9 @@
 // Prompt prefixes: the level schedule, the canonical prompt text of chat
 // completions, completions and Responses API bodies, and its levels counted
 // in code points, through affinity_level_schedule() and
-// affinity_prompt_levels().
+// affinity_json_prompt().
 //
-// The canonical text (prompt_levels.h), with US = 0x1f, RS = 0x1e and
+// The canonical text (prompt_walk.h), with US = 0x1f, RS = 0x1e and
 // GS = 0x1d:
 //   "model" US model RS
 //   "tool" US compact-json RS            for each element of "tools"
@@ -417,9 +417,11 @@ TEST(PromptCanonical, LevelsAreTheHashesOfTheCanonicalText)
         "    \"parameters\" : { \"type\" : \"object\", \"properties\" : {\n"
         "      \"days\" : { \"type\" : \"integer\", \"minimum\" : 1,"
         " \"maximum\" : 14 } } } } } ]";
+    // The compact JSON is written from the parsed value: the escape
+    // \u00b0 becomes the character it stands for.
     std::string tools_compact =
         "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
-        "\"description\":\"Weather in a city, in \\u00b0C\","
+        "\"description\":\"Weather in a city, in \xc2\xb0" "C\","
         "\"parameters\":{\"type\":\"object\",\"properties\":{"
         "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":14}}}}}";
     std::string system = "You are a weather bot. Answer in " + kEuro
@@ -591,8 +593,14 @@ TEST(PromptCanonical, ToolsAreCompacted)
         "]" + msgs;
 
     expect_same(compact, spaced);
-    // Numbers are taken as written (1.0 and 1 differ): clients serialize
-    // their tool definitions the same way from one turn to the next.
+
+    // Written from the parsed values: escapes and number spellings do not
+    // matter, only the values do.
+    std::string respelled = compact;
+    respelled.replace(respelled.find("-1.5e3"), 6, "-1500.0");
+    respelled.replace(respelled.find("\"Does  f.\""), 10,
+                      "\"\\u0044oes  f\\u002e\"");
+    expect_same(compact, respelled);
 
     // The text inside strings is kept, and tools are part of the prompt.
     std::string other = compact;
@@ -905,12 +913,9 @@ TEST(PromptLevels, LevelsUpToTheLastOneReached)
 TEST(PromptLevels, ParsingStopsAtTheLastLevel)
 {
     // Once the longest level is hashed, the rest of the messages is not
-    // read: a malformed message after it does not matter.  Only the walk
-    // of the prompt stops there: the whole body is still indexed (invalid
-    // UTF-8 anywhere is INVALID) and the top-level object is still scanned
-    // for its fields, so a truncated body is INVALID however long its
-    // prompt (PromptEndpoint.TruncatedBodiesAreInvalid); the tails below
-    // keep the brackets balanced.
+    // walked: messages after it that the walk would refuse do not matter.
+    // The body itself is always validated whole: malformed JSON anywhere
+    // is INVALID (PromptEndpoint.MalformedJsonAnywhereIsInvalid).
     const std::vector<uint32_t> schedule{100, 500, 1000};
     std::string first = "{\"role\":\"user\",\"content\":\""
                         + std::string(2000, 'a') + "\"}";
@@ -920,9 +925,10 @@ TEST(PromptLevels, ParsingStopsAtTheLastLevel)
     ASSERT_EQ(expected.size(), 3u);
 
     for (const char *tail :
-         {",{\"role\":5}", ",{\"role\":\"user\",\"content\":tru}",
-          ",{\"role\":\"user\",\"content\":\"\\x\"}", ",{\"a\" \"b\"}",
-          ",{\"role\":\"user\",\"content\":[{\"type\":7}]}", ",,, ::"}) {
+         {",{\"role\":5}", ",{\"role\":[\"user\"]}",
+          ",{\"role\":\"user\",\"content\":[{\"type\":7}]}",
+          ",{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+          "\"text\":{}}]}"}) {
         std::string body = "{\"model\":\"m\",\"messages\":[" + first + tail
                            + "]}";
         Prompt p = prompt_levels(body, schedule);
@@ -986,9 +992,9 @@ TEST(PromptLevels, OutCapLimitsTheLevelsWritten)
         affinity_level_t out[8];
         std::memset(out, 0x5a, sizeof(out));
         size_t n = 99;
-        affinity_prompt_e rc = affinity_prompt_levels(
-            buf.data(), body.size(), schedule.data(), schedule.size(), out,
-            cap, &n);
+        LoadedBody loaded(body);
+        affinity_prompt_e rc = affinity_json_prompt(
+            loaded.json(), schedule.data(), schedule.size(), out, cap, &n);
         EXPECT_EQ(n, cap);
         if (cap > 0) {
             EXPECT_EQ(rc, AFFINITY_PROMPT_OK);
@@ -1242,6 +1248,40 @@ TEST(PromptEndpoint, TruncatedBodiesAreInvalid)
             ASSERT_EQ(p.rc, AFFINITY_PROMPT_INVALID)
                 << "cut at " << len << " of " << body.substr(0, 80);
         }
+    }
+}
+
+TEST(PromptEndpoint, MalformedJsonAnywhereIsInvalid)
+{
+    // The body is validated whole before the walk: a syntax error before,
+    // inside or after the prompt, past the last level or in a member the
+    // walk never reads, makes it INVALID, and nothing of it is used.
+    std::string long_first = "{\"role\":\"user\",\"content\":\""
+                             + std::string(2000, 'a') + "\"}";
+    for (const char *tail :
+         {",{\"role\":\"user\",\"content\":tru}",
+          ",{\"role\":\"user\",\"content\":\"\\x\"}", ",{\"a\" \"b\"}",
+          ",,, ::", ",{\"role\":\"user\"]", ",[}", ",{\"n\":01}",
+          ",{\"n\":1e999}", ",{\"n\":123456789012345678901234567890}"}) {
+        for (const std::string &first : {long_first, std::string("{}")}) {
+            std::string body = "{\"model\":\"m\",\"messages\":[" + first
+                               + tail + "]}";
+            EXPECT_EQ(prompt_levels(body, {100, 500, 1000}).rc,
+                      AFFINITY_PROMPT_INVALID)
+                << tail;
+        }
+    }
+
+    // Brackets that do not match, around bytes that are not JSON: the body
+    // that crashed workers when the walk went on after simdjson lost track.
+    for (const std::string &body :
+         {std::string("{\"tools\":[{\0]}}", 15),
+          std::string("{\"tools\":[{]}}"),
+          std::string("{\"messages\":[{\"role\":\"user\"]}]}"),
+          std::string("{\"model\":\"m\",\"tools\":[{\"a\":[}]]}"),
+          std::string("{\"input\":[{\"type\":\"x\"]]}")}) {
+        EXPECT_EQ(prompt_levels(body, {100, 500, 1000}).rc,
+                  AFFINITY_PROMPT_INVALID);
     }
 }
 

@@ -24,11 +24,12 @@ TEST(KeyEchoable, AcceptsOrdinaryKeys)
     EXPECT_TRUE(echoable("~!@#$%^&*()+={}[]|:<>?"));
 }
 
-TEST(KeyEchoable, AcceptsEveryPrintableCharacterButTheSeparators)
+TEST(KeyEchoable, AcceptsEveryCookieOctet)
 {
+    // RFC 6265 cookie-octet: printable ASCII but '"', ',', ';' and '\\'.
     for (int c = 0x21; c < 0x7f; c++) {
         std::string key = "k" + std::string(1, char(c)) + "k";
-        bool expected = c != ';' && c != ',';
+        bool expected = c != ';' && c != ',' && c != '"' && c != '\\';
         EXPECT_EQ(echoable(key), expected) << "character 0x" << std::hex << c;
     }
 }
@@ -75,6 +76,46 @@ TEST(KeyEchoable, RejectsDelAndNonAscii)
         EXPECT_FALSE(echoable(key)) << "byte 0x" << std::hex << c;
     }
     EXPECT_FALSE(echoable("caf\xc3\xa9"));
+}
+
+TEST(KeyEchoable, NeverQuotesOrBackslashes)
+{
+    // A quote or backslash would end or escape a quoted cookie value.
+    EXPECT_FALSE(echoable("a\"b"));
+    EXPECT_FALSE(echoable("\"quoted\""));
+    EXPECT_FALSE(echoable("a\\b"));
+    EXPECT_FALSE(echoable("x=1\\\"; Secure"));
+}
+
+bool exposable(const std::string &s)
+{
+    return affinity_key_exposable(s.data(), s.size()) != 0;
+}
+
+TEST(KeyExposable, AcceptsAnythingButControlCharacters)
+{
+    EXPECT_TRUE(exposable("abc def; x=1, \"q\" \\"));
+    EXPECT_TRUE(exposable("caf\xc3\xa9"));
+    EXPECT_TRUE(exposable(std::string(10000, 'a')));
+    for (int c = 0x20; c <= 0xff; c++) {
+        EXPECT_EQ(exposable("a" + std::string(1, char(c)) + "b"), c != 0x7f)
+            << "byte 0x" << std::hex << c;
+    }
+}
+
+TEST(KeyExposable, RejectsControlCharactersAnywhere)
+{
+    EXPECT_FALSE(exposable(""));
+    EXPECT_EQ(affinity_key_exposable(nullptr, 0), 0);
+    for (int c = 0; c < 0x20; c++) {
+        for (size_t at : {size_t{0}, size_t{2}, size_t{4}}) {
+            std::string key = "abcd";
+            key.insert(key.begin() + at, char(c));
+            EXPECT_FALSE(exposable(key)) << "control 0x" << std::hex << c;
+        }
+    }
+    EXPECT_FALSE(exposable("a\r\nSet-Cookie: x=1"));
+    EXPECT_FALSE(exposable(std::string("a\0b", 3)));
 }
 
 TEST(KeyEchoable, OneBadByteAnywhereRejects)

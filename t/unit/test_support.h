@@ -252,7 +252,7 @@ public:
         return r;
     }
 
-    // A request with prompt levels (affinity_prompt_levels()) indexed in
+    // A request with prompt levels (affinity_json_prompt()) indexed in
     // the prefix zone prefixes; with a session key unless key is empty.
     Routed route_prompt(affinity_zone_t *prefixes,
                         const std::vector<affinity_level_t> &levels,
@@ -341,25 +341,65 @@ struct Prompt {
     std::vector<affinity_level_t> levels;
 };
 
-// Calls affinity_prompt_levels() on a copy of body in a buffer of exactly
-// len + AFFINITY_JSON_PADDING bytes (AddressSanitizer catches reads past
-// the padding), the padding filled with fill; out holds one level per
-// scheduled length, as in the module.
+// The body reader of this test thread, as a worker has one.  A small
+// retain size, so that tests also go through freeing the parser's buffers.
+inline affinity_json_t *json_reader()
+{
+    struct Reader {
+        Reader() : json(affinity_json_create(4096)) {}
+        ~Reader() { affinity_json_destroy(json); }
+        affinity_json_t *json;
+    };
+    thread_local Reader reader;
+    return reader.json;
+}
+
+// A body in a buffer of exactly its length + AFFINITY_JSON_PADDING bytes
+// (AddressSanitizer catches reads past the padding), the padding filled
+// with fill, loaded into json_reader() for as long as it lives.
+class LoadedBody {
+public:
+    explicit LoadedBody(const std::string &body, char fill = '\0')
+        : buf_(new char[body.size() + AFFINITY_JSON_PADDING])
+    {
+        std::memcpy(buf_.get(), body.data(), body.size());
+        std::memset(buf_.get() + body.size(), fill, AFFINITY_JSON_PADDING);
+        loaded_ = affinity_json_load(json_reader(), buf_.get(), body.size())
+                  == 0;
+    }
+
+    ~LoadedBody() { affinity_json_unload(json_reader()); }
+
+    LoadedBody(const LoadedBody &) = delete;
+    LoadedBody &operator=(const LoadedBody &) = delete;
+
+    bool loaded() const { return loaded_; }
+    affinity_json_t *json() const { return json_reader(); }
+
+private:
+    std::unique_ptr<char[]> buf_;
+    bool loaded_;
+};
+
+// Loads body (see LoadedBody) and calls affinity_json_prompt(); out holds
+// one level per scheduled length, as in the module.
 inline Prompt prompt_levels(const std::string &body,
                             const std::vector<uint32_t> &schedule,
                             char fill = '\0')
 {
-    std::unique_ptr<char[]> buf(new char[body.size() + AFFINITY_JSON_PADDING]);
-    std::memcpy(buf.get(), body.data(), body.size());
-    std::memset(buf.get() + body.size(), fill, AFFINITY_JSON_PADDING);
+    LoadedBody loaded(body, fill);
 
     const affinity_level_t canary{0xdeadbeef, 0xdeadbeef, 0xdeadbeef};
     std::vector<affinity_level_t> out(schedule.size() + 4, canary);
     size_t n = 12345;
 
-    affinity_prompt_e rc = affinity_prompt_levels(
-        buf.get(), body.size(), schedule.data(), schedule.size(), out.data(),
+    affinity_prompt_e rc = affinity_json_prompt(
+        loaded.json(), schedule.data(), schedule.size(), out.data(),
         schedule.size(), &n);
+
+    if (!loaded.loaded()) {
+        EXPECT_EQ(rc, AFFINITY_PROMPT_INVALID) << "read a body not loaded";
+    }
 
     EXPECT_LE(n, schedule.size());
     for (size_t i = schedule.size(); i < out.size(); i++) {

@@ -273,9 +273,18 @@ AFFINITY_API int affinity_route(affinity_zone_t *zone,
 
 /*
  * Whether a key may be echoed to the client in a header or a cookie: at most
- * 256 bytes of printable ASCII without ';', ',' or space.
+ * 256 cookie octets (RFC 6265: printable ASCII but space, '"', ',', ';' and
+ * backslash).
  */
 AFFINITY_API int affinity_key_echoable(const char *key, size_t len)
+    AFFINITY_NOEXCEPT;
+
+/*
+ * Whether a key may be shown in $affinity_session, which ends up in
+ * request and response headers and in logs: not empty and without control
+ * characters (bytes below 0x20, and 0x7f).
+ */
+AFFINITY_API int affinity_key_exposable(const char *key, size_t len)
     AFFINITY_NOEXCEPT;
 
 /* Writes a random UUID v4 (36 characters, no NUL) from OpenSSL RAND_bytes.
@@ -284,28 +293,56 @@ AFFINITY_API int affinity_uuid_v4(char out[AFFINITY_UUID_LEN])
     AFFINITY_NOEXCEPT;
 
 
-/* ---- JSON body -------------------------------------------------------- */
+/* ---- JSON request bodies --------------------------------------------- */
 
 /* Bytes a body buffer must have readable past its end for the parser. */
 #define AFFINITY_JSON_PADDING  64
 
+typedef struct affinity_json_s  affinity_json_t;
+
+/*
+ * A reader of JSON request bodies for one thread (an nginx worker).  It
+ * owns the JSON parser and its buffers: they are kept between bodies up to
+ * retain bytes of body, and freed after a larger body.  NULL when out of
+ * memory.  Not for the hot path.
+ */
+AFFINITY_API affinity_json_t *affinity_json_create(size_t retain)
+    AFFINITY_NOEXCEPT;
+AFFINITY_API void affinity_json_destroy(affinity_json_t *json)
+    AFFINITY_NOEXCEPT;
+
+/*
+ * Indexes a body, body[0..len) with AFFINITY_JSON_PADDING readable bytes
+ * after it, for the reads below; the body must stay in place until
+ * affinity_json_unload().  The whole body is validated, once, whatever is
+ * read from it.  Returns 0, or -1 when it is not a JSON object (malformed,
+ * truncated, not UTF-8, nested too deep, a number out of range): nothing
+ * is then read from it.
+ */
+AFFINITY_API int affinity_json_load(affinity_json_t *json, const char *body,
+    size_t len) AFFINITY_NOEXCEPT;
+
+/* Forgets the body loaded; frees what a large one grew, and then returns
+ * 1 (the caller may give the freed memory back to the system). */
+AFFINITY_API int affinity_json_unload(affinity_json_t *json)
+    AFFINITY_NOEXCEPT;
+
 typedef enum {
     AFFINITY_FIELD_FOUND = 0,
     AFFINITY_FIELD_MISSING,     /* valid JSON, no string/number at path */
-    AFFINITY_FIELD_INVALID      /* not a JSON object, or malformed */
+    AFFINITY_FIELD_INVALID      /* no body loaded */
 } affinity_field_e;
 
 /*
  * Looks up a top-level or dotted field ("user", "metadata.session_id") in
- * the JSON object body[0..len); body must have AFFINITY_JSON_PADDING
- * readable bytes after len.  A string value is returned unescaped, a number
- * as written.  The value is copied to out (at most out_cap bytes; a longer
- * value is MISSING).
+ * the body loaded.  A string value is returned unescaped (it may hold any
+ * byte, control characters included), a number in its shortest form (42,
+ * 42.0 and 4.2e1 all give "42").  The value is copied to out (at most
+ * out_cap bytes; a longer value is MISSING).
  */
-AFFINITY_API affinity_field_e affinity_json_field(const char *body,
-    size_t len, const char *path, size_t path_len, char *out,
-    size_t out_cap, size_t *out_len) AFFINITY_NOEXCEPT;
-
+AFFINITY_API affinity_field_e affinity_json_field(affinity_json_t *json,
+    const char *path, size_t path_len, char *out, size_t out_cap,
+    size_t *out_len) AFFINITY_NOEXCEPT;
 
 
 /* ---- prompt prefixes -------------------------------------------------- */
@@ -337,16 +374,15 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
     uint32_t *out, size_t out_cap) AFFINITY_NOEXCEPT;
 
 /*
- * Builds the canonical prompt text of a chat completions, completions or
- * Responses API body (body[0..len), AFFINITY_JSON_PADDING readable bytes
- * after it) and hashes its first L code points for each scheduled L it
- * reaches; a text shorter than schedule[0] gives one level of its own
- * length.  Parsing stops at the last scheduled length.  Levels are written
- * shortest first.  No allocation once warm (per-thread buffers).
+ * Builds the canonical prompt text of the chat completions, completions or
+ * Responses API body loaded, and hashes its first L code points for each
+ * scheduled L it reaches; a text shorter than schedule[0] gives one level
+ * of its own length.  Reading stops at the last scheduled length.  Levels
+ * are written shortest first.  No allocation once warm.
  */
-AFFINITY_API affinity_prompt_e affinity_prompt_levels(const char *body,
-    size_t len, const uint32_t *schedule, size_t nschedule,
-    affinity_level_t *out, size_t out_cap, size_t *nout) AFFINITY_NOEXCEPT;
+AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
+    const uint32_t *schedule, size_t nschedule, affinity_level_t *out,
+    size_t out_cap, size_t *nout) AFFINITY_NOEXCEPT;
 
 
 #ifdef __cplusplus
