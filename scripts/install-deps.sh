@@ -6,10 +6,12 @@ set -eu
 
 PACKAGES="
     build-essential
+    clang
     cmake
     curl
     haproxy
     libbenchmark-dev
+    libclang-rt-dev
     libgtest-dev
     libjansson-dev
     libpcre2-dev

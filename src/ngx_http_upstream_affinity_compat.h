@@ -15,28 +15,6 @@
 
 
 /*
- * 1.23.0 replaced the arrays of multi-valued request headers (cookies) with
- * linked lists and changed ngx_http_parse_multi_header_lines() to take the
- * request and the list.  1.29.6 made that function split values at commas
- * only and added ngx_http_parse_cookie_lines(), which splits at semicolons
- * as the Cookie header does.
- */
-#if (nginx_version >= 1029006)
-#define ngx_http_upstream_affinity_parse_cookie(r, name, value)               \
-    ngx_http_parse_cookie_lines(r, (r)->headers_in.cookie, name, value)
-#define ngx_http_upstream_affinity_cookie_found(rc)  ((rc) != NULL)
-#elif (nginx_version >= 1023000)
-#define ngx_http_upstream_affinity_parse_cookie(r, name, value)               \
-    ngx_http_parse_multi_header_lines(r, (r)->headers_in.cookie, name, value)
-#define ngx_http_upstream_affinity_cookie_found(rc)  ((rc) != NULL)
-#else
-#define ngx_http_upstream_affinity_parse_cookie(r, name, value)               \
-    ngx_http_parse_multi_header_lines(&(r)->headers_in.cookies, name, value)
-#define ngx_http_upstream_affinity_cookie_found(rc)  ((rc) != NGX_DECLINED)
-#endif
-
-
-/*
  * 1.27.3 made upstream peers in a shared zone reference-counted (servers
  * with "resolve" may be removed while requests use them): a balancer takes
  * a reference on the peer it returns.  Before that there is nothing to do.

@@ -21,6 +21,8 @@
 
 static ngx_int_t ngx_http_upstream_affinity_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value);
+static ngx_int_t ngx_http_upstream_affinity_cookie(ngx_http_request_t *r,
+    ngx_str_t *name, ngx_str_t *value);
 static ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
     ngx_str_t *value);
@@ -50,10 +52,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
             break;
 
         case NGX_HTTP_UPSTREAM_AFFINITY_COOKIE:
-            rc = ngx_http_upstream_affinity_cookie_found(
-                     ngx_http_upstream_affinity_parse_cookie(r, &src[i].name,
-                                                             &value))
-                 ? NGX_OK : NGX_DECLINED;
+            rc = ngx_http_upstream_affinity_cookie(r, &src[i].name, &value);
             break;
 
         default: /* NGX_HTTP_UPSTREAM_AFFINITY_FIELD */
@@ -145,6 +144,51 @@ ngx_http_upstream_affinity_header(ngx_http_request_t *r, ngx_str_t *name,
             && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
         {
             *value = h[i].value;
+            return NGX_OK;
+        }
+    }
+}
+
+
+/*
+ * The first cookie called name, in any Cookie header line.  The lines are
+ * read from the request's header list, which every nginx version keeps
+ * alike, and split by the core's RFC 6265 parser.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_cookie(ngx_http_request_t *r, ngx_str_t *name,
+    ngx_str_t *value)
+{
+    size_t            len;
+    ngx_uint_t        i;
+    const char       *p;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return NGX_DECLINED;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == sizeof("Cookie") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Cookie",
+                               sizeof("Cookie") - 1) == 0
+            && affinity_cookie_find((char *) h[i].value.data, h[i].value.len,
+                                    (char *) name->data, name->len, &p, &len))
+        {
+            value->data = (u_char *) p;
+            value->len = len;
             return NGX_OK;
         }
     }

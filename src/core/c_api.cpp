@@ -8,6 +8,7 @@
 
 #include <openssl/rand.h>
 
+#include "cookie.h"
 #include "hashing.h"
 #include "json_body.h"
 #include "level_hasher.h"
@@ -313,6 +314,24 @@ int affinity_key_echoable(const char *key, size_t len) noexcept
 int affinity_key_exposable(const char *key, size_t len) noexcept
 {
     return key != nullptr && key_exposable(key, len) ? 1 : 0;
+}
+
+int affinity_cookie_find(const char *line, size_t len, const char *name,
+                         size_t name_len, const char **value,
+                         size_t *value_len) noexcept
+{
+    std::string_view found;
+
+    if (line == nullptr || name == nullptr
+        || !find_cookie(std::string_view(line, len),
+                        std::string_view(name, name_len), found))
+    {
+        return 0;
+    }
+
+    *value = found.data();
+    *value_len = found.size();
+    return 1;
 }
 
 int affinity_uuid_v4(char out[AFFINITY_UUID_LEN]) noexcept

@@ -287,6 +287,16 @@ AFFINITY_API int affinity_key_echoable(const char *key, size_t len)
 AFFINITY_API int affinity_key_exposable(const char *key, size_t len)
     AFFINITY_NOEXCEPT;
 
+/*
+ * The value of the first cookie called name in one Cookie header line
+ * (RFC 6265: "name=value" pairs separated by ';', spaces around them
+ * ignored), as sent.  Returns 1 and sets *value (pointing into line) and
+ * *value_len, or 0 when the line has no such cookie.
+ */
+AFFINITY_API int affinity_cookie_find(const char *line, size_t len,
+    const char *name, size_t name_len, const char **value,
+    size_t *value_len) AFFINITY_NOEXCEPT;
+
 /* Writes a random UUID v4 (36 characters, no NUL) from OpenSSL RAND_bytes.
  * Returns 0, or -1 if the random generator failed. */
 AFFINITY_API int affinity_uuid_v4(char out[AFFINITY_UUID_LEN])
