@@ -129,6 +129,7 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
 
     ap->request.timeout = (uint32_t) ascf->session_timeout;
     ap->request.rotate = (uint32_t) ngx_random();
+    ap->request.row = ap->shctx->row;
 
     return NGX_OK;
 }
@@ -240,8 +241,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     if (peer) {
         ap->slot = i < ap->npeers ? ap->peers[i].slot : AFFINITY_NO_SLOT;
-        affinity_zone_peer_acquire(ap->shctx->zone, ap->slot,
-                                   (uint32_t) now);
+        affinity_zone_peer_acquire(ap->shctx->zone, ap->shctx->row,
+                                   ap->slot, (uint32_t) now);
 
         ap->ctx->route = AFFINITY_ROUTE_FALLBACK;
         ap->ctx->prefix_len = 0;
@@ -300,6 +301,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     ap->request.now = (uint32_t) now;
 
+    ngx_http_upstream_affinity_reap(ap->shctx, pc->log);
+
     /*
      * The counter zone first, then the prefix index: always in this order,
      * so that workers routing through both cannot deadlock.
@@ -342,7 +345,16 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
                    "get affinity peer, route: %ui, peer: %ui %V",
                    (ngx_uint_t) decision.route, i, &peer->name);
 
-    ap->slot = ap->peers[i].slot;
+    /* a slot claimed for the peer at routing is its slot from now on */
+
+    ap->slot = decision.slot;
+
+    if (ap->peers[i].slot != decision.slot && ap->config == ascf->config
+        && ap->npeers == ascf->npeers)
+    {
+        ascf->peers[i].slot = decision.slot;
+    }
+
     ap->ctx->route = decision.route;
     ap->ctx->prefix_len = decision.prefix_len;
 
@@ -427,7 +439,7 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
         ap->slot = ascf->backup_slots[i];
     }
 
-    affinity_zone_peer_acquire(ap->shctx->zone, ap->slot,
+    affinity_zone_peer_acquire(ap->shctx->zone, ap->shctx->row, ap->slot,
                                (uint32_t) ngx_time());
 
     return rc;
@@ -448,7 +460,8 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
             affinity_zone_peer_failed(ap->shctx->zone, ap->slot);
         }
 
-        affinity_zone_peer_release(ap->shctx->zone, ap->slot);
+        affinity_zone_peer_release(ap->shctx->zone, ap->shctx->row,
+                                   ap->slot);
         ap->slot = AFFINITY_NO_SLOT;
     }
 

@@ -81,6 +81,8 @@ static ngx_int_t ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
     ngx_http_upstream_affinity_cookie_t *cookie);
 static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf);
+static ngx_int_t ngx_http_upstream_affinity_init_process(
+    ngx_cycle_t *cycle);
 static void ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle);
 
 
@@ -140,7 +142,7 @@ ngx_module_t  ngx_http_upstream_affinity_module = {
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
     NULL,                                  /* init module */
-    NULL,                                  /* init process */
+    ngx_http_upstream_affinity_init_process, /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
     ngx_http_upstream_affinity_exit_process, /* exit process */
@@ -395,6 +397,8 @@ ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
     u_char                              *region;
     size_t                               size, len;
+    uint32_t                             rows;
+    ngx_core_conf_t                     *ccf;
     affinity_attach_e                    rc;
     ngx_slab_pool_t                     *shpool;
     ngx_http_upstream_affinity_shctx_t  *shctx;
@@ -457,7 +461,20 @@ ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     size = *(size_t *) region - NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
     region += NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
 
-    rc = affinity_zone_attach(region, size, shctx->kind, &shctx->zone,
+    /*
+     * A worker row for each worker that may run at once: the workers of
+     * this configuration and those of the one before, finishing their
+     * requests after a reload.  A zone reused by a reload keeps its rows.
+     */
+
+    ccf = (ngx_core_conf_t *) ngx_get_conf(shctx->cycle->conf_ctx,
+                                           ngx_core_module);
+
+    rows = (uint32_t) ngx_min(2 * (ngx_uint_t) ngx_max(ccf->worker_processes,
+                                                       1) + 2,
+                              AFFINITY_MAX_WORKER_ROWS);
+
+    rc = affinity_zone_attach(region, size, shctx->kind, rows, &shctx->zone,
                               err, sizeof(err));
 
     if (shctx->zone == NULL) {
@@ -853,10 +870,153 @@ ngx_http_upstream_affinity_init(ngx_conf_t *cf)
 }
 
 
+/*
+ * A worker claims a row in each affinity zone: its in-flight requests are
+ * counted there too, so that whoever outlives it can give them back if it
+ * dies.  Rows left by workers that died before it started are reaped now.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_init_process(ngx_cycle_t *cycle)
+{
+    uint64_t                             start;
+    ngx_uint_t                           i;
+    ngx_list_part_t                     *part;
+    ngx_shm_zone_t                      *shm_zone;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+    start = affinity_process_start((uint64_t) ngx_pid);
+
+    part = &cycle->shared_memory.part;
+    shm_zone = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            shm_zone = part->elts;
+            i = 0;
+        }
+
+        if (shm_zone[i].tag != &ngx_http_upstream_affinity_module) {
+            continue;
+        }
+
+        shctx = shm_zone[i].data;
+
+        ngx_http_upstream_affinity_reap(shctx, cycle->log);
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        shctx->row = affinity_zone_worker_claim(shctx->zone,
+                                                (uint64_t) ngx_pid, start,
+                                                (uint32_t) ngx_time());
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+        if (shctx->row == AFFINITY_NO_ROW) {
+            ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                          "affinity zone \"%V\" has no free worker row: "
+                          "requests of this worker are balanced, but not "
+                          "given back if it dies; restart nginx to resize "
+                          "the zone's rows", &shm_zone[i].shm.name);
+        }
+    }
+
+    return NGX_OK;
+}
+
+
 static void
 ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
 {
+    ngx_uint_t                           i;
+    ngx_list_part_t                     *part;
+    ngx_shm_zone_t                      *shm_zone;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
     ngx_http_upstream_affinity_body_exit();
+
+    part = &cycle->shared_memory.part;
+    shm_zone = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            shm_zone = part->elts;
+            i = 0;
+        }
+
+        if (shm_zone[i].tag != &ngx_http_upstream_affinity_module) {
+            continue;
+        }
+
+        shctx = shm_zone[i].data;
+
+        if (shctx->row == AFFINITY_NO_ROW) {
+            continue;
+        }
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        affinity_zone_worker_release(shctx->zone, shctx->row,
+                                     (uint64_t) ngx_pid);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+        shctx->row = AFFINITY_NO_ROW;
+    }
+}
+
+
+/*
+ * Gives back the in-flight requests of workers that died without ending
+ * them (a crash, the OOM killer, kill -9).  At most one process per zone
+ * looks each second; the liveness checks read /proc, outside the lock.
+ */
+
+void
+ngx_http_upstream_affinity_reap(ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_log_t *log)
+{
+    size_t             i, n;
+    uint64_t           recovered;
+    affinity_worker_t  workers[AFFINITY_MAX_WORKER_ROWS];
+
+    if (!affinity_zone_reap_due(shctx->zone, (uint32_t) ngx_time(), 1)) {
+        return;
+    }
+
+    n = affinity_zone_workers(shctx->zone, workers, AFFINITY_MAX_WORKER_ROWS);
+
+    for (i = 0; i < n; i++) {
+
+        if (workers[i].pid == (uint64_t) ngx_pid
+            || affinity_process_alive(workers[i].pid, workers[i].start))
+        {
+            continue;
+        }
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        recovered = affinity_zone_worker_reap(shctx->zone, &workers[i]);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+        ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                      "affinity zone \"%V\": process %uL exited with %uL "
+                      "requests in flight, given back",
+                      &shctx->shm_zone->shm.name, workers[i].pid, recovered);
+    }
 }
 
 
@@ -1370,6 +1530,8 @@ ngx_http_upstream_affinity_zone(ngx_conf_t *cf,
         }
 
         shctx->kind = kind;
+        shctx->cycle = cf->cycle;
+        shctx->row = AFFINITY_NO_ROW;
 
         shm_zone->init = ngx_http_upstream_affinity_init_zone;
         shm_zone->data = shctx;

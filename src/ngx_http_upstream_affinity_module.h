@@ -55,6 +55,8 @@ typedef struct {
     affinity_zone_kind_e                    kind;
     ngx_shm_zone_t                         *shm_zone;
     ngx_array_t                             confs;  /* of srv conf pointers */
+    ngx_cycle_t                            *cycle;  /* that configured it */
+    uint32_t                                row;    /* this worker's row */
 } ngx_http_upstream_affinity_shctx_t;
 
 
@@ -171,6 +173,8 @@ ngx_int_t ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
 void ngx_http_upstream_affinity_body_unload(
     ngx_http_upstream_affinity_body_t *body);
 void ngx_http_upstream_affinity_body_exit(void);
+void ngx_http_upstream_affinity_reap(ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_log_t *log);
 void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
     ngx_http_upstream_affinity_warning_e warning, const char *fmt,
     ngx_str_t *arg);

@@ -34,6 +34,7 @@ typedef struct {
     ngx_str_t                               name;
     ngx_str_t                              *label;  /* name, escaped */
     ngx_uint_t                              backup;
+    ngx_uint_t                              counted;  /* has its slot */
     affinity_peer_stats_t                   stats;
 } ngx_http_upstream_affinity_peer_status_t;
 
@@ -203,6 +204,10 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
         zone = shctx->zone;
         peers = uscfp[i]->peer.data;
 
+        /* requests of workers that died are not in flight any more */
+
+        ngx_http_upstream_affinity_reap(shctx, r->connection->log);
+
         /* the peers' slots as of the current list ("resolve" changes it) */
 
         ngx_http_upstream_affinity_update_peers(ascf, peers,
@@ -237,7 +242,22 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
                 ps->name.len = peer->name.len;
                 ps->backup = backup;
 
+                /*
+                 * A peer whose slot went to another (or that never had
+                 * one) is reported as not counted, with zeros, not with
+                 * another peer's figures.
+                 */
+
                 affinity_zone_peer_stats(zone, slot, &ps->stats);
+
+                ps->counted = ps->stats.id != 0
+                              && ps->stats.id
+                                 == affinity_peer_id((char *) peer->name.data,
+                                                     peer->name.len);
+
+                if (!ps->counted) {
+                    ngx_memzero(&ps->stats, sizeof(affinity_peer_stats_t));
+                }
             }
 
             if (backup) {
@@ -343,9 +363,10 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
 
         for (j = 0; j < us[i].peers.nelts; j++) {
             routes = json_object();
-            p = json_pack("{s:s%,s:b,s:I,s:I,s:I,s:I}",
+            p = json_pack("{s:s%,s:b,s:b,s:I,s:I,s:I,s:I}",
                           "name", (char *) ps[j].name.data, ps[j].name.len,
                           "backup", (int) ps[j].backup,
+                          "counted", (int) ps[j].counted,
                           "inflight", (json_int_t)
                                       ngx_max(ps[j].stats.inflight, 0),
                           "requests", (json_int_t) ps[j].stats.requests,
@@ -418,7 +439,8 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
 
     ngx_http_upstream_affinity_zone_info(shm_zone, &info);
 
-    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+                     "s:{s:I,s:I,s:I,s:I,s:I}}",
                      "name", (char *) shm_zone->shm.name.data,
                      shm_zone->shm.name.len,
                      "size", (json_int_t) shm_zone->shm.size,
@@ -428,7 +450,16 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
                      "expiries", (json_int_t) info.expiries,
                      "peer_slots", (json_int_t) info.peer_slots_used,
                      "peer_slots_reclaimed",
-                     (json_int_t) info.peer_slots_reclaimed);
+                     (json_int_t) info.peer_slots_reclaimed,
+                     "peer_slots_missing",
+                     (json_int_t) info.peer_slots_missing,
+                     "workers",
+                     "rows", (json_int_t) info.rows,
+                     "rows_used", (json_int_t) info.rows_used,
+                     "rows_missing", (json_int_t) info.rows_missing,
+                     "reaped", (json_int_t) info.rows_reaped,
+                     "inflight_recovered",
+                     (json_int_t) info.inflight_recovered);
 }
 
 
@@ -588,6 +619,26 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
             "# HELP nginx_upstream_affinity_zone_peer_slots_reclaimed_total "
             "Peer counter slots handed from an idle peer to a new one.\n"
             "# TYPE nginx_upstream_affinity_zone_peer_slots_reclaimed_total "
+            "counter\n"
+            "# HELP nginx_upstream_affinity_zone_peer_slots_missing_total "
+            "Times a peer found no counter slot (balanced without its "
+            "in-flight count).\n"
+            "# TYPE nginx_upstream_affinity_zone_peer_slots_missing_total "
+            "counter\n"
+            "# HELP nginx_upstream_affinity_zone_worker_rows_used Worker "
+            "processes counting their requests in the zone.\n"
+            "# TYPE nginx_upstream_affinity_zone_worker_rows_used gauge\n"
+            "# HELP nginx_upstream_affinity_zone_worker_rows_missing_total "
+            "Workers that found no free row.\n"
+            "# TYPE nginx_upstream_affinity_zone_worker_rows_missing_total "
+            "counter\n"
+            "# HELP nginx_upstream_affinity_zone_workers_reaped_total "
+            "Workers found dead with their row still claimed.\n"
+            "# TYPE nginx_upstream_affinity_zone_workers_reaped_total "
+            "counter\n"
+            "# HELP nginx_upstream_affinity_zone_inflight_recovered_total "
+            "In-flight requests of dead workers given back.\n"
+            "# TYPE nginx_upstream_affinity_zone_inflight_recovered_total "
             "counter\n")
         != NGX_OK)
     {
@@ -636,14 +687,37 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                     "nginx_upstream_affinity_zone_peer_slots"
                     "{zone=\"%V\",kind=\"%s\"} %uD\n"
                     "nginx_upstream_affinity_zone_peer_slots_reclaimed_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uD\n",
+                    "{zone=\"%V\",kind=\"%s\"} %uD\n"
+                    "nginx_upstream_affinity_zone_peer_slots_missing_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n",
                     zname, k ? "prefixes" : "sessions", info.capacity,
                     zname, k ? "prefixes" : "sessions", info.used,
                     zname, k ? "prefixes" : "sessions", info.evictions,
                     zname, k ? "prefixes" : "sessions", info.expiries,
                     zname, k ? "prefixes" : "sessions", info.peer_slots_used,
                     zname, k ? "prefixes" : "sessions",
-                    info.peer_slots_reclaimed)
+                    info.peer_slots_reclaimed,
+                    zname, k ? "prefixes" : "sessions",
+                    info.peer_slots_missing)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            if (ngx_http_upstream_affinity_printf(&t,
+                    "nginx_upstream_affinity_zone_worker_rows_used"
+                    "{zone=\"%V\",kind=\"%s\"} %uD\n"
+                    "nginx_upstream_affinity_zone_worker_rows_missing_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
+                    "nginx_upstream_affinity_zone_workers_reaped_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
+                    "nginx_upstream_affinity_zone_inflight_recovered_total"
+                    "{zone=\"%V\",kind=\"%s\"} %uL\n",
+                    zname, k ? "prefixes" : "sessions", info.rows_used,
+                    zname, k ? "prefixes" : "sessions", info.rows_missing,
+                    zname, k ? "prefixes" : "sessions", info.rows_reaped,
+                    zname, k ? "prefixes" : "sessions",
+                    info.inflight_recovered)
                 != NGX_OK)
             {
                 return NGX_ERROR;

@@ -19,7 +19,7 @@ struct Fleet {
     {
         std::vector<affinity_ring_peer_t> ring_peers(npeers);
 
-        affinity_zone_attach(region, zone_bytes, AFFINITY_ZONE_SESSIONS,
+        affinity_zone_attach(region, zone_bytes, AFFINITY_ZONE_SESSIONS, 16,
                              &zone, nullptr, 0);
 
         for (size_t i = 0; i < npeers; i++) {
@@ -32,6 +32,7 @@ struct Fleet {
         }
 
         ring = affinity_ring_create(ring_peers.data(), npeers, 160);
+        row = affinity_zone_worker_claim(zone, 1, 0, 0);
     }
 
     ~Fleet()
@@ -50,20 +51,37 @@ struct Fleet {
         request.ring_hash = affinity_ring_hash(key.data(), key.size());
         request.now = now;
         request.timeout = 3600;
+        request.row = row;
 
         affinity_decision_t decision;
         affinity_route(zone, ring, peers.data(), peers.size(), &balance,
                        &request, &decision);
-        affinity_zone_peer_release(zone, peers[decision.peer].slot);
+        affinity_zone_peer_release(zone, row, decision.slot);
         return decision.peer;
     }
 
     void *region;
     affinity_zone_t *zone = nullptr;
     affinity_ring_t *ring = nullptr;
+    uint32_t row = AFFINITY_NO_ROW;     // the worker row, as a worker has
     std::vector<affinity_peer_t> peers;
     affinity_balance_t balance{1.25, 2};
 };
+
+// The in-flight count of one request start and end, without (0) and with
+// (1) the worker row that gives a dead worker's requests back.
+void BM_InflightCount(benchmark::State &state)
+{
+    Fleet fleet(4);
+    uint32_t row = state.range(0) ? fleet.row : AFFINITY_NO_ROW;
+    uint32_t slot = fleet.peers[1].slot;
+
+    for (auto _ : state) {
+        affinity_zone_peer_acquire(fleet.zone, row, slot, 1000);
+        affinity_zone_peer_release(fleet.zone, row, slot);
+    }
+}
+BENCHMARK(BM_InflightCount)->Arg(0)->Arg(1);
 
 std::vector<std::string> session_keys(size_t n)
 {

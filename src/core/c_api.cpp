@@ -15,8 +15,9 @@
 #include "ring.h"
 #include "selection.h"
 #include "session_key.h"
-#include "prefix_table.h"
+#include "process.h"
 #include "session_table.h"
+#include "worker_rows.h"
 #include "zone.h"
 
 using namespace affinity;
@@ -48,81 +49,6 @@ void set_error(char *err, size_t err_len, const char *what)
     if (err && err_len) {
         std::snprintf(err, err_len, "%s", what);
     }
-}
-
-affinity_attach_e initialize(void *region, size_t size,
-                             affinity_zone_kind_e kind, char *err,
-                             size_t err_len) noexcept
-{
-    uint64_t buckets = SessionTable::buckets_for(size);
-
-    if (buckets == 0) {
-        set_error(err, err_len, "the zone is too small for a table");
-        return AFFINITY_ATTACH_TOO_SMALL;
-    }
-
-    uint64_t seed;
-    if (RAND_bytes(reinterpret_cast<unsigned char *>(&seed), sizeof(seed))
-        != 1)
-    {
-        // Any seed works for correctness; a random one only makes the
-        // bucket of a key unpredictable to clients.
-        seed = reinterpret_cast<uintptr_t>(region) ^ kZoneMagic;
-    }
-
-    std::memset(region, 0,
-                sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot)
-                    + buckets * sizeof(SessionBucket));
-
-    ZoneHeader *h = static_cast<ZoneHeader *>(region);
-    h->layout_version = kLayoutVersion;
-    h->kind = static_cast<uint32_t>(kind);
-    h->region_size = size;
-    h->seed = seed;
-    h->peers_offset = sizeof(ZoneHeader);
-    h->buckets_offset = sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot);
-    h->buckets = buckets;
-    // Both tables share one geometry: 8 ways of 32-byte entries.
-    static_assert(sizeof(SessionBucket) == sizeof(PrefixBucket)
-                      && kSessionWays == kPrefixWays,
-                  "session and prefix zones share their geometry");
-    h->ways = kSessionWays;
-    h->entry_size = sizeof(SessionEntry);
-
-    // The magic goes last: a region holds a zone only once it is complete.
-    __atomic_store_n(&h->magic, kZoneMagic, __ATOMIC_RELEASE);
-
-    return AFFINITY_ATTACH_CREATED;
-}
-
-affinity_attach_e validate(const ZoneHeader &h, size_t size,
-                           affinity_zone_kind_e kind, char *err,
-                           size_t err_len) noexcept
-{
-    char reason[160];
-
-    if (h.layout_version != kLayoutVersion) {
-        std::snprintf(reason, sizeof(reason),
-                      "the zone has layout version %u, this module uses %u",
-                      h.layout_version, kLayoutVersion);
-
-    } else if (h.kind != static_cast<uint32_t>(kind)) {
-        std::snprintf(reason, sizeof(reason),
-                      "the zone holds a table of another kind");
-
-    } else if (h.region_size != size || h.ways != kSessionWays
-               || h.entry_size != sizeof(SessionEntry)
-               || h.peers_offset != sizeof(ZoneHeader))
-    {
-        std::snprintf(reason, sizeof(reason),
-                      "the zone's table geometry differs from this module's");
-
-    } else {
-        return AFFINITY_ATTACH_REUSED;
-    }
-
-    set_error(err, err_len, reason);
-    return AFFINITY_ATTACH_INCOMPATIBLE;
 }
 
 }  // namespace
@@ -190,8 +116,8 @@ size_t affinity_ring_walk(const affinity_ring_t *ring, uint64_t hash,
 
 affinity_attach_e affinity_zone_attach(void *region, size_t size,
                                        affinity_zone_kind_e kind,
-                                       affinity_zone_t **zone, char *err,
-                                       size_t err_len) noexcept
+                                       uint32_t rows, affinity_zone_t **zone,
+                                       char *err, size_t err_len) noexcept
 {
     *zone = nullptr;
 
@@ -206,9 +132,21 @@ affinity_attach_e affinity_zone_attach(void *region, size_t size,
     affinity_attach_e rc;
 
     if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kZoneMagic) {
-        rc = validate(*h, size, kind, err, err_len);
+        rc = Zone::validate(region, size, kind, err, err_len);
+
     } else {
-        rc = initialize(region, size, kind, err, err_len);
+        uint64_t seed;
+
+        if (RAND_bytes(reinterpret_cast<unsigned char *>(&seed),
+                       sizeof(seed))
+            != 1)
+        {
+            // Any seed works for correctness; a random one only makes the
+            // bucket of a key unpredictable to clients.
+            seed = reinterpret_cast<uintptr_t>(region) ^ kZoneMagic;
+        }
+
+        rc = Zone::initialize(region, size, kind, rows, seed, err, err_len);
     }
 
     if (rc == AFFINITY_ATTACH_CREATED || rc == AFFINITY_ATTACH_REUSED) {
@@ -233,6 +171,12 @@ void affinity_zone_info(const affinity_zone_t *zone,
     info->peer_slots = kPeerSlots;
     info->peer_slots_used = h.peer_slots_used;
     info->peer_slots_reclaimed = h.peer_slots_reclaimed;
+    info->peer_slots_missing = h.peer_slots_missing;
+    info->rows = h.rows;
+    info->rows_used = h.rows_used;
+    info->rows_missing = h.rows_missing;
+    info->rows_reaped = h.rows_reaped;
+    info->inflight_recovered = h.inflight_recovered;
 }
 
 uint64_t affinity_zone_key_hash(const affinity_zone_t *zone, const void *key,
@@ -270,23 +214,16 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     }
 }
 
-void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t slot) noexcept
+void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t row,
+                                uint32_t slot) noexcept
 {
-    if (slot < kPeerSlots) {
-        atomic_add<int64_t>(&zone_of(zone).peer_slots()[slot].inflight, -1);
-    }
+    zone_of(zone).release(row, slot);
 }
 
-void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t slot,
-                                uint32_t now) noexcept
+void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t row,
+                                uint32_t slot, uint32_t now) noexcept
 {
-    if (slot < kPeerSlots) {
-        PeerSlot &s = zone_of(zone).peer_slots()[slot];
-        __atomic_store_n(&s.last_used, uint64_t(now), __ATOMIC_RELAXED);
-        atomic_add<int64_t>(&s.inflight, 1);
-        atomic_add<uint64_t>(&s.requests, 1);
-        atomic_add<uint64_t>(&s.routes[AFFINITY_ROUTE_FALLBACK], 1);
-    }
+    zone_of(zone).acquire(row, slot, AFFINITY_ROUTE_FALLBACK, now);
 }
 
 void affinity_zone_peer_failed(affinity_zone_t *zone, uint32_t slot) noexcept
@@ -294,6 +231,46 @@ void affinity_zone_peer_failed(affinity_zone_t *zone, uint32_t slot) noexcept
     if (slot < kPeerSlots) {
         atomic_add<uint64_t>(&zone_of(zone).peer_slots()[slot].failures, 1);
     }
+}
+
+uint32_t affinity_zone_worker_claim(affinity_zone_t *zone, uint64_t pid,
+                                    uint64_t start, uint32_t now) noexcept
+{
+    return claim_row(zone_of(zone), pid, start, now);
+}
+
+void affinity_zone_worker_release(affinity_zone_t *zone, uint32_t row,
+                                  uint64_t pid) noexcept
+{
+    release_row(zone_of(zone), row, pid);
+}
+
+int affinity_zone_reap_due(affinity_zone_t *zone, uint32_t now,
+                           uint32_t interval) noexcept
+{
+    return reap_due(zone_of(zone), now, interval) ? 1 : 0;
+}
+
+size_t affinity_zone_workers(const affinity_zone_t *zone,
+                             affinity_worker_t *out, size_t cap) noexcept
+{
+    return rows_in_use(zone_of(zone), out, cap);
+}
+
+uint64_t affinity_zone_worker_reap(affinity_zone_t *zone,
+                                   const affinity_worker_t *worker) noexcept
+{
+    return reap_row(zone_of(zone), *worker);
+}
+
+uint64_t affinity_process_start(uint64_t pid) noexcept
+{
+    return process_start(pid);
+}
+
+int affinity_process_alive(uint64_t pid, uint64_t start) noexcept
+{
+    return process_alive(pid, start) ? 1 : 0;
 }
 
 int affinity_route(affinity_zone_t *zone, const affinity_ring_t *ring,

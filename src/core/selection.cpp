@@ -7,8 +7,8 @@
 
 namespace affinity {
 
-LoadBound::LoadBound(const Zone &zone, const affinity_peer_t *peers,
-                     size_t npeers, const affinity_balance_t &balance) noexcept
+LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers, size_t npeers,
+                     const affinity_balance_t &balance, uint64_t now) noexcept
     : peers_(peers),
       npeers_(std::min(npeers, kMaxPeers)),
       factor_(balance.factor),
@@ -20,15 +20,19 @@ LoadBound::LoadBound(const Zone &zone, const affinity_peer_t *peers,
 
     for (size_t i = 0; i < npeers_; i++) {
         int64_t n = 0;
+        uint32_t slot = peers[i].slot;
 
-        // A slot handed to another peer (claim_slot()) counts nothing for
-        // this one.  A counter can dip below zero for a moment when a request
-        // ends in an old worker after a reload; never trust that.
-        if (owns_slot(zone, peers[i])) {
-            n = std::max<int64_t>(atomic_load(&slots[peers[i].slot].inflight),
-                                  0);
+        if (!zone.owns(slot, peers[i].id)) {
+            slot = zone.claim_slot(peers[i].id, now);
         }
 
+        // A worker killed in the middle of counting may leave a count one
+        // below the truth (worker_rows.h): never read below zero.
+        if (slot != kNoSlot) {
+            n = std::max<int64_t>(atomic_load(&slots[slot].inflight), 0);
+        }
+
+        slots_[i] = slot;
         inflight_[i] = n;
         short_ids_[i] = short_peer_id(peers[i].id);
 
@@ -144,7 +148,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
         if (i >= 0) {
             table.repin(table.insert(request.key_hash), peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_NEW, prefix_len};
+            decision = {i, AFFINITY_ROUTE_SESSION_NEW, prefix_len, kNoSlot};
         }
 
         return i;
@@ -154,7 +158,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
     // A draining peer still serves the sessions pinned to it.
     if (pinned >= 0 && load.serves_pins(pinned) && load.accepts(pinned)) {
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
+        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
         return pinned;
     }
 
@@ -165,7 +169,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
         if (i >= 0) {
             table.repin(entry, peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, 0};
+            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, 0, kNoSlot};
         }
 
         return i;
@@ -191,7 +195,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
         if (i < 0 && load.serves_pins(pinned)) {
             // Everyone is over the bound: stay where the cache is.
-            decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0};
+            decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
             return pinned;
         }
 
@@ -204,7 +208,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         uint64_t previous = entry->peer;
         table.repin(entry, peers[i].id);
         entry->spill = previous;
-        decision = {i, AFFINITY_ROUTE_SESSION_SPILL, 0};
+        decision = {i, AFFINITY_ROUTE_SESSION_SPILL, 0, kNoSlot};
     }
 
     return i;
@@ -246,10 +250,12 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                 holds |= id != 0 && load.index_of_short(id) == i;
             }
 
-            decision = holds ? affinity_decision_t{i, AFFINITY_ROUTE_PREFIX_HIT,
-                                                   request.levels[j].length}
-                             : affinity_decision_t{i, AFFINITY_ROUTE_PREFIX_NEW,
-                                                   0};
+            decision = {i, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};
+
+            if (holds) {
+                decision.route = AFFINITY_ROUTE_PREFIX_HIT;
+                decision.prefix_len = request.levels[j].length;
+            }
             return i;
         }
 
@@ -271,7 +277,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
 
         if (best >= 0) {
             decision = {best, AFFINITY_ROUTE_PREFIX_HIT,
-                        request.levels[j].length};
+                        request.levels[j].length, kNoSlot};
             return best;
         }
     }
@@ -279,7 +285,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
     int i = place(load, ring, own, -1, request.rotate);
 
     if (i >= 0) {
-        decision = {i, AFFINITY_ROUTE_PREFIX_NEW, 0};
+        decision = {i, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};
     }
 
     return i;
@@ -315,9 +321,9 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
           const affinity_request_t &request,
           affinity_decision_t &decision) noexcept
 {
-    decision = {-1, AFFINITY_ROUTE_NONE, 0};
+    decision = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
 
-    LoadBound load(zone, peers, npeers, balance);
+    LoadBound load(zone, peers, npeers, balance, request.now);
     bool sessions = zone.header().kind
                     == static_cast<uint32_t>(ZoneKind::Sessions);
     bool prefixes = request.prefixes != nullptr && request.nlevels > 0
@@ -350,12 +356,12 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         chosen = load.least_loaded(-1, request.rotate);
 
         if (chosen >= 0) {
-            decision = {chosen, AFFINITY_ROUTE_FALLBACK, 0};
+            decision = {chosen, AFFINITY_ROUTE_FALLBACK, 0, kNoSlot};
         }
     }
 
     if (chosen < 0) {
-        decision = {-1, AFFINITY_ROUTE_NONE, 0};
+        decision = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
         return -1;
     }
 
@@ -365,14 +371,8 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         record_levels(table, keys, nkeys, peers[chosen].id);
     }
 
-    if (owns_slot(zone, peers[chosen])) {
-        PeerSlot &counters = zone.peer_slots()[peers[chosen].slot];
-        __atomic_store_n(&counters.last_used, uint64_t(request.now),
-                         __ATOMIC_RELAXED);
-        atomic_add<int64_t>(&counters.inflight, 1);
-        atomic_add<uint64_t>(&counters.requests, 1);
-        atomic_add<uint64_t>(&counters.routes[decision.route % kRoutes], 1);
-    }
+    decision.slot = load.slot(size_t(chosen));
+    zone.acquire(request.row, decision.slot, decision.route, request.now);
 
     return 0;
 }

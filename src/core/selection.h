@@ -15,8 +15,12 @@ namespace affinity {
 // from the zone, and the bound each peer may reach.
 class LoadBound {
 public:
-    LoadBound(const Zone &zone, const affinity_peer_t *peers, size_t npeers,
-              const affinity_balance_t &balance) noexcept;
+    // Reads each peer's in-flight count from its slot.  A peer whose slot
+    // is not its own (unset, or handed to another peer since the caller
+    // looked it up) claims one now, so that no peer is balanced blind
+    // while a slot can be had (caller holds the zone lock).
+    LoadBound(Zone zone, const affinity_peer_t *peers, size_t npeers,
+              const affinity_balance_t &balance, uint64_t now) noexcept;
 
     size_t size() const noexcept { return npeers_; }
     bool usable(size_t i) const noexcept
@@ -52,6 +56,9 @@ public:
     // keep short ids), or -1.
     int index_of_short(uint32_t short_id) const noexcept;
 
+    // The counter slot of peer i, or kNoSlot.
+    uint32_t slot(size_t i) const noexcept { return slots_[i]; }
+
     // Whether peer a has fewer in-flight requests per weight than peer b.
     bool less_loaded(size_t a, size_t b) const noexcept
     {
@@ -63,19 +70,12 @@ private:
     const affinity_peer_t *peers_;
     size_t npeers_;
     int64_t inflight_[kMaxPeers];
+    uint32_t slots_[kMaxPeers];
     uint32_t short_ids_[kMaxPeers];     // what prefix entries store
     double share_per_weight_;
     double factor_;
     double slack_;
 };
-
-// Whether the peer's counter slot is its own (not unset, nor handed to
-// another peer since the caller looked it up).
-inline bool owns_slot(const Zone &zone, const affinity_peer_t &peer) noexcept
-{
-    return peer.slot < kPeerSlots
-           && atomic_load(&zone.peer_slots()[peer.slot].id) == peer.id;
-}
 
 // Implements affinity_route(); see affinity_core.h.
 int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,

@@ -2,17 +2,6 @@
 
 namespace affinity {
 
-uint64_t SessionTable::buckets_for(size_t region_size) noexcept
-{
-    size_t fixed = sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot);
-
-    if (region_size <= fixed) {
-        return 0;
-    }
-
-    return (region_size - fixed) / sizeof(SessionBucket);
-}
-
 void SessionTable::drop(const SessionEntry &entry) noexcept
 {
     zone_.add_pins(entry.peer, -1);

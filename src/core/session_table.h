@@ -36,10 +36,6 @@ public:
     SessionTable(Zone zone, uint32_t now, uint32_t timeout) noexcept
         : zone_(zone), now_(now), timeout_(timeout) {}
 
-    // Buckets a region of the given size holds after the header and peer
-    // slots; 0 if it is too small.
-    static uint64_t buckets_for(size_t region_size) noexcept;
-
     // The live entry of key, made the most recently used; nullptr if
     // absent.  Reclaims the expired entries of the bucket.
     SessionEntry *find(uint64_t key) noexcept;

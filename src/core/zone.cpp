@@ -1,8 +1,136 @@
 #include "zone.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
 #include "hashing.h"
+#include "prefix_table.h"
+#include "session_table.h"
 
 namespace affinity {
+
+namespace {
+
+// Both tables share one geometry: 8 ways of 32-byte entries.
+static_assert(sizeof(SessionBucket) == sizeof(PrefixBucket)
+                  && kSessionWays == kPrefixWays,
+              "session and prefix zones share their geometry");
+
+constexpr size_t kRowBytes = sizeof(WorkerRow) + kPeerSlots * sizeof(int32_t);
+
+size_t align64(size_t n) noexcept
+{
+    return (n + 63) & ~size_t{63};
+}
+
+void set_error(char *err, size_t err_len, const char *what) noexcept
+{
+    if (err && err_len) {
+        std::snprintf(err, err_len, "%s", what);
+    }
+}
+
+struct Layout {
+    uint32_t rows;
+    uint64_t rows_offset;
+    uint64_t counts_offset;
+    uint64_t buckets_offset;
+    uint64_t buckets;
+};
+
+// Where everything goes in a region of size bytes.  The worker rows take at
+// most a quarter of the space after the peer slots; the table, the rest.
+Layout layout_for(size_t size, uint32_t rows) noexcept
+{
+    Layout l{};
+    size_t fixed = sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot);
+    size_t room = size > fixed ? size - fixed : 0;
+
+    rows = std::clamp(rows, kMinWorkerRows, kMaxWorkerRows);
+    rows = std::min<size_t>(rows, std::max<size_t>(room / 4 / kRowBytes,
+                                                   kMinWorkerRows));
+
+    l.rows = rows;
+    l.rows_offset = fixed;
+    l.counts_offset = align64(l.rows_offset + rows * sizeof(WorkerRow));
+    l.buckets_offset = align64(l.counts_offset
+                               + size_t(rows) * kPeerSlots * sizeof(int32_t));
+    l.buckets = size > l.buckets_offset
+                ? (size - l.buckets_offset) / sizeof(SessionBucket) : 0;
+
+    return l;
+}
+
+}  // namespace
+
+affinity_attach_e Zone::initialize(void *region, size_t size, uint32_t kind,
+                                   uint32_t rows, uint64_t seed, char *err,
+                                   size_t err_len) noexcept
+{
+    Layout l = layout_for(size, rows);
+
+    if (l.buckets == 0) {
+        set_error(err, err_len, "the zone is too small for a table");
+        return AFFINITY_ATTACH_TOO_SMALL;
+    }
+
+    std::memset(region, 0,
+                l.buckets_offset + l.buckets * sizeof(SessionBucket));
+
+    ZoneHeader *h = static_cast<ZoneHeader *>(region);
+    h->layout_version = kLayoutVersion;
+    h->kind = kind;
+    h->region_size = size;
+    h->seed = seed;
+    h->peers_offset = sizeof(ZoneHeader);
+    h->rows_offset = l.rows_offset;
+    h->counts_offset = l.counts_offset;
+    h->buckets_offset = l.buckets_offset;
+    h->buckets = l.buckets;
+    h->ways = kSessionWays;
+    h->entry_size = sizeof(SessionEntry);
+    h->rows = l.rows;
+
+    // The magic goes last: a region holds a zone only once it is complete.
+    __atomic_store_n(&h->magic, kZoneMagic, __ATOMIC_RELEASE);
+
+    return AFFINITY_ATTACH_CREATED;
+}
+
+affinity_attach_e Zone::validate(const void *region, size_t size,
+                                 uint32_t kind, char *err,
+                                 size_t err_len) noexcept
+{
+    const ZoneHeader &h = *static_cast<const ZoneHeader *>(region);
+    char reason[160];
+
+    if (h.layout_version != kLayoutVersion) {
+        std::snprintf(reason, sizeof(reason),
+                      "the zone has layout version %u, this module uses %u",
+                      h.layout_version, kLayoutVersion);
+
+    } else if (h.kind != kind) {
+        std::snprintf(reason, sizeof(reason),
+                      "the zone holds a table of another kind");
+
+    } else if (h.region_size != size || h.ways != kSessionWays
+               || h.entry_size != sizeof(SessionEntry)
+               || h.peers_offset != sizeof(ZoneHeader)
+               || h.rows < kMinWorkerRows || h.rows > kMaxWorkerRows
+               || h.buckets_offset
+                      != layout_for(size, h.rows).buckets_offset)
+    {
+        std::snprintf(reason, sizeof(reason),
+                      "the zone's table geometry differs from this module's");
+
+    } else {
+        return AFFINITY_ATTACH_REUSED;
+    }
+
+    set_error(err, err_len, reason);
+    return AFFINITY_ATTACH_INCOMPATIBLE;
+}
 
 uint32_t Zone::claim_slot(uint64_t peer_id, uint64_t now) noexcept
 {
@@ -17,14 +145,14 @@ uint32_t Zone::claim_slot(uint64_t peer_id, uint64_t now) noexcept
         PeerSlot &slot = slots[n];
 
         if (slot.id == peer_id) {
-            __atomic_store_n(&slot.last_used, now, __ATOMIC_RELAXED);
+            atomic_store(&slot.last_used, now);
             return n;
         }
 
         if (slot.id == 0) {
             slot = PeerSlot{};
-            slot.id = peer_id;
             slot.last_used = now;
+            atomic_store(&slot.id, peer_id);
             header_->peer_slots_used++;
             return n;
         }
@@ -39,15 +167,17 @@ uint32_t Zone::claim_slot(uint64_t peer_id, uint64_t now) noexcept
     }
 
     if (idlest == kNoSlot) {
+        header_->peer_slots_missing++;
         return kNoSlot;
     }
 
     // The sessions pinned to the old peer keep its id and move when next
-    // seen; its counters go with the slot.
+    // seen; its counters go with the slot.  Its in-flight count is zero in
+    // every worker row too: rows only count what the slot counts.
     PeerSlot &slot = slots[idlest];
     slot = PeerSlot{};
-    slot.id = peer_id;
     slot.last_used = now;
+    atomic_store(&slot.id, peer_id);
     header_->peer_slots_reclaimed++;
 
     return idlest;
@@ -71,6 +201,42 @@ uint32_t Zone::find_slot(uint64_t peer_id) const noexcept
     }
 
     return kNoSlot;
+}
+
+// The row is counted first and given back last: a worker that dies between
+// the two updates leaves its slot counting one request too few once its
+// row is reaped, never one too many.  A count too high would narrow the
+// peer's bound for good; one too low is read as zero at worst.
+void Zone::acquire(uint32_t row, uint32_t slot, uint32_t route,
+                   uint64_t now) noexcept
+{
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    PeerSlot &s = peer_slots()[slot];
+
+    if (row < header_->rows) {
+        atomic_add<int32_t>(&counts(row)[slot], 1);
+    }
+
+    atomic_store(&s.last_used, now);
+    atomic_add<int64_t>(&s.inflight, 1);
+    atomic_add<uint64_t>(&s.requests, 1);
+    atomic_add<uint64_t>(&s.routes[route % kRoutes], 1);
+}
+
+void Zone::release(uint32_t row, uint32_t slot) noexcept
+{
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    atomic_add<int64_t>(&peer_slots()[slot].inflight, -1);
+
+    if (row < header_->rows) {
+        atomic_add<int32_t>(&counts(row)[slot], -1);
+    }
 }
 
 void Zone::add_pins(uint64_t peer_id, int64_t delta) noexcept

@@ -4,6 +4,9 @@
 //   header       magic, layout version, kind, parameters, table counters
 //   peer slots   per-peer counters (in-flight, requests, pins), open
 //                addressing by peer id; counters are updated atomically
+//   worker rows  which process owns each row, and per row and peer slot the
+//                requests that process has in flight: when a worker dies,
+//                its row says what to give back (worker_rows.h)
 //   buckets      a set-associative table: each bucket is a few cache lines
 //                of entries, with LRU and idle expiry inside the bucket
 //
@@ -15,14 +18,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "affinity_core.h"
+
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 constexpr uint32_t kPeerSlots = 256;
-constexpr uint32_t kNoSlot = UINT32_MAX;
-// Seconds a peer slot must be unused before another peer may take it.
-constexpr uint64_t kSlotReclaimIdle = 3600;
+constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
+constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
+constexpr uint32_t kMinWorkerRows = 4;
+constexpr uint32_t kNoRow = AFFINITY_NO_ROW;
+
+// Seconds a peer's slot must have seen no request before another peer may
+// take it (with nothing in flight): a configured peer that is merely idle
+// keeps its counters, one that left frees its slot within this time.
+constexpr uint64_t kSlotReclaimIdle = 60;
+
+static_assert(kPeerSlots == AFFINITY_PEER_SLOTS, "one peer slot count");
 
 enum class ZoneKind : uint32_t { Sessions = 1 };
 
@@ -33,19 +46,28 @@ struct alignas(64) ZoneHeader {
     uint64_t region_size;
     uint64_t seed;
     uint64_t peers_offset;
+    uint64_t rows_offset;       // WorkerRow[rows]
+    uint64_t counts_offset;     // int32_t[rows][kPeerSlots]
     uint64_t buckets_offset;
     uint64_t buckets;
     uint32_t ways;
     uint32_t entry_size;
+    uint32_t rows;
+    uint32_t rows_used;         // zone lock
     // Table counters: changed only under the zone lock.
     uint64_t used;
     uint64_t evictions;
     uint64_t expiries;
     uint32_t peer_slots_used;
     uint32_t peer_slots_reclaimed;  // slots handed to another peer
+    uint64_t peer_slots_missing;    // claims that found no slot
+    uint64_t rows_reaped;           // rows of dead workers freed
+    uint64_t inflight_recovered;    // their requests given back
+    uint64_t rows_missing;          // workers that found no row
+    uint64_t last_reap;             // atomic: seconds, last look for dead
 };
 
-constexpr size_t kRoutes = 8;      // affinity_route_e values
+constexpr size_t kRoutes = AFFINITY_ROUTES;
 
 struct alignas(64) PeerSlot {
     uint64_t id;                // 0 = free
@@ -60,16 +82,28 @@ struct alignas(64) PeerSlot {
 
 static_assert(sizeof(PeerSlot) == 128, "a peer slot is two cache lines");
 
+// The owner of a worker row: a process, known by its pid and its start
+// time (so that a pid the system gave to another process is not taken for
+// the dead worker).  pid 0: the row is free.
+struct WorkerRow {
+    uint64_t pid;               // atomic
+    uint64_t start;             // process start time, 0 if unknown
+    uint64_t claimed;           // seconds
+    uint64_t reserved;
+};
+
 // Atomic helpers for counters in shared memory.  The values are plain
 // integers in the region (POD), updated with the compiler's builtins.
-inline int64_t atomic_load(const int64_t *v) noexcept
+template <typename T>
+inline T atomic_load(const T *v) noexcept
 {
     return __atomic_load_n(v, __ATOMIC_RELAXED);
 }
 
-inline uint64_t atomic_load(const uint64_t *v) noexcept
+template <typename T>
+inline void atomic_store(T *v, T value) noexcept
 {
-    return __atomic_load_n(v, __ATOMIC_RELAXED);
+    __atomic_store_n(v, value, __ATOMIC_RELAXED);
 }
 
 template <typename T>
@@ -83,19 +117,38 @@ public:
     explicit Zone(void *region) noexcept
         : header_(static_cast<ZoneHeader *>(region)) {}
 
+    // Lays a new zone out in a region (rows: worker rows wanted, fewer if
+    // the region is small), or checks the one an earlier cycle left.
+    static affinity_attach_e initialize(void *region, size_t size,
+                                        uint32_t kind, uint32_t rows,
+                                        uint64_t seed, char *err,
+                                        size_t err_len) noexcept;
+    static affinity_attach_e validate(const void *region, size_t size,
+                                      uint32_t kind, char *err,
+                                      size_t err_len) noexcept;
+
     ZoneHeader &header() const noexcept { return *header_; }
 
     PeerSlot *peer_slots() const noexcept
     {
-        return reinterpret_cast<PeerSlot *>(
-            reinterpret_cast<char *>(header_) + header_->peers_offset);
+        return at<PeerSlot>(header_->peers_offset);
+    }
+
+    WorkerRow *rows() const noexcept
+    {
+        return at<WorkerRow>(header_->rows_offset);
+    }
+
+    // The in-flight counts of worker row `row`, one per peer slot.
+    int32_t *counts(uint32_t row) const noexcept
+    {
+        return at<int32_t>(header_->counts_offset) + size_t(row) * kPeerSlots;
     }
 
     template <typename Bucket>
     Bucket *buckets() const noexcept
     {
-        return reinterpret_cast<Bucket *>(
-            reinterpret_cast<char *>(header_) + header_->buckets_offset);
+        return at<Bucket>(header_->buckets_offset);
     }
 
     // The bucket of a key: multiply-shift maps the 64-bit hash onto
@@ -108,23 +161,41 @@ public:
         return buckets<Bucket>()[index];
     }
 
-    // Slot of a peer id, claimed if absent; kNoSlot when the table is full.
-    // Caller holds the zone lock.
     // Finds or claims the counter slot of a peer (caller holds the zone
-    // lock).  With every slot taken, the one idle longest, with nothing in
-    // flight and unused for kSlotReclaimIdle seconds, is given to the new
-    // peer: peers that come and go (servers with "resolve") must not use up
-    // the table.  kNoSlot if none can be had.
+    // lock).  With every slot taken, the one unused longest, with nothing
+    // in flight and no request for kSlotReclaimIdle seconds, is given to
+    // the new peer: peers that come and go (servers with "resolve") must
+    // not use up the table.  kNoSlot if none can be had (counted).
     uint32_t claim_slot(uint64_t peer_id, uint64_t now) noexcept;
 
     // Slot of a peer id, or kNoSlot.  Caller holds the zone lock.
     uint32_t find_slot(uint64_t peer_id) const noexcept;
+
+    // Whether slot is the counter slot of peer_id (lock-free).
+    bool owns(uint32_t slot, uint64_t peer_id) const noexcept
+    {
+        return slot < kPeerSlots
+               && atomic_load(&peer_slots()[slot].id) == peer_id;
+    }
+
+    // One request more or less in flight on a slot, counted in the row of
+    // the worker that holds it too (lock-free).  row may be kNoRow.
+    void acquire(uint32_t row, uint32_t slot, uint32_t route,
+                 uint64_t now) noexcept;
+    void release(uint32_t row, uint32_t slot) noexcept;
 
     void add_pins(uint64_t peer_id, int64_t delta) noexcept;
 
     uint64_t key_hash(const void *key, size_t len) const noexcept;
 
 private:
+    template <typename T>
+    T *at(uint64_t offset) const noexcept
+    {
+        return reinterpret_cast<T *>(reinterpret_cast<char *>(header_)
+                                     + offset);
+    }
+
     ZoneHeader *header_;
 };
 

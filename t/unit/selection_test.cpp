@@ -699,7 +699,7 @@ TEST(Selection, PinsSurviveAReorderedPeerList)
                   0);
         EXPECT_EQ(d.route, kHit);
         EXPECT_EQ(peers[size_t(d.peer)].id, pin_id[k]);
-        affinity_zone_peer_release(z.get(), peers[size_t(d.peer)].slot);
+        affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, d.slot);
     }
 }
 

@@ -508,20 +508,42 @@ TEST_F(SessionTableTest, FullBucketReusesExpiredEntriesBeforeEvicting)
     EXPECT_NE(table.find(neighbour(ways)), nullptr);
 }
 
-TEST(SessionTableGeometry, BucketsFitInTheRegion)
+TEST(SessionTableGeometry, TableFillsTheRegionAfterTheRows)
 {
-    using affinity::SessionTable;
-    EXPECT_EQ(SessionTable::buckets_for(0), 0u);
-    EXPECT_EQ(SessionTable::buckets_for(1024), 0u);
-    EXPECT_GT(SessionTable::buckets_for(AFFINITY_ZONE_MIN_SIZE), 0u);
+    // The header, the peer slots and the worker rows (at most a quarter of
+    // the rest) come first; the table has every bucket that fits after
+    // them.
+    const size_t fixed = sizeof(affinity::ZoneHeader)
+                         + affinity::kPeerSlots * sizeof(affinity::PeerSlot);
+    const size_t row_bytes = sizeof(affinity::WorkerRow)
+                             + affinity::kPeerSlots * sizeof(int32_t);
 
     for (size_t size : {size_t{AFFINITY_ZONE_MIN_SIZE}, size_t{1} << 20,
-                        size_t{3} << 20}) {
-        uint64_t b = SessionTable::buckets_for(size);
-        size_t fixed = sizeof(affinity::ZoneHeader)
-                       + affinity::kPeerSlots * sizeof(affinity::PeerSlot);
-        EXPECT_LE(fixed + b * sizeof(affinity::SessionBucket), size);
-        EXPECT_GT(fixed + (b + 1) * sizeof(affinity::SessionBucket), size);
+                        size_t{3} << 20, size_t{8} << 20}) {
+        for (uint32_t rows : {1u, 16u, 64u, 256u, 1000u}) {
+            AlignedBuffer buf(size);
+            affinity_zone_t *zone = nullptr;
+            ASSERT_EQ(affinity_zone_attach(buf.get(), size,
+                                           AFFINITY_ZONE_SESSIONS, rows,
+                                           &zone, nullptr, 0),
+                      AFFINITY_ATTACH_CREATED)
+                << size << " " << rows;
+
+            affinity_zone_info_t info{};
+            affinity_zone_info(zone, &info);
+            uint64_t buckets = info.capacity / affinity::kSessionWays;
+            size_t used = fixed + info.rows * row_bytes
+                          + buckets * sizeof(affinity::SessionBucket);
+
+            EXPECT_GE(info.rows, 4u);
+            EXPECT_LE(info.rows, std::max<uint32_t>(rows, 4u));
+            EXPECT_LE(info.rows, uint32_t{AFFINITY_MAX_WORKER_ROWS});
+            EXPECT_LE(info.rows * row_bytes,
+                      std::max<size_t>((size - fixed) / 4, 4 * row_bytes));
+            EXPECT_LE(used, size);
+            EXPECT_GT(used + sizeof(affinity::SessionBucket) + 128, size)
+                << "room for another bucket";
+        }
     }
 }
 

@@ -21,6 +21,9 @@ namespace affinity_test {
 // The ring density the nginx module uses.
 constexpr uint32_t kPointsPerWeight = 160;
 
+// Worker rows of the zones tests make.
+constexpr uint32_t kTestRows = 16;
+
 struct FreeDeleter {
     void operator()(void *p) const noexcept { std::free(p); }
 };
@@ -57,8 +60,8 @@ public:
     {
         char err[256] = "";
         affinity_attach_e rc =
-            affinity_zone_attach(buffer_.get(), buffer_.size(), kind, &zone_,
-                                 err, sizeof(err));
+            affinity_zone_attach(buffer_.get(), buffer_.size(), kind,
+                                 kTestRows, &zone_, err, sizeof(err));
         EXPECT_EQ(rc, AFFINITY_ATTACH_CREATED) << err;
     }
 
@@ -172,11 +175,18 @@ public:
         return total;
     }
 
-    void release(size_t i) { affinity_zone_peer_release(zone_, peers_[i].slot); }
+    void release(size_t i)
+    {
+        affinity_zone_peer_release(zone_, row, peers_[i].slot);
+    }
+
     void acquire(size_t i)
     {
-        affinity_zone_peer_acquire(zone_, peers_[i].slot, 0);
+        affinity_zone_peer_acquire(zone_, row, peers_[i].slot, 0);
     }
+
+    // The worker row requests are counted in, as a worker's.
+    uint32_t row = AFFINITY_NO_ROW;
 
     void release_all()
     {
@@ -291,9 +301,16 @@ private:
         Routed out{};
         out.decision.peer = 12345;     // must be overwritten
         out.decision.route = 12345;
+        affinity_request_t request = r;
+        request.row = upstream_.row;
         out.rc = affinity_route(zone_, upstream_.ring(),
                                 upstream_.peers().data(), upstream_.size(),
-                                &balance_, &r, &out.decision);
+                                &balance_, &request, &out.decision);
+
+        // As the module does: a slot claimed for the peer becomes its own.
+        if (out.rc == 0) {
+            upstream_.peer(size_t(out.decision.peer)).slot = out.decision.slot;
+        }
         return out;
     }
 

@@ -24,7 +24,8 @@ affinity_attach_e attach(void *region, size_t size, affinity_zone_t **zone,
     std::memset(err, 'x', sizeof(err));
     err[sizeof(err) - 1] = '\0';
     affinity_attach_e rc =
-        affinity_zone_attach(region, size, kind, zone, err, sizeof(err));
+        affinity_zone_attach(region, size, kind, kTestRows, zone, err,
+                             sizeof(err));
     if (error) {
         *error = err;
     }
@@ -238,27 +239,28 @@ TEST(ZoneAttach, ErrorBufferIsOptionalAndBounded)
     affinity_zone_t *zone = nullptr;
 
     EXPECT_EQ(affinity_zone_attach(buf.get(), 100, AFFINITY_ZONE_SESSIONS,
-                                   &zone, nullptr, 0),
+                                   kTestRows, &zone, nullptr, 0),
               AFFINITY_ATTACH_TOO_SMALL);
 
     char tiny[8];
     std::memset(tiny, 'x', sizeof(tiny));
     EXPECT_EQ(affinity_zone_attach(buf.get(), 100, AFFINITY_ZONE_SESSIONS,
-                                   &zone, tiny, sizeof(tiny)),
+                                   kTestRows, &zone, tiny, sizeof(tiny)),
               AFFINITY_ATTACH_TOO_SMALL);
     EXPECT_NE(std::memchr(tiny, '\0', sizeof(tiny)), nullptr);
     EXPECT_GT(std::strlen(tiny), 0u);
 
     ASSERT_EQ(affinity_zone_attach(buf.get(), kMiB, AFFINITY_ZONE_SESSIONS,
-                                   &zone, nullptr, 0),
+                                   kTestRows, &zone, nullptr, 0),
               AFFINITY_ATTACH_CREATED);
     EXPECT_EQ(affinity_zone_attach(buf.get(), kMiB / 2,
-                                   AFFINITY_ZONE_SESSIONS, &zone, nullptr, 0),
+                                   AFFINITY_ZONE_SESSIONS, kTestRows, &zone,
+                                   nullptr, 0),
               AFFINITY_ATTACH_INCOMPATIBLE);
     std::memset(tiny, 'x', sizeof(tiny));
     EXPECT_EQ(affinity_zone_attach(buf.get(), kMiB / 2,
-                                   AFFINITY_ZONE_SESSIONS, &zone, tiny,
-                                   sizeof(tiny)),
+                                   AFFINITY_ZONE_SESSIONS, kTestRows, &zone,
+                                   tiny, sizeof(tiny)),
               AFFINITY_ATTACH_INCOMPATIBLE);
     EXPECT_NE(std::memchr(tiny, '\0', sizeof(tiny)), nullptr);
 }
@@ -348,30 +350,30 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     };
 
     for (int i = 0; i < 5; i++) {
-        affinity_zone_peer_acquire(z.get(), a, 0);
+        affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, a, 0);
     }
     EXPECT_EQ(stats(a).inflight, 5);
     EXPECT_EQ(stats(a).requests, 5u);
     EXPECT_EQ(stats(b).inflight, 0);
     EXPECT_EQ(stats(b).requests, 0u);
 
-    affinity_zone_peer_release(z.get(), a);
-    affinity_zone_peer_release(z.get(), a);
+    affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, a);
+    affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, a);
     EXPECT_EQ(stats(a).inflight, 3);
     EXPECT_EQ(stats(a).requests, 5u) << "requests count starts, not ends";
 
-    affinity_zone_peer_acquire(z.get(), b, 0);
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, b, 0);
     EXPECT_EQ(stats(b).inflight, 1);
     EXPECT_EQ(stats(a).inflight, 3);
 
     for (int i = 0; i < 3; i++) {
-        affinity_zone_peer_release(z.get(), a);
+        affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, a);
     }
     EXPECT_EQ(stats(a).inflight, 0);
 
     // No slot: ignored.
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_SLOT, 0);
-    affinity_zone_peer_release(z.get(), AFFINITY_NO_SLOT);
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, AFFINITY_NO_SLOT, 0);
+    affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, AFFINITY_NO_SLOT);
     EXPECT_EQ(stats(a).inflight, 0);
     EXPECT_EQ(stats(b).inflight, 1);
 }
@@ -408,7 +410,7 @@ TEST(ZonePeerSlots, TableRefusesThe257thId)
 
 // Peers that come and go (servers with "resolve") would use up a table
 // whose slots are never freed: a full table hands the slot of the peer idle
-// longest, with nothing in flight, to the new one after an hour unused.
+// longest, with nothing in flight, to the new one after a minute unused.
 TEST(ZonePeerSlots, FullTableHandsOverTheIdlestSlot)
 {
     TestZone z;
@@ -423,18 +425,21 @@ TEST(ZonePeerSlots, FullTableHandsOverTheIdlestSlot)
 
     const uint64_t newcomer = peer_id_of(peer_name(AFFINITY_MAX_PEERS));
 
-    // Nobody has been idle for an hour yet.
-    EXPECT_EQ(affinity_zone_peer_slot(z.get(), newcomer, t0 + 3599),
+    // Nobody has been idle for a minute yet.
+    EXPECT_EQ(affinity_zone_peer_slot(z.get(), newcomer, t0 + 59),
               AFFINITY_NO_SLOT);
+    EXPECT_EQ(z.info().peer_slots_missing, 1u);
 
     // Peer 16 (claimed at t0 like peer 0) has a request in flight, and
     // peer 0 served one later: of the slots idle since t0, peer 32's is
     // the first free one found.  Peers claimed later are younger.
-    affinity_zone_peer_acquire(z.get(), slot_of[16], t0);
-    affinity_zone_peer_acquire(z.get(), slot_of[0], t0 + 100);
-    affinity_zone_peer_release(z.get(), slot_of[0]);
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, slot_of[16], t0);
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, slot_of[0], t0 + 30);
+    affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, slot_of[0]);
 
-    uint32_t given = affinity_zone_peer_slot(z.get(), newcomer, t0 + 4000);
+    // At t0 + 89, the slots claimed at t0 have been idle for 89 s and
+    // peer 0's for 59 s only.
+    uint32_t given = affinity_zone_peer_slot(z.get(), newcomer, t0 + 89);
     ASSERT_NE(given, AFFINITY_NO_SLOT);
     EXPECT_NE(given, slot_of[0]);
     EXPECT_NE(given, slot_of[16]);
@@ -455,15 +460,16 @@ TEST(ZonePeerSlots, FullTableHandsOverTheIdlestSlot)
 
     // The newcomer keeps its slot; the old peer is refused until another
     // slot has been idle long enough.
-    EXPECT_EQ(affinity_zone_peer_slot(z.get(), newcomer, t0 + 4000), given);
+    EXPECT_EQ(affinity_zone_peer_slot(z.get(), newcomer, t0 + 89), given);
     uint32_t back = affinity_zone_peer_slot(z.get(),
                                             peer_id_of(peer_name(old)),
-                                            t0 + 4000);
+                                            t0 + 89);
     EXPECT_NE(back, given);
 }
 
 // A peer whose slot went to another peer is routed without its counts
-// rather than with the newcomer's.
+// rather than with the newcomer's when no slot can be had, and the zone
+// says so.
 TEST(ZonePeerSlots, RoutingIgnoresASlotHandedOver)
 {
     TestZone z;
@@ -476,13 +482,13 @@ TEST(ZonePeerSlots, RoutingIgnoresASlotHandedOver)
                                           t0 + 5000),
                   AFFINITY_NO_SLOT);
     }
-    affinity_zone_peer_acquire(z.get(), up.peer(1).slot, t0 + 5000);
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, up.peer(1).slot, t0 + 5000);
 
     const uint64_t newcomer = peer_id_of("newcomer:1");
     uint32_t given = affinity_zone_peer_slot(z.get(), newcomer, t0 + 5000);
     ASSERT_EQ(given, up.peer(0).slot);
     for (int i = 0; i < 10; i++) {
-        affinity_zone_peer_acquire(z.get(), given, t0 + 5000);
+        affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, given, t0 + 5000);
     }
 
     // Peer 0 looks idle (0 in flight), not loaded with the newcomer's 10,
@@ -497,6 +503,51 @@ TEST(ZonePeerSlots, RoutingIgnoresASlotHandedOver)
     affinity_zone_peer_stats(z.get(), given, &s);
     EXPECT_EQ(s.inflight, 10);
     EXPECT_EQ(s.id, newcomer);
+    EXPECT_EQ(r.decision.slot, AFFINITY_NO_SLOT);
+    EXPECT_GE(z.info().peer_slots_missing, 1u);
+}
+
+// A peer that lost its slot claims another as soon as one is free of
+// in-flight requests and idle: it is never balanced blind while a slot can
+// be had, and its requests are counted there.
+TEST(ZonePeerSlots, RoutingClaimsASlotForAPeerWithout)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    const uint32_t t0 = 100000;
+
+    for (size_t i = 2; i < AFFINITY_MAX_PEERS; i++) {
+        ASSERT_NE(affinity_zone_peer_slot(z.get(), peer_id_of(peer_name(i)),
+                                          t0),
+                  AFFINITY_NO_SLOT);
+    }
+
+    // Peer 0's slot goes to a newcomer (peer 0 idle since time 0, peer 1
+    // served a request at t0).
+    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, up.peer(1).slot, t0);
+    affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, up.peer(1).slot);
+    uint32_t old_slot = up.peer(0).slot;
+    ASSERT_EQ(affinity_zone_peer_slot(z.get(), peer_id_of("newcomer:1"),
+                                      t0),
+              old_slot);
+
+    // A minute later the others are idle too: routing peer 0 claims one.
+    Router router(z.get(), up);
+    router.now = t0 + 120;
+    Routed r;
+    do {
+        r = router.route_nokey();
+        ASSERT_EQ(r.rc, 0);
+    } while (r.decision.peer != 0);
+
+    // (Possibly its old slot again: the newcomer has been idle as long.)
+    EXPECT_NE(r.decision.slot, AFFINITY_NO_SLOT);
+    EXPECT_EQ(up.peer(0).slot, r.decision.slot);
+    affinity_peer_stats_t s{};
+    affinity_zone_peer_stats(z.get(), r.decision.slot, &s);
+    EXPECT_EQ(s.id, up.peer(0).id);
+    EXPECT_EQ(s.inflight, 1);
+    EXPECT_EQ(z.info().peer_slots_missing, 0u);
 }
 
 }  // namespace

@@ -101,16 +101,23 @@ typedef enum {
 /* Smallest region a zone can be built in. */
 #define AFFINITY_ZONE_MIN_SIZE  (64 * 1024)
 
+/* Peer counter slots of a zone, and the most worker rows it may have. */
+#define AFFINITY_PEER_SLOTS        256
+#define AFFINITY_MAX_WORKER_ROWS   256
+
 /*
  * Attaches to a region of shared memory: initializes it when it does not
  * hold a zone yet (seed drawn from OpenSSL's RAND_bytes), or validates the
- * header left by an earlier cycle.  On failure *zone is NULL and, if err is
- * given, a NUL-terminated reason is written to it.  The region must be
- * 64-byte aligned; the zone keeps only offsets inside it.
+ * header left by an earlier cycle.  rows: the worker rows a new zone gets
+ * (one per worker process that may run at once, old workers finishing
+ * after a reload included; at least 4, at most 256, and at most a quarter
+ * of the region).  On failure *zone is NULL and, if err is given, a
+ * NUL-terminated reason is written to it.  The region must be 64-byte
+ * aligned; the zone keeps only offsets inside it.
  */
 AFFINITY_API affinity_attach_e affinity_zone_attach(void *region, size_t size,
-    affinity_zone_kind_e kind, affinity_zone_t **zone, char *err,
-    size_t err_len) AFFINITY_NOEXCEPT;
+    affinity_zone_kind_e kind, uint32_t rows, affinity_zone_t **zone,
+    char *err, size_t err_len) AFFINITY_NOEXCEPT;
 
 typedef struct {
     uint32_t    kind;
@@ -123,6 +130,13 @@ typedef struct {
     uint32_t    peer_slots;     /* capacity of the per-peer counter table */
     uint32_t    peer_slots_used;
     uint32_t    peer_slots_reclaimed;   /* slots handed to another peer */
+    uint32_t    rows;           /* worker rows */
+    uint64_t    peer_slots_missing;     /* peers that found no slot */
+    uint32_t    rows_used;
+    uint32_t    reserved;
+    uint64_t    rows_missing;   /* workers that found no row */
+    uint64_t    rows_reaped;    /* rows of dead workers freed */
+    uint64_t    inflight_recovered;     /* their requests given back */
 } affinity_zone_info_t;
 
 /* Caller holds the zone lock for exact figures. */
@@ -138,9 +152,9 @@ AFFINITY_API uint64_t affinity_zone_key_hash(const affinity_zone_t *zone,
 /*
  * Finds or claims the counter slot of a peer id; now is the time in
  * seconds.  When every slot is taken, the slot of a peer with nothing in
- * flight and no request for an hour is handed over (its counters restart).
- * Caller holds the zone lock.  Returns AFFINITY_NO_SLOT when no slot can be
- * had.
+ * flight and no request for a minute (one that left the configuration) is
+ * handed over (its counters restart).  Caller holds the zone lock.  Returns
+ * AFFINITY_NO_SLOT when no slot can be had (counted in peer_slots_missing).
  */
 AFFINITY_API uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
     uint64_t peer_id, uint32_t now) AFFINITY_NOEXCEPT;
@@ -162,19 +176,72 @@ AFFINITY_API void affinity_zone_peer_stats(const affinity_zone_t *zone,
     uint32_t slot, affinity_peer_stats_t *stats) AFFINITY_NOEXCEPT;
 
 /* Lock-free: the end of a request on a peer (the start is counted by
- * affinity_route()). */
+ * affinity_route() or affinity_zone_peer_acquire()), in the slot and in the
+ * row of the worker that counted it (AFFINITY_NO_ROW if it has none). */
 AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
-    uint32_t slot) AFFINITY_NOEXCEPT;
+    uint32_t row, uint32_t slot) AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a request placed outside affinity_route() (by round
  * robin on a backup peer, or by an nginx sticky hint), as a fallback; now
  * is the time in seconds. */
 AFFINITY_API void affinity_zone_peer_acquire(affinity_zone_t *zone,
-    uint32_t slot, uint32_t now) AFFINITY_NOEXCEPT;
+    uint32_t row, uint32_t slot, uint32_t now) AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a try that failed on the peer. */
 AFFINITY_API void affinity_zone_peer_failed(affinity_zone_t *zone,
     uint32_t slot) AFFINITY_NOEXCEPT;
+
+
+/* ---- worker rows ------------------------------------------------------ */
+
+/*
+ * In-flight counts that survive the death of a worker.  Each worker claims
+ * a row when it starts and counts its requests there as well as in the
+ * peers' slots.  When a worker dies without giving its requests back
+ * (crash, OOM, kill -9), a surviving worker that finds its row's owner gone
+ * gives them back for it.
+ */
+
+#define AFFINITY_NO_ROW  UINT32_MAX
+
+typedef struct {
+    uint32_t    row;
+    uint32_t    reserved;
+    uint64_t    pid;
+    uint64_t    start;      /* affinity_process_start() of pid */
+} affinity_worker_t;
+
+/* The row of a process (the one it has, else a free one), or
+ * AFFINITY_NO_ROW when all are taken.  Caller holds the zone lock. */
+AFFINITY_API uint32_t affinity_zone_worker_claim(affinity_zone_t *zone,
+    uint64_t pid, uint64_t start, uint32_t now) AFFINITY_NOEXCEPT;
+
+/* A worker that exits frees its row.  Caller holds the zone lock. */
+AFFINITY_API void affinity_zone_worker_release(affinity_zone_t *zone,
+    uint32_t row, uint64_t pid) AFFINITY_NOEXCEPT;
+
+/* Lock-free: whether it is the caller's turn to look for dead workers;
+ * true for at most one caller per interval seconds. */
+AFFINITY_API int affinity_zone_reap_due(affinity_zone_t *zone, uint32_t now,
+    uint32_t interval) AFFINITY_NOEXCEPT;
+
+/* Lock-free: the rows in use, for a liveness check made outside the lock.
+ * Returns how many were written to out. */
+AFFINITY_API size_t affinity_zone_workers(const affinity_zone_t *zone,
+    affinity_worker_t *out, size_t cap) AFFINITY_NOEXCEPT;
+
+/* Frees the row of a worker found dead, if it still has it, and gives its
+ * requests back; returns how many.  Caller holds the zone lock. */
+AFFINITY_API uint64_t affinity_zone_worker_reap(affinity_zone_t *zone,
+    const affinity_worker_t *worker) AFFINITY_NOEXCEPT;
+
+/* The start time of a process, 0 if the system does not tell (Linux:
+ * /proc/PID/stat). */
+AFFINITY_API uint64_t affinity_process_start(uint64_t pid) AFFINITY_NOEXCEPT;
+
+/* Whether the process with pid and start time (0: unknown) still runs. */
+AFFINITY_API int affinity_process_alive(uint64_t pid, uint64_t start)
+    AFFINITY_NOEXCEPT;
 
 
 /* ---- selection -------------------------------------------------------- */
@@ -223,6 +290,8 @@ typedef struct {
     uint32_t    now;        /* seconds, monotonic enough for idle expiry */
     uint32_t    timeout;    /* idle expiry of pins, seconds */
     uint32_t    rotate;     /* varies per request: breaks fallback ties */
+    uint32_t    row;        /* the worker's row, or AFFINITY_NO_ROW */
+    uint32_t    reserved;
 
     /* prompt prefixes (affinity_prompt_levels()), or none */
     affinity_zone_t         *prefixes;      /* the prefix index zone */
@@ -235,6 +304,8 @@ typedef struct {
     int32_t     peer;       /* index into the peers array, -1 if none */
     uint32_t    route;      /* affinity_route_e */
     uint32_t    prefix_len; /* code points of the level matched, or 0 */
+    uint32_t    slot;       /* the counter slot the request is counted in
+                               (to release), or AFFINITY_NO_SLOT */
 } affinity_decision_t;
 
 /*
@@ -253,6 +324,10 @@ typedef struct {
  * Every level of the prompt is then recorded for the chosen peer.  The
  * bound is soft: when every usable peer is over it, the least loaded one is
  * chosen, so a request is never refused for load.
+ *
+ * A peer whose slot (peers[i].slot) is not its own, or unset, gets one
+ * claimed here; decision->slot is the slot the request was counted in, and
+ * the slot to give to peers[i].slot from now on.
  *
  * Caller holds the lock of zone and of request->prefixes.  No allocation;
  * at most 256 peers are considered.  Returns 0, or -1 when no peer is
