@@ -9,11 +9,27 @@
 #
 # The nginx tree is copied under build/ and configured there, so the source
 # tree given is never modified.  Re-running only recompiles what changed.
+#
+# The .so is replaced by a rename, never written in place: an nginx running
+# with the old file mapped keeps working.  It runs the new one once restarted
+# (a reload keeps the module loaded: dlopen of the same path returns it).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build"
 src="${1:-}"
+
+# Replaces $2 by a copy of $1: written next to it under a temporary name,
+# then renamed over it (the rename is atomic within a directory).
+replace_file() {
+    local from=$1 to=$2 tmp
+    tmp="$(dirname "$to")/.$(basename "$to").tmp.$$"
+    if ! cp "$from" "$tmp" || ! mv -f "$tmp" "$to"; then
+        rm -f "$tmp"
+        echo "build-module: could not write $to" >&2
+        return 1
+    fi
+}
 
 if [ -z "$src" ]; then
     src=/usr/share/nginx/src
@@ -38,6 +54,11 @@ else
 fi
 
 mkdir -p "$build"
+
+# One build of a tree at a time: two configures or makes in one tree at once
+# (make module run twice in parallel) spoil each other's output.
+exec 9> "$tree.lock"
+flock 9
 
 if [ ! -f "$tree/.copied" ]; then
     rm -rf "$tree"
@@ -67,5 +88,10 @@ fi
 # The top-level Makefile is not written in every tree (nginx-dev), so
 # call the generated one directly.
 make -j"$(nproc)" -f objs/Makefile modules
-cp objs/ngx_http_upstream_affinity_module.so "$build/"
-echo "build-module: wrote build/ngx_http_upstream_affinity_module.so"
+so=ngx_http_upstream_affinity_module.so
+if cmp -s "objs/$so" "$build/$so"; then
+    echo "build-module: build/$so is up to date"
+else
+    replace_file "objs/$so" "$build/$so"
+    echo "build-module: wrote build/$so"
+fi

@@ -416,9 +416,23 @@ build_tree() {
     fi
     local f
     for f in nginx "$module_name"; do
-        cmp -s "$tree/objs/$f" "$dir/$f" || cp "$tree/objs/$f" "$dir/$f" \
-            || return 1
+        cmp -s "$tree/objs/$f" "$dir/$f" \
+            || replace_file "$tree/objs/$f" "$dir/$f" || return 1
     done
+}
+
+# Replaces $2 by a copy of $1: written next to it under a temporary name,
+# then renamed over it.  An nginx still running the old binary or module
+# keeps its mapping of the old file (writing into it in place would make it
+# crash, or fail with ETXTBSY for a running binary).
+replace_file() {
+    local from=$1 to=$2 tmp
+    tmp="$(dirname "$to")/.$(basename "$to").tmp.$$"
+    if ! cp "$from" "$tmp" || ! mv -f "$tmp" "$to"; then
+        rm -f "$tmp"
+        say "could not write ${to#"$repo"/}"
+        return 1
+    fi
 }
 
 # Runs the e2e suite with prove; prints its counts for the summary and, on
