@@ -9,13 +9,22 @@ affinity_core_hdrs=`echo $ngx_addon_dir/src/core/*.h \
 
 mkdir -p $affinity_core_dir
 
+# From the environment of configure, for builds other than the release one
+# (scripts/build-module.sh --sanitize sets both):
+#   AFFINITY_NDEBUG=0          keep the core's assertions (default 1: -DNDEBUG)
+#   AFFINITY_CXXFLAGS_EXTRA    appended to the core's flags, after the others
+case "${AFFINITY_NDEBUG:-1}" in
+    0) affinity_ndebug= ;;
+    *) affinity_ndebug=" -DNDEBUG" ;;
+esac
+
 cat << END                                                >> $NGX_MAKEFILE
 
 AFFINITY_CXX = \$(if \$(CXX),\$(CXX),g++)
-AFFINITY_CXXFLAGS = -std=c++17 -O3 -g -DNDEBUG -fPIC -fvisibility=hidden \\
+AFFINITY_CXXFLAGS = -std=c++17 -O3 -g$affinity_ndebug -fPIC -fvisibility=hidden \\
 	-fvisibility-inlines-hidden -Wall -Wextra -Werror=return-type \\
 	${AFFINITY_MARCH:+-march=$AFFINITY_MARCH} \\
-	-I $ngx_addon_dir/src/core/include -I $ngx_addon_dir/src/core
+	-I $ngx_addon_dir/src/core/include -I $ngx_addon_dir/src/core${AFFINITY_CXXFLAGS_EXTRA:+ $AFFINITY_CXXFLAGS_EXTRA}
 
 END
 
