@@ -6,17 +6,36 @@
 #                                        Debian's nginx-dev
 #   scripts/build-module.sh <nginx-src>  against another nginx source tree,
 #                                        configured --with-compat
+#   scripts/build-module.sh --sanitize [<nginx-src>]
+#   AFFINITY_SANITIZE=1 scripts/build-module.sh [<nginx-src>]
+#                                        the same with AddressSanitizer and
+#                                        UndefinedBehaviorSanitizer, and the
+#                                        core's assertions kept (no -DNDEBUG),
+#                                        into build/asan/ instead
 #
 # The nginx tree is copied under build/ and configured there, so the source
-# tree given is never modified.  Re-running only recompiles what changed.
+# tree given is never modified; the sanitizer build has a tree of its own
+# (build/nginx-dev-asan, build/nginx-NAME-asan).  Re-running only recompiles
+# what changed.
 #
 # The .so is replaced by a rename, never written in place: an nginx running
 # with the old file mapped keeps working.  It runs the new one once restarted
 # (a reload keeps the module loaded: dlopen of the same path returns it).
+#
+# A sanitizer build loads into an nginx that is not sanitized (Debian's
+# /usr/sbin/nginx) only with the sanitizer runtime preloaded; see
+# scripts/sanitizer-env.sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build"
+
+sanitize=""
+case "${AFFINITY_SANITIZE:-}" in ""|0) ;; *) sanitize=1 ;; esac
+if [ "${1:-}" = --sanitize ]; then
+    sanitize=1
+    shift
+fi
 src="${1:-}"
 
 # Replaces $2 by a copy of $1: written next to it under a temporary name,
@@ -49,16 +68,48 @@ else
         echo "build-module: $src is not an nginx source tree" >&2
         exit 1
     fi
+    # shellcheck disable=SC2206  # NGINX_CONFIGURE_FLAGS is a word list
     flags=(--with-compat ${NGINX_CONFIGURE_FLAGS:-})
     tree="$build/nginx-$(basename "$src")"
 fi
 
-mkdir -p "$build"
+out="$build"
+if [ -n "$sanitize" ]; then
+    # For the nginx C files of the module (the shim) and the C++ core.
+    san_flags="-fsanitize=address,undefined -fno-omit-frame-pointer"
+    san_flags="$san_flags -fno-sanitize-recover=undefined"
+    tree="$tree-asan"
+    out="$build/asan"
+    # libubsan is linked into the module: the shared one, loaded after the
+    # preloaded libasan, would have libasan's report file set (both export
+    # that function) and go on writing its own reports to stderr, whatever
+    # log_path says.  The module's version script keeps the copy to itself;
+    # scripts/ubsan-init.cpp has it read its options when the module loads.
+    ubsan_init="$out/ubsan-init.o"
+    flags+=(--with-cc-opt="$san_flags"
+            --with-ld-opt="-fsanitize=address,undefined -static-libubsan $ubsan_init")
+    # Read by config.make when configure runs.  _GLIBCXX_ASSERTIONS: bounds
+    # checks in the standard containers (no change of ABI).
+    export AFFINITY_NDEBUG=0
+    export AFFINITY_CXXFLAGS_EXTRA="$san_flags -O1 -D_GLIBCXX_ASSERTIONS"
+    # configure runs some of its test programs, which are sanitized too.
+    export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+fi
+
+mkdir -p "$build" "$out"
 
 # One build of a tree at a time: two configures or makes in one tree at once
 # (make module run twice in parallel) spoil each other's output.
 exec 9> "$tree.lock"
 flock 9
+
+if [ -n "$sanitize" ] \
+   && [ ! "$ubsan_init" -nt "$repo/scripts/ubsan-init.cpp" ]; then
+    "${CXX:-g++}" -c -fPIC -O1 -fno-exceptions -fno-rtti \
+        -o "$ubsan_init" "$repo/scripts/ubsan-init.cpp"
+    # Not a dependency objs/Makefile knows of.
+    rm -f "$tree/objs/ngx_http_upstream_affinity_module.so"
+fi
 
 if [ ! -f "$tree/.copied" ]; then
     rm -rf "$tree"
@@ -70,16 +121,22 @@ cd "$tree"
 configure=./configure
 [ -x "$configure" ] || configure=./auto/configure
 
-# Configure again when the addon scripts or the list of sources changed.
+# Configure again when the flags, the addon scripts or the list of sources
+# changed.
 stamp="$tree/.configured"
-signature=$(cat "$repo/config" "$repo/config.make";
+signature=$(printf '%s\n' "${flags[@]}" \
+                "AFFINITY_NDEBUG=${AFFINITY_NDEBUG:-}" \
+                "AFFINITY_CXXFLAGS_EXTRA=${AFFINITY_CXXFLAGS_EXTRA:-}";
+            cat "$repo/config" "$repo/config.make";
             ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h;
             sh "$repo/scripts/cpu-level.sh")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$signature" ]; then
+    rm -f "$stamp"
     "$configure" "${flags[@]}" --add-dynamic-module="$repo" \
-        > "$build/configure.log" 2>&1 || {
-        tail -n 30 "$build/configure.log" >&2
-        echo "build-module: configure failed, see build/configure.log" >&2
+        > "$out/configure.log" 2>&1 || {
+        tail -n 30 "$out/configure.log" >&2
+        echo "build-module: configure failed," \
+             "see ${out#"$repo"/}/configure.log" >&2
         exit 1
     }
     printf '%s' "$signature" > "$stamp"
@@ -89,9 +146,9 @@ fi
 # call the generated one directly.
 make -j"$(nproc)" -f objs/Makefile modules
 so=ngx_http_upstream_affinity_module.so
-if cmp -s "objs/$so" "$build/$so"; then
-    echo "build-module: build/$so is up to date"
+if cmp -s "objs/$so" "$out/$so"; then
+    echo "build-module: ${out#"$repo"/}/$so is up to date"
 else
-    replace_file "objs/$so" "$build/$so"
-    echo "build-module: wrote build/$so"
+    replace_file "objs/$so" "$out/$so"
+    echo "build-module: wrote ${out#"$repo"/}/$so"
 fi
