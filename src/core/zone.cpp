@@ -203,6 +203,10 @@ uint32_t Zone::find_slot(uint64_t peer_id) const noexcept
     return kNoSlot;
 }
 
+// A row has one writer, the worker that owns it (its reaper reads it only
+// once that worker is dead): a plain load and store suffice, where the
+// slot's counter, shared by all workers, takes an atomic add.
+//
 // The row is counted first and given back last: a worker that dies between
 // the two updates leaves its slot counting one request too few once its
 // row is reaped, never one too many.  A count too high would narrow the
@@ -217,7 +221,8 @@ void Zone::acquire(uint32_t row, uint32_t slot, uint32_t route,
     PeerSlot &s = peer_slots()[slot];
 
     if (row < header_->rows) {
-        atomic_add<int32_t>(&counts(row)[slot], 1);
+        int32_t *count = &counts(row)[slot];
+        atomic_store(count, atomic_load(count) + 1);
     }
 
     atomic_store(&s.last_used, now);
@@ -235,7 +240,8 @@ void Zone::release(uint32_t row, uint32_t slot) noexcept
     atomic_add<int64_t>(&peer_slots()[slot].inflight, -1);
 
     if (row < header_->rows) {
-        atomic_add<int32_t>(&counts(row)[slot], -1);
+        int32_t *count = &counts(row)[slot];
+        atomic_store(count, atomic_load(count) - 1);
     }
 }
 
