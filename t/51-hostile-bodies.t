@@ -33,6 +33,7 @@ EOF
         listen 127.0.0.1:$files;
         client_body_buffer_size 1k;
         client_max_body_size 8m;
+        access_log "${\ $t->path('logs/route.log') }" route;
         location / { proxy_pass http://llm; }
     }
 HTTP
@@ -76,6 +77,15 @@ my %bodies = (
     'many small elements'   => '{"messages":[' . join(',', ('{}') x 50000) . ']}',
     'very long key'         => '{"' . ('k' x 100000) . '":1,"messages":[]}',
 );
+
+# bodies that are not JSON at all: routed as if they had no body
+my @unparsable = ('the 15-byte crash', 'mismatched brackets',
+    'object closed by ]', 'truncated', 'truncated after a key',
+    'trailing garbage', 'NUL outside strings', 'raw control character',
+    'raw newline in string', 'invalid UTF-8', 'overlong UTF-8',
+    'lone surrogate escape', 'bad escape', 'deep arrays', 'deep objects',
+    'unclosed depth', 'huge number', 'huge exponent', 'whitespace only',
+    'byte order mark');
 
 # the committed fuzzing corpora: every input, as a body
 my %corpus;
@@ -121,6 +131,21 @@ for my $port ($t->listen_port, $files) {
         is_deeply [ $t->log_problems ], [], 'no worker died';
     }
 }
+
+subtest 'bodies that are not JSON are routed without them' => sub {
+    for my $port ($t->listen_port, $files) {
+        my $n = () = routes($t);
+        my @res = $t->parallel([ map { {
+            method => 'POST', path => '/', port => $port, headers => $json,
+            body => $bodies{$_},
+        } } @unparsable ]);
+        is scalar(grep { $_->{status} == 200 } @res), scalar(@unparsable),
+            'all served';
+        my @routes = (routes($t))[$n .. $n + $#unparsable];
+        is_deeply [ map { $_->{route} } @routes ],
+            [ ('fallback') x @unparsable ], 'each by fallback';
+    }
+};
 
 subtest 'valid requests still route after all that' => sub {
     my $body = '{"model":"m","user":"u-after","messages":'

@@ -390,3 +390,95 @@ TEST(JsonField, DeepNestingDoesNotCrash)
 }
 
 }  // namespace
+
+namespace {
+
+// One parse of a body serves every read of it: several fields and the
+// prompt, in any order, each as if read alone.
+TEST(JsonBody, OneLoadServesEveryRead)
+{
+    const std::string body =
+        R"({"user":"u-1","messages":[{"role":"user","content":"hello"}],)"
+        R"("metadata":{"session_id":"s-9"},"prompt_cache_key":7})";
+    const std::vector<uint32_t> schedule{3, 10};
+
+    Prompt alone = prompt_levels(body, schedule);
+    ASSERT_EQ(alone.rc, AFFINITY_PROMPT_OK);
+
+    LoadedBody loaded(body);
+    ASSERT_TRUE(loaded.loaded());
+
+    char out[64];
+    size_t len = 0;
+    for (int round = 0; round < 2; round++) {
+        for (const auto &[path, value] :
+             std::vector<std::pair<std::string, std::string>>{
+                 {"user", "u-1"}, {"metadata.session_id", "s-9"},
+                 {"prompt_cache_key", "7"}}) {
+            ASSERT_EQ(affinity_json_field(loaded.json(), path.data(),
+                                          path.size(), out, sizeof(out),
+                                          &len),
+                      AFFINITY_FIELD_FOUND)
+                << path;
+            EXPECT_EQ(std::string(out, len), value);
+        }
+
+        affinity_level_t levels[4];
+        size_t n = 0;
+        ASSERT_EQ(affinity_json_prompt(loaded.json(), schedule.data(),
+                                       schedule.size(), levels, 4, &n),
+                  AFFINITY_PROMPT_OK);
+        ASSERT_EQ(n, alone.levels.size());
+        for (size_t i = 0; i < n; i++) {
+            EXPECT_EQ(levels[i].hash, alone.levels[i].hash);
+        }
+    }
+}
+
+// Nothing is read from a body that did not parse, and a reader with no
+// body loaded answers INVALID.
+TEST(JsonBody, NothingIsReadFromABodyThatDidNotParse)
+{
+    LoadedBody loaded("{\"user\":\"x\",\"messages\":[}");
+    EXPECT_FALSE(loaded.loaded());
+
+    char out[16];
+    size_t len = 0;
+    EXPECT_EQ(affinity_json_field(loaded.json(), "user", 4, out, sizeof(out),
+                                  &len),
+              AFFINITY_FIELD_INVALID);
+
+    affinity_level_t levels[2];
+    size_t n = 5;
+    const uint32_t schedule[] = {10};
+    EXPECT_EQ(affinity_json_prompt(loaded.json(), schedule, 1, levels, 2, &n),
+              AFFINITY_PROMPT_INVALID);
+    EXPECT_EQ(n, 0u);
+}
+
+// A body larger than the reader's retain size has its buffers freed when
+// it is unloaded; smaller ones keep them.
+TEST(JsonBody, LargeBodiesFreeWhatTheyGrew)
+{
+    affinity_json_t *json = affinity_json_create(64 * 1024);
+    ASSERT_NE(json, nullptr);
+
+    auto load_unload = [&](size_t size) {
+        std::string body = "{\"messages\":[{\"role\":\"user\",\"content\":\""
+                           + std::string(size, 'a') + "\"}]}";
+        body.append(AFFINITY_JSON_PADDING, '\0');
+        EXPECT_EQ(affinity_json_load(json, body.data(),
+                                     body.size() - AFFINITY_JSON_PADDING),
+                  0);
+        return affinity_json_unload(json);
+    };
+
+    EXPECT_EQ(load_unload(1000), 0);
+    EXPECT_EQ(load_unload(1000), 0);
+    EXPECT_EQ(load_unload(1 << 20), 1) << "grew past retain: freed";
+    EXPECT_EQ(load_unload(1000), 0);
+
+    affinity_json_destroy(json);
+}
+
+}  // namespace
