@@ -70,8 +70,35 @@ Environment:
                          (default: <repo>/build/ngx_http_upstream_affinity_module.so)
     NGINX_BIN            nginx binary (default: /usr/sbin/nginx, else nginx in PATH)
     AFFINITY_TEST_KEEP   if 1, keep the temporary directory after the test
+    AFFINITY_SANITIZE    if 1, the module is a sanitizer build (see below);
+                         the default module is then
+                         <repo>/build/asan/ngx_http_upstream_affinity_module.so
 
 A missing module or nginx binary is a hard failure (BAIL_OUT), never a skip.
+
+=head2 Sanitizer builds
+
+C<scripts/build-module.sh --sanitize> builds the module with
+AddressSanitizer and UndefinedBehaviorSanitizer.  With AFFINITY_SANITIZE=1
+the harness runs nginx (which is not sanitized itself) with the sanitizer
+runtime preloaded: LD_PRELOAD names the libasan the module is linked
+against (as ldd finds it; AFFINITY_SANITIZE_PRELOAD overrides), and
+ASAN_OPTIONS and UBSAN_OPTIONS send every report to a file under
+F<sanitizer/> in the test directory (leak detection is off: nginx does not
+free everything at exit).  Options already in ASAN_OPTIONS or UBSAN_OPTIONS
+are kept, but not their log_path.  nginx empties its workers' environment,
+but the workers are forked from the master and keep the runtime.
+
+Any report file is a failure: C<log_problems> returns a line for each (and
+shows the whole report with C<diag>), and when the test object is cleaned up
+a test that still passes in spite of a report fails one more test.
+C<log_problems> also returns what a sanitizer or a failed assertion of the
+core (built without NDEBUG) wrote to stderr, in error.log or
+F<logs/nginx.out>.
+
+Timeouts for nginx starting, reloading and stopping are four times as long,
+and the default one of C<http> twice as long.  C<sanitized> tells a test
+that the module is a sanitizer build.
 
 All processes started by the harness are stopped when the object is
 destroyed or the test program exits, even if the test dies.
@@ -107,6 +134,11 @@ my $BACKEND   = File::Spec->catfile($T_DIR, 'backend.pl');
 my $DNS       = File::Spec->catfile($T_DIR, 'dns.pl');
 my $LOCALHOST = '127.0.0.1';
 my $MODULE_SO = 'ngx_http_upstream_affinity_module.so';
+
+# A sanitizer build of the module (see "Sanitizer builds" above).
+my $SANITIZE = ($ENV{AFFINITY_SANITIZE} // '') !~ /^0?$/;
+my $SLOW     = $SANITIZE ? 4 : 1;    # for nginx start, reload and stop
+my $HTTP_TIMEOUT = $SANITIZE ? 60 : 30;
 
 my %USED_PORTS;    # ports handed out by port() in this process
 my @INSTANCES;     # weak references, for cleanup in END
@@ -155,7 +187,8 @@ sub new {
 
     $self->{nginx}  = _find_nginx();
     $self->{module} = File::Spec->rel2abs($ENV{AFFINITY_MODULE}
-        // File::Spec->catfile($REPO_DIR, 'build', $MODULE_SO));
+        // File::Spec->catfile($REPO_DIR, 'build', $SANITIZE ? 'asan' : (),
+                               $MODULE_SO));
 
     Test::More::BAIL_OUT(defined $ENV{NGINX_BIN}
             ? "NGINX_BIN is not an executable: $ENV{NGINX_BIN}"
@@ -164,6 +197,18 @@ sub new {
     Test::More::BAIL_OUT("module not found: $self->{module} "
             . '(build it first, or set AFFINITY_MODULE)')
         unless $self->{no_module} || -f $self->{module};
+
+    if ($SANITIZE) {
+        $self->{sanitizer_preload} = $self->_sanitizer_preload;
+        # Written by the workers too, which do not run as root.
+        my $reports = $self->path('sanitizer');
+        # The sanitizers split their options at spaces and colons.
+        croak "a sanitizer log_path cannot be $reports (set TMPDIR)"
+            if $reports =~ /[\s:]/;
+        mkdir $reports or croak "mkdir $reports: $!";
+        chmod 01777, $reports;
+        $self->{sanitizer_seen} = {};
+    }
 
     $self->{listen_port} = $self->port;
     Test::More::diag("test directory kept: $self->{dir}") if $keep;
@@ -196,6 +241,11 @@ sub listen_port { $_[0]{listen_port} }
 # $t->module_path, $t->nginx_bin - what is being tested.
 sub module_path { $_[0]{module} }
 sub nginx_bin   { $_[0]{nginx} }
+
+# $t->sanitized - whether the module is a sanitizer build (AFFINITY_SANITIZE):
+# slower, and a worker's resident memory includes what AddressSanitizer
+# holds back (freed memory in quarantine, up to 256 MB, and shadow memory).
+sub sanitized { $SANITIZE ? 1 : 0 }
 
 # $t->port - a free TCP port on 127.0.0.1, never the same twice per process.
 sub port {
@@ -583,6 +633,8 @@ EOF
 # $t->nginx_test - runs "nginx -t", returns (exit code, combined output).
 sub nginx_test {
     my ($self) = @_;
+    my %env = $self->_nginx_env;
+    local @ENV{ keys %env } = values %env;
     return _run($self->_nginx_cmd, '-t');
 }
 
@@ -596,10 +648,15 @@ sub start_nginx {
     my $out     = $self->path('logs/nginx.out');
     unlink $pidfile;
 
-    my $pid = _spawn($out, $self->_nginx_cmd, '-g', 'daemon off;');
+    my $pid = do {
+        my %env = $self->_nginx_env;
+        local @ENV{ keys %env } = values %env;
+        _spawn($out, $self->_nginx_cmd, '-g', 'daemon off;');
+    };
     $self->{nginx_pid} = $pid;
 
-    my $deadline = time + 15;
+    my $timeout  = 15 * $SLOW;
+    my $deadline = time + $timeout;
     my $ready = sub {
         return 0 unless _slurp($pidfile) =~ /^\s*$pid\s*$/;
         return 0 if $port && !_port_open($port);
@@ -614,7 +671,7 @@ sub start_nginx {
                 . "\n--- error.log ---\n" . $self->error_log;
         }
         if (time > $deadline) {
-            croak "nginx did not become ready within 15 s:\n" . _slurp($out)
+            croak "nginx did not become ready within $timeout s:\n" . _slurp($out)
                 . "\n--- error.log ---\n" . $self->error_log;
         }
         sleep 0.02;
@@ -623,7 +680,7 @@ sub start_nginx {
 }
 
 # $t->reload_nginx - HUP, then waits until all old workers are gone and the
-# new ones are running (15 s timeout).
+# new ones are running (15 s timeout, 60 s with a sanitizer build).
 sub reload_nginx {
     my ($self) = @_;
     my $master = $self->{nginx_pid} or croak 'nginx is not running';
@@ -632,7 +689,8 @@ sub reload_nginx {
 
     kill 'HUP', $master or croak "kill HUP $master: $!";
 
-    my $deadline = time + 15;
+    my $timeout  = 15 * $SLOW;
+    my $deadline = time + $timeout;
     while (1) {
         my @now = $self->worker_pids;
         my @new = grep { !$old{$_} } @now;
@@ -642,7 +700,7 @@ sub reload_nginx {
         my $fresh = substr($self->error_log, $log_size);
         croak "nginx reload failed:\n$fresh" if $fresh =~ /\[emerg\]/;
         croak "nginx master $master exited during reload" unless kill 0, $master;
-        croak "nginx reload did not finish within 15 s (old: @{[sort keys %old]}, "
+        croak "nginx reload did not finish within $timeout s (old: @{[sort keys %old]}, "
             . "now: @now)" if time > $deadline;
         sleep 0.05;
     }
@@ -652,7 +710,7 @@ sub reload_nginx {
 sub stop_nginx {
     my ($self) = @_;
     my $pid = delete $self->{nginx_pid} or return;
-    _terminate($pid, 'QUIT', 15);
+    _terminate($pid, 'QUIT', 15 * $SLOW);
     return;
 }
 
@@ -710,18 +768,58 @@ sub error_log {
 }
 
 # $t->log_problems - error.log lines with [alert], [crit], [emerg] or a
-# process that exited on a signal.
+# process that exited on a signal.  With a sanitizer build also one line for
+# each sanitizer report (the whole report is shown with diag), and the lines
+# of error.log and of nginx's own output (logs/nginx.out) that a sanitizer
+# or a failed assertion wrote to stderr.
 sub log_problems {
     my ($self) = @_;
-    return grep { /\[(?:alert|crit|emerg)\]/ || /exited on signal/ }
+    my @problems = grep { /\[(?:alert|crit|emerg)\]/ || /exited on signal/ }
         split /\n/, $self->error_log;
+    return @problems unless $SANITIZE;
+    my $stderr = qr/runtime error:|Sanitizer|^==\d+==|Assertion .* failed/;
+    push @problems, grep { /$stderr/ && !/\[(?:alert|crit|emerg)\]/ }
+        split /\n/, $self->error_log . "\n" . _slurp($self->path('logs/nginx.out'));
+    return (@problems, $self->_sanitizer_problems);
+}
+
+# $t->sanitizer_reports - [ file name, text ] of each sanitizer report file
+# so far, oldest first (none without AFFINITY_SANITIZE).
+sub sanitizer_reports {
+    my ($self) = @_;
+    return () unless $SANITIZE;
+    my $dir = $self->path('sanitizer');
+    opendir my $dh, $dir or return ();
+    my @files = grep { -f "$dir/$_" } readdir $dh;
+    closedir $dh;
+    return map { [ $_->[0], _slurp("$dir/$_->[0]") ] }
+        sort { $a->[1] <=> $b->[1] || $a->[0] cmp $b->[0] }
+        map { [ $_, (stat "$dir/$_")[9] ] } @files;
+}
+
+# One line for each report ("sanitizer report asan.1234: ERROR: ..."); each
+# report is shown in full with diag the first time it is returned.
+sub _sanitizer_problems {
+    my ($self) = @_;
+    my @problems;
+    for my $report ($self->sanitizer_reports) {
+        my ($name, $text) = @$report;
+        my ($summary) = $text =~ /^(?:==\d+==)?((?:ERROR|WARNING): .*|SUMMARY: .*)$/m;
+        ($summary) = $text =~ /^(.*runtime error: .*)$/m unless defined $summary;
+        ($summary) = $text =~ /^\s*(\S.*)$/m unless defined $summary;
+        push @problems, "sanitizer report $name: " . ($summary // '(empty)');
+        Test::More::diag("--- sanitizer report sanitizer/$name ---\n$text")
+            unless $self->{sanitizer_seen}{$name}++;
+    }
+    return @problems;
 }
 
 # ---------------------------------------------------------------------------
 # HTTP client
 
 # $t->http($method, $path, headers => {..} | [k => v, ..], body => $str,
-#     port => listen_port, host => '127.0.0.1', timeout => 30)
+#     port => listen_port, host => '127.0.0.1', timeout => 30 (60 with a
+#     sanitizer build))
 # port may also be a backend key "ADDR:PORT", which sets the host too.
 # Returns { status, headers => { lc name => value ("\n"-joined if repeated) },
 #     set_cookie => [..], body, raw }, or { status => 0, error => ".." }.
@@ -734,13 +832,13 @@ sub http {
     return $res;
 }
 
-# $t->parallel(\@requests, timeout => 30) - each request is
+# $t->parallel(\@requests, timeout => 30 (60)) - each request is
 # { method, path, headers, body, port, host } as for http; all connections
 # are opened at once.
 # Returns the responses (as from http) in the same order.
 sub parallel {
     my ($self, $requests, %opt) = @_;
-    my $deadline = time + ($opt{timeout} // 30);
+    my $deadline = time + ($opt{timeout} // $HTTP_TIMEOUT);
     my $rsel = IO::Select->new;
     my $wsel = IO::Select->new;
     my (@slots, %by_fd);
@@ -963,7 +1061,7 @@ sub _cleanup {
 
     if (my $master = delete $self->{nginx_pid}) {
         my @workers = _children_of($master);
-        _terminate($master, 'TERM', 10);
+        _terminate($master, 'TERM', 10 * $SLOW);
         kill 'KILL', grep { kill 0, $_ } @workers;
     }
     for my $key (keys %{ $self->{backends} }) {
@@ -976,6 +1074,60 @@ sub _cleanup {
         push @{ $self->{stopping} }, $dns->{pid};
     }
     _terminate($_, 'TERM', 10) for @{ delete $self->{stopping} // [] };
+
+    $self->_check_sanitizer_reports;
+}
+
+# Fails a test if there are sanitizer reports and the test passes so far
+# (it did not check log_problems, or not after the report was written).
+# Reports not shown yet are shown in any case.
+sub _check_sanitizer_reports {
+    my ($self) = @_;
+    return unless $SANITIZE;
+    my @problems = $self->_sanitizer_problems;
+    return unless @problems && Test::More->builder->is_passing;
+    Test::More::ok(0, 'no sanitizer reports')
+        or Test::More::diag(join "\n", @problems);
+}
+
+# The sanitizer runtime to preload into nginx: the libasan the module is
+# linked against, else the compiler's.
+sub _sanitizer_preload {
+    my ($self) = @_;
+    return $ENV{AFFINITY_SANITIZE_PRELOAD} if length($ENV{AFFINITY_SANITIZE_PRELOAD} // '');
+    my $module = $self->{no_module} ? undef : $self->{module};
+    if (defined $module) {
+        my (undef, $out) = _run('ldd', $module);
+        return $1 if $out =~ m{^\s*libasan\.so\S*\s+=>\s+(/\S+)}m;
+        Test::More::BAIL_OUT("AFFINITY_SANITIZE is set, but $module is not linked "
+            . 'against libasan (build it with scripts/build-module.sh --sanitize)');
+    }
+    my (undef, $lib) = _run($ENV{CC} // 'gcc', '-print-file-name=libasan.so');
+    chomp $lib;
+    Test::More::BAIL_OUT('AFFINITY_SANITIZE is set, but libasan was not found '
+            . '(set AFFINITY_SANITIZE_PRELOAD)')
+        unless $lib =~ m{^/} && -e $lib;
+    return $lib;
+}
+
+# Environment for nginx: the sanitizer runtime and its options.
+sub _nginx_env {
+    my ($self) = @_;
+    return () unless $SANITIZE;
+    my $dir = $self->path('sanitizer');
+    # Options of the caller first: the ones here win where both set one.
+    my $keep = sub {
+        my ($name) = @_;
+        return grep { length && !/^log_path=/ } split /:/, $ENV{$name} // '';
+    };
+    return (
+        LD_PRELOAD   => join(' ', $self->{sanitizer_preload},
+                             grep { length } $ENV{LD_PRELOAD} // ''),
+        ASAN_OPTIONS => join(':', $keep->('ASAN_OPTIONS'), 'detect_leaks=0',
+                             'halt_on_error=1', "log_path=$dir/asan"),
+        UBSAN_OPTIONS => join(':', $keep->('UBSAN_OPTIONS'), 'print_stacktrace=1',
+                              'halt_on_error=1', "log_path=$dir/ubsan"),
+    );
 }
 
 sub _children_of {
