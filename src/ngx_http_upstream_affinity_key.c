@@ -19,10 +19,12 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX  1024
 
 
+static ngx_str_t  ngx_http_upstream_affinity_cookie_header =
+    ngx_string("Cookie");
+
+
 static ngx_int_t ngx_http_upstream_affinity_header(ngx_http_request_t *r,
-    ngx_str_t *name, ngx_str_t *value);
-static ngx_int_t ngx_http_upstream_affinity_cookie(ngx_http_request_t *r,
-    ngx_str_t *name, ngx_str_t *value);
+    ngx_str_t *name, ngx_str_t *cookie, ngx_str_t *value);
 static ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
     ngx_str_t *value);
@@ -48,11 +50,14 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
         switch (src[i].type) {
 
         case NGX_HTTP_UPSTREAM_AFFINITY_HEADER:
-            rc = ngx_http_upstream_affinity_header(r, &src[i].name, &value);
+            rc = ngx_http_upstream_affinity_header(r, &src[i].name, NULL,
+                                                   &value);
             break;
 
         case NGX_HTTP_UPSTREAM_AFFINITY_COOKIE:
-            rc = ngx_http_upstream_affinity_cookie(r, &src[i].name, &value);
+            rc = ngx_http_upstream_affinity_header(r,
+                     &ngx_http_upstream_affinity_cookie_header, &src[i].name,
+                     &value);
             break;
 
         default: /* NGX_HTTP_UPSTREAM_AFFINITY_FIELD */
@@ -117,48 +122,16 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
 }
 
 
-static ngx_int_t
-ngx_http_upstream_affinity_header(ngx_http_request_t *r, ngx_str_t *name,
-    ngx_str_t *value)
-{
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
-
-    part = &r->headers_in.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return NGX_DECLINED;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len == name->len
-            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-        {
-            *value = h[i].value;
-            return NGX_OK;
-        }
-    }
-}
-
-
 /*
- * The first cookie called name, in any Cookie header line.  The lines are
- * read from the request's header list, which every nginx version keeps
- * alike, and split by the core's RFC 6265 parser.
+ * The value of the first request header line called name; with cookie set,
+ * the value of the first cookie so called in the lines called name (the
+ * Cookie lines), split by the core's RFC 6265 parser.  The request's header
+ * list is the same in every nginx version, unlike its cookie parsers.
  */
 
 static ngx_int_t
-ngx_http_upstream_affinity_cookie(ngx_http_request_t *r, ngx_str_t *name,
-    ngx_str_t *value)
+ngx_http_upstream_affinity_header(ngx_http_request_t *r, ngx_str_t *name,
+    ngx_str_t *cookie, ngx_str_t *value)
 {
     size_t            len;
     ngx_uint_t        i;
@@ -181,11 +154,19 @@ ngx_http_upstream_affinity_cookie(ngx_http_request_t *r, ngx_str_t *name,
             i = 0;
         }
 
-        if (h[i].key.len == sizeof("Cookie") - 1
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Cookie",
-                               sizeof("Cookie") - 1) == 0
-            && affinity_cookie_find((char *) h[i].value.data, h[i].value.len,
-                                    (char *) name->data, name->len, &p, &len))
+        if (h[i].key.len != name->len
+            || ngx_strncasecmp(h[i].key.data, name->data, name->len) != 0)
+        {
+            continue;
+        }
+
+        if (cookie == NULL) {
+            *value = h[i].value;
+            return NGX_OK;
+        }
+
+        if (affinity_cookie_find((char *) h[i].value.data, h[i].value.len,
+                                 (char *) cookie->data, cookie->len, &p, &len))
         {
             value->data = (u_char *) p;
             value->len = len;

@@ -85,6 +85,16 @@ static ngx_int_t ngx_http_upstream_affinity_init_process(
     ngx_cycle_t *cycle);
 static void ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle);
 
+typedef void (*ngx_http_upstream_affinity_zone_pt)(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
+
+static void ngx_http_upstream_affinity_each_zone(ngx_cycle_t *cycle,
+    ngx_http_upstream_affinity_zone_pt handler);
+static void ngx_http_upstream_affinity_claim_row(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
+static void ngx_http_upstream_affinity_release_row(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
+
 
 static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
 
@@ -879,57 +889,14 @@ ngx_http_upstream_affinity_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_upstream_affinity_init_process(ngx_cycle_t *cycle)
 {
-    uint64_t                             start;
-    ngx_uint_t                           i;
-    ngx_list_part_t                     *part;
-    ngx_shm_zone_t                      *shm_zone;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
-
     if (ngx_process != NGX_PROCESS_WORKER
         && ngx_process != NGX_PROCESS_SINGLE)
     {
         return NGX_OK;
     }
 
-    start = affinity_process_start((uint64_t) ngx_pid);
-
-    part = &cycle->shared_memory.part;
-    shm_zone = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            shm_zone = part->elts;
-            i = 0;
-        }
-
-        if (shm_zone[i].tag != &ngx_http_upstream_affinity_module) {
-            continue;
-        }
-
-        shctx = shm_zone[i].data;
-
-        ngx_http_upstream_affinity_reap(shctx, cycle->log);
-
-        ngx_shmtx_lock(&shctx->shpool->mutex);
-        shctx->row = affinity_zone_worker_claim(shctx->zone,
-                                                (uint64_t) ngx_pid, start,
-                                                (uint32_t) ngx_time());
-        ngx_shmtx_unlock(&shctx->shpool->mutex);
-
-        if (shctx->row == AFFINITY_NO_ROW) {
-            ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
-                          "affinity zone \"%V\" has no free worker row: "
-                          "requests of this worker are balanced, but not "
-                          "given back if it dies; restart nginx to resize "
-                          "the zone's rows", &shm_zone[i].shm.name);
-        }
-    }
+    ngx_http_upstream_affinity_each_zone(cycle,
+                                         ngx_http_upstream_affinity_claim_row);
 
     return NGX_OK;
 }
@@ -938,12 +905,20 @@ ngx_http_upstream_affinity_init_process(ngx_cycle_t *cycle)
 static void
 ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_uint_t                           i;
-    ngx_list_part_t                     *part;
-    ngx_shm_zone_t                      *shm_zone;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
-
     ngx_http_upstream_affinity_body_exit();
+
+    ngx_http_upstream_affinity_each_zone(cycle,
+                                        ngx_http_upstream_affinity_release_row);
+}
+
+
+static void
+ngx_http_upstream_affinity_each_zone(ngx_cycle_t *cycle,
+    ngx_http_upstream_affinity_zone_pt handler)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_shm_zone_t   *shm_zone;
 
     part = &cycle->shared_memory.part;
     shm_zone = part->elts;
@@ -960,23 +935,51 @@ ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
             i = 0;
         }
 
-        if (shm_zone[i].tag != &ngx_http_upstream_affinity_module) {
-            continue;
+        if (shm_zone[i].tag == &ngx_http_upstream_affinity_module) {
+            handler(shm_zone[i].data, cycle->log);
         }
-
-        shctx = shm_zone[i].data;
-
-        if (shctx->row == AFFINITY_NO_ROW) {
-            continue;
-        }
-
-        ngx_shmtx_lock(&shctx->shpool->mutex);
-        affinity_zone_worker_release(shctx->zone, shctx->row,
-                                     (uint64_t) ngx_pid);
-        ngx_shmtx_unlock(&shctx->shpool->mutex);
-
-        shctx->row = AFFINITY_NO_ROW;
     }
+}
+
+
+static void
+ngx_http_upstream_affinity_claim_row(ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_log_t *log)
+{
+    uint64_t  start;
+
+    ngx_http_upstream_affinity_reap(shctx, log);
+
+    start = affinity_process_start((uint64_t) ngx_pid);
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    shctx->row = affinity_zone_worker_claim(shctx->zone, (uint64_t) ngx_pid,
+                                            start, (uint32_t) ngx_time());
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (shctx->row == AFFINITY_NO_ROW) {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "affinity zone \"%V\" has no free worker row: "
+                      "requests of this worker are balanced, but not "
+                      "given back if it dies; restart nginx to resize "
+                      "the zone's rows", &shctx->shm_zone->shm.name);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_release_row(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log)
+{
+    if (shctx->row == AFFINITY_NO_ROW) {
+        return;
+    }
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    affinity_zone_worker_release(shctx->zone, shctx->row, (uint64_t) ngx_pid);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    shctx->row = AFFINITY_NO_ROW;
 }
 
 
