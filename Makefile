@@ -4,7 +4,11 @@
 #                        into build/ngx_http_upstream_affinity_module.so
 #   make NGINX_SRC=dir   build against another nginx source tree
 #   make test            unit tests (also under ASan+UBSan), tests of the
-#                        simulated fleet, and e2e tests
+#                        simulated fleet, the fuzzing corpus replayed, and
+#                        the e2e tests with the module as built and with it
+#                        built with ASan+UBSan
+#   make test-asan       the e2e tests against the module built with
+#                        ASan+UBSan (build/asan/)
 #   make demo            a mock LLM fleet behind nginx with the module: where
 #                        requests go, hit ratios per policy, a chat client
 #   make bench-quick     trace replay on a slice, main policies (< 5 min)
@@ -22,7 +26,8 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 # Debian's interpreter, where python3-matplotlib is installed
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: all deps module unit unit-asan pytests e2e test demo \
+.PHONY: all deps module module-asan unit unit-asan pytests e2e test-asan \
+        test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
         bench-micro clean
 
@@ -53,11 +58,22 @@ e2e: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    prove -j 2 t/
 
+# The module with AddressSanitizer and UndefinedBehaviorSanitizer and the
+# core's assertions, into build/asan/ (its own nginx tree), and the e2e
+# tests against it: any sanitizer report fails the test.
+module-asan: deps
+	@scripts/build-module.sh --sanitize $(NGINX_SRC)
+
+test-asan: module-asan
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_SANITIZE=1 \
+	    AFFINITY_MODULE=$(CURDIR)/$(BUILD)/asan/ngx_http_upstream_affinity_module.so \
+	    prove -j 2 t/
+
 # The simulated fleet: mock replicas, trace replay and offline bounds.
 pytests: deps
 	@$(PYTHON) -m unittest discover -s t/py -t .
 
-test: unit unit-asan pytests e2e
+test: unit unit-asan pytests e2e test-asan
 
 bench-quick: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
