@@ -74,6 +74,20 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
 
     body->tried = 1;
 
+    total = 0;
+
+    if (r->request_body) {
+        for (cl = r->request_body->bufs; cl; cl = cl->next) {
+            total += ngx_buf_size(cl->buf);
+        }
+    }
+
+    /* nginx's own buffers of a large body are freed with the request */
+
+    if (total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN) {
+        ngx_http_upstream_affinity_trim_later(r);
+    }
+
     /* an unbuffered body is still on its way: only part of it is here */
 
     if (r->request_body_no_buffering
@@ -100,14 +114,6 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
                 "affinity: request body of type \"%V\" is not JSON, "
                 "balancing without it", type);
             return NGX_DECLINED;
-        }
-    }
-
-    total = 0;
-
-    if (r->request_body) {
-        for (cl = r->request_body->bufs; cl; cl = cl->next) {
-            total += ngx_buf_size(cl->buf);
         }
     }
 
@@ -157,10 +163,6 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
 
     if (rc != NGX_OK) {
         return rc;
-    }
-
-    if ((size_t) total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN) {
-        ngx_http_upstream_affinity_trim_later(r);
     }
 
     if (affinity_json_load(ngx_http_upstream_affinity_json,

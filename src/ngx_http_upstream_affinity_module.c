@@ -696,12 +696,18 @@ ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
     {
         uscf = r->upstream->conf->upstream;
 
-        if (uscf->srv_conf
-            && uscf->peer.init == ngx_http_upstream_init_affinity_peer)
-        {
-            ascf = ngx_http_conf_upstream_srv_conf(uscf,
-                                            ngx_http_upstream_affinity_module);
+        /*
+         * An upstream this balancer initialized has its counter zone set;
+         * keepalive or sticky may wrap the balancer, so peer.init is not
+         * necessarily its own.
+         */
 
+        ascf = uscf->srv_conf
+               ? ngx_http_conf_upstream_srv_conf(uscf,
+                                            ngx_http_upstream_affinity_module)
+               : NULL;
+
+        if (ascf && ascf->counter_zone) {
             ctx = ngx_http_upstream_affinity_request(r, ascf);
             if (ctx == NULL) {
                 return NGX_ERROR;

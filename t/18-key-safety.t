@@ -38,11 +38,13 @@ $up
                          cookie_path=/v1;
     }
 
-    # a replica that answers with the session header it received
+    # a replica that answers with the session header it received; keepalive
+    # wraps the balancer, as in most production upstreams
     upstream replica {
         server 127.0.0.1:$replica;
         session_affinity header=X-Session-ID cookie=sid field=user generate
                          zone=replica_sessions:1m;
+        keepalive 8;
     }
 
     server {
@@ -67,6 +69,8 @@ $up
         listen 127.0.0.1:$forward;
         location / {
             proxy_pass http://replica;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
             proxy_set_header X-Session-ID \$affinity_session;
         }
     }
