@@ -24,7 +24,13 @@
 //     heap block of exactly out_cap bytes: a longer write is reported);
 //   - after unload every read is INVALID;
 //   - the same body loaded again, from another buffer at another
-//     alignment, gives the same results and the same levels.
+//     alignment, gives the same results and the same levels;
+//   - a body that loads, written again in another JSON encoding of the
+//     same value (whitespace after every structural character, string
+//     characters escaped at random: \u00XX, \/, \uXXXX and surrogate
+//     pairs for non-ASCII), loads too and gives the same results and the
+//     same levels: the canonical prompt text does not depend on the
+//     client's escapes and whitespace (prompt_walk.h, README).
 //
 // A violation aborts through __builtin_trap(), which libFuzzer reports as
 // a crash with the input saved.
@@ -33,6 +39,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "affinity_core.h"
 
@@ -211,7 +218,131 @@ char *copy_body(const uint8_t *data, size_t len, size_t shift, char **block)
     return *block + shift;
 }
 
-Result first, second;
+// A small deterministic generator: the choices of a re-encoding depend on
+// the input only, so that a failure reproduces.
+struct Choices {
+    uint64_t state;
+
+    unsigned next(unsigned range)
+    {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return static_cast<unsigned>(state % range);
+    }
+};
+
+void put_hex4(std::string &out, unsigned v, Choices &c)
+{
+    static const char lower[] = "0123456789abcdef";
+    static const char upper[] = "0123456789ABCDEF";
+
+    out += "\\u";
+    for (int shift = 12; shift >= 0; shift -= 4) {
+        out += (c.next(2) ? upper : lower)[(v >> shift) & 0xf];
+    }
+}
+
+// The same JSON value as p[0..n) (which the parser accepted, so it is
+// valid JSON and UTF-8) in another encoding.
+std::string reencode(const uint8_t *p, size_t n)
+{
+    static const char spaces[] = " \t\n\r";
+    Choices c{0x9e3779b97f4a7c15ULL ^ n};
+    std::string out;
+    bool in_string = false;
+
+    for (size_t i = 0; i < n; i++) {
+        c.state += p[i];
+    }
+    if (c.state == 0) {
+        c.state = 1;
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = p[i];
+
+        if (!in_string) {
+            out += static_cast<char>(b);
+            if (b == '"') {
+                in_string = true;
+            } else if (b == '{' || b == '}' || b == '[' || b == ']'
+                       || b == ',' || b == ':')
+            {
+                out += spaces[c.next(4)];
+            }
+            continue;
+        }
+
+        if (b == '"') {
+            out += '"';
+            in_string = false;
+
+        } else if (b == '\\') {
+            // An escape of the client's: kept as it is (\uXXXX whole).
+            size_t len = (i + 1 < n && p[i + 1] == 'u') ? 6 : 2;
+            out.append(reinterpret_cast<const char *>(p + i),
+                       i + len <= n ? len : n - i);
+            i += len - 1;
+
+        } else if (b < 0x80) {
+            unsigned how = c.next(4);
+            if (how == 0) {
+                put_hex4(out, b, c);
+            } else if (how == 1 && b == '/') {
+                out += "\\/";
+            } else {
+                out += static_cast<char>(b);
+            }
+
+        } else {
+            // A UTF-8 sequence: kept, or escaped (a surrogate pair past
+            // the BMP).
+            size_t len = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : 2;
+            if (i + len > n || c.next(2)) {
+                out.append(reinterpret_cast<const char *>(p + i),
+                           i + len <= n ? len : n - i);
+                i += len - 1;
+                continue;
+            }
+            unsigned cp = b & (len == 2 ? 0x1f : len == 3 ? 0x0f : 0x07);
+            for (size_t k = 1; k < len; k++) {
+                cp = (cp << 6) | (p[i + k] & 0x3f);
+            }
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                put_hex4(out, 0xd800 + (cp >> 10), c);
+                put_hex4(out, 0xdc00 + (cp & 0x3ff), c);
+            } else {
+                put_hex4(out, cp, c);
+            }
+            i += len - 1;
+        }
+    }
+
+    return out;
+}
+
+void check_same(const Result &a, const Result &b)
+{
+    for (size_t i = 0; i < 3; i++) {
+        CHECK(a.rc[i] == b.rc[i]);
+        CHECK(a.nout[i] == b.nout[i]);
+        for (size_t k = 0; k < a.nout[i]; k++) {
+            CHECK(a.levels[i][k].length == b.levels[i][k].length);
+            CHECK(a.levels[i][k].hash == b.levels[i][k].hash);
+        }
+    }
+
+    for (size_t i = 0; i < kNumFields; i++) {
+        CHECK(a.field[i] == b.field[i]);
+        CHECK(a.field_len[i] == b.field_len[i]);
+        CHECK(std::memcmp(a.field_value[i], b.field_value[i],
+                          a.field_len[i]) == 0);
+    }
+}
+
+Result first, second, third;
 
 }  // namespace
 
@@ -267,21 +398,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     affinity_json_unload(reader);
     std::free(block);
 
-    for (size_t i = 0; i < 3; i++) {
-        CHECK(first.rc[i] == second.rc[i]);
-        CHECK(first.nout[i] == second.nout[i]);
-        for (size_t k = 0; k < first.nout[i]; k++) {
-            CHECK(first.levels[i][k].length == second.levels[i][k].length);
-            CHECK(first.levels[i][k].hash == second.levels[i][k].hash);
-        }
+    check_same(first, second);
+
+    if (!loaded) {
+        return 0;
     }
 
-    for (size_t i = 0; i < kNumFields; i++) {
-        CHECK(first.field[i] == second.field[i]);
-        CHECK(first.field_len[i] == second.field_len[i]);
-        CHECK(std::memcmp(first.field_value[i], second.field_value[i],
-                          first.field_len[i]) == 0);
+    // The same value in another encoding.
+    std::string other = reencode(data, size);
+    body = copy_body(reinterpret_cast<const uint8_t *>(other.data()),
+                     other.size(), 0, &block);
+
+    bool reloaded = affinity_json_load(reader, body, other.size()) == 0;
+    if (!reloaded) {
+        __builtin_printf("fuzz_prompt: re-encoded body refused: %.*s\n",
+                         static_cast<int>(other.size() < 2000
+                                          ? other.size() : 2000),
+                         other.data());
     }
+    CHECK(reloaded);
+    read_all(true, third);
+    affinity_json_unload(reader);
+    std::free(block);
+
+    check_same(first, third);
 
     return 0;
 }
