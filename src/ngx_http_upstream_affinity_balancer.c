@@ -44,6 +44,8 @@ static void ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
 static ngx_int_t ngx_http_upstream_affinity_round_robin(
     ngx_peer_connection_t *pc, ngx_http_upstream_affinity_peer_data_t *ap);
+static void ngx_http_upstream_affinity_count(
+    ngx_http_upstream_affinity_peer_data_t *ap, uint64_t id, uint32_t *slot);
 
 
 ngx_int_t
@@ -131,6 +133,10 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ap->request.rotate = (uint32_t) ngx_random();
     ap->request.row = ap->shctx->row;
 
+    /* dead workers' requests given back, before any lock is taken */
+
+    ngx_http_upstream_affinity_reap(ap->shctx, r->connection->log);
+
     return NGX_OK;
 }
 
@@ -164,7 +170,6 @@ ngx_http_upstream_affinity_request(ngx_http_request_t *r,
     }
 
     ctx->conf = ascf;
-    ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);
 
     ngx_memzero(&body, sizeof(ngx_http_upstream_affinity_body_t));
 
@@ -180,7 +185,13 @@ ngx_http_upstream_affinity_request(ngx_http_request_t *r,
 
     ngx_http_upstream_affinity_body_unload(&body);
 
-    return rc == NGX_OK ? ctx : NULL;
+    if (rc != NGX_OK) {
+        return NULL;
+    }
+
+    ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);
+
+    return ctx;
 }
 
 
@@ -240,9 +251,10 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     peer = ngx_http_upstream_affinity_hinted_peer(rrp, pc, &i);
 
     if (peer) {
-        ap->slot = i < ap->npeers ? ap->peers[i].slot : AFFINITY_NO_SLOT;
-        affinity_zone_peer_acquire(ap->shctx->zone, ap->shctx->row,
-                                   ap->slot, (uint32_t) now);
+        if (i < ap->npeers) {
+            ngx_http_upstream_affinity_count(ap, ap->peers[i].id,
+                                             &ap->peers[i].slot);
+        }
 
         ap->ctx->route = AFFINITY_ROUTE_FALLBACK;
         ap->ctx->prefix_len = 0;
@@ -300,8 +312,6 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     balance.slack = (double) ascf->slack;
 
     ap->request.now = (uint32_t) now;
-
-    ngx_http_upstream_affinity_reap(ap->shctx, pc->log);
 
     /*
      * The counter zone first, then the prefix index: always in this order,
@@ -432,17 +442,51 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
 
     if (ap->rrp.peers == ap->primary) {
         if (i < ap->npeers) {
-            ap->slot = ap->peers[i].slot;
+            ngx_http_upstream_affinity_count(ap, ap->peers[i].id,
+                                             &ap->peers[i].slot);
         }
 
     } else if (i < ascf->nbackup) {
-        ap->slot = ascf->backup_slots[i];
+        ngx_http_upstream_affinity_count(ap, ascf->backup_ids[i],
+                                         &ascf->backup_slots[i]);
     }
 
-    affinity_zone_peer_acquire(ap->shctx->zone, ap->shctx->row, ap->slot,
-                               (uint32_t) ngx_time());
-
     return rc;
+}
+
+
+/*
+ * Counts a request placed outside affinity_route() in the peer's slot.  A
+ * slot that went to another peer meanwhile (peers that come and go share
+ * the zone's 256 slots) is not counted on: the peer claims a slot anew.
+ */
+
+static void
+ngx_http_upstream_affinity_count(ngx_http_upstream_affinity_peer_data_t *ap,
+    uint64_t id, uint32_t *slot)
+{
+    uint32_t                             now;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    shctx = ap->shctx;
+    now = (uint32_t) ngx_time();
+
+    if (affinity_zone_peer_acquire(shctx->zone, shctx->row, id, *slot, now)
+        != 0)
+    {
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        *slot = affinity_zone_peer_slot(shctx->zone, id, now);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+        if (affinity_zone_peer_acquire(shctx->zone, shctx->row, id, *slot,
+                                       now)
+            != 0)
+        {
+            return;
+        }
+    }
+
+    ap->slot = *slot;
 }
 
 

@@ -25,33 +25,30 @@
 
 /*
  * Bodies up to this size are copied into the request pool, and the JSON
- * parser keeps the buffers it grew for them.  A larger body is mapped (a
- * temporary file) or copied into a mapping of its own, and everything it
- * made grow is given back once the request ends, so that a few large
- * bodies do not leave a worker holding their memory.
+ * parser's buffers for them are kept for good.  A larger body is mapped (a
+ * temporary file) or copied into a mapping of its own, and the buffers the
+ * parser grew for it are freed once no request with a large body has ended
+ * for a second: a run of large bodies reuses them, and a worker does not
+ * keep their memory once the run is over.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN  (256 * 1024)
+#define NGX_HTTP_UPSTREAM_AFFINITY_RELEASE_MS   1000
 
 
 static ngx_int_t ngx_http_upstream_affinity_body_map(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, ngx_buf_t *b);
 static ngx_int_t ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, size_t len);
-static void ngx_http_upstream_affinity_trim_later(ngx_http_request_t *r);
-#if (NGX_LINUX) && defined(__GLIBC__)
-static void ngx_http_upstream_affinity_trim_cleanup(void *data);
-static void ngx_http_upstream_affinity_trim(ngx_event_t *ev);
-#endif
+static void ngx_http_upstream_affinity_release_later(ngx_http_request_t *r);
+static void ngx_http_upstream_affinity_release_armed(void *data);
+static void ngx_http_upstream_affinity_release(ngx_event_t *ev);
 
 
 /* per worker: the JSON reader, and each warning logged once */
 static affinity_json_t  *ngx_http_upstream_affinity_json;
 static ngx_uint_t        ngx_http_upstream_affinity_warned[
                                      NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST];
-
-#if (NGX_LINUX) && defined(__GLIBC__)
-static ngx_event_t       ngx_http_upstream_affinity_trim_event;
-#endif
+static ngx_event_t       ngx_http_upstream_affinity_release_event;
 
 
 /*
@@ -85,7 +82,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
     /* nginx's own buffers of a large body are freed with the request */
 
     if (total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN) {
-        ngx_http_upstream_affinity_trim_later(r);
+        ngx_http_upstream_affinity_release_later(r);
     }
 
     /* an unbuffered body is still on its way: only part of it is here */
@@ -137,7 +134,11 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
                  affinity_json_create(NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN);
 
         if (ngx_http_upstream_affinity_json == NULL) {
-            return NGX_ERROR;
+            ngx_http_upstream_affinity_warn(r,
+                NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
+                "affinity: no memory to read request bodies, "
+                "balancing without them", NULL);
+            return NGX_DECLINED;
         }
     }
 
@@ -213,9 +214,7 @@ ngx_http_upstream_affinity_body_map(ngx_http_request_t *r,
     p = mmap(base, file_len, PROT_READ, MAP_PRIVATE|MAP_FIXED, b->file->fd,
              start);
     if (p == MAP_FAILED) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, ngx_errno,
-                      "affinity: mmap() of \"%V\" failed, reading it",
-                      &b->file->name);
+        /* a file system that cannot map files: read it */
         (void) munmap(base, file_len + ngx_pagesize);
         return NGX_DECLINED;
     }
@@ -253,9 +252,11 @@ ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
         p = mmap(NULL, size, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS,
                  -1, 0);
         if (p == MAP_FAILED) {
-            ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
-                          "affinity: mmap(%uz) failed", size);
-            return NGX_ERROR;
+            ngx_http_upstream_affinity_warn(r,
+                NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
+                "affinity: no memory to read request bodies, "
+                "balancing without them", NULL);
+            return NGX_DECLINED;
         }
 
         body->map = p;
@@ -380,17 +381,17 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
 
 
 /*
- * glibc keeps large blocks freed on its heap when an earlier large free
- * raised its mapping threshold: after a request with a large body, the
- * worker gives the free pages back once the request's memory (nginx's own
- * body buffers among it) is freed.  The cleanup runs before the pool frees
- * its blocks, so it only posts the trim for the next turn of the event loop.
+ * After a request with a large body, once its memory is freed (nginx's own
+ * body buffers among it), the worker waits for a second without another
+ * such request to end, then frees the parser's grown buffers and gives the
+ * free heap back to the system: glibc keeps large freed blocks on its heap
+ * once an earlier large free has raised its mapping threshold.  The pool
+ * cleanup runs before the pool frees its blocks, so it only arms the timer.
  */
 
 static void
-ngx_http_upstream_affinity_trim_later(ngx_http_request_t *r)
+ngx_http_upstream_affinity_release_later(ngx_http_request_t *r)
 {
-#if (NGX_LINUX) && defined(__GLIBC__)
     ngx_pool_cleanup_t  *cln;
 
     cln = ngx_pool_cleanup_add(r->pool, 0);
@@ -398,39 +399,42 @@ ngx_http_upstream_affinity_trim_later(ngx_http_request_t *r)
         return;
     }
 
-    cln->handler = ngx_http_upstream_affinity_trim_cleanup;
+    cln->handler = ngx_http_upstream_affinity_release_armed;
     cln->data = NULL;
-#endif
 }
 
 
-#if (NGX_LINUX) && defined(__GLIBC__)
-
 static void
-ngx_http_upstream_affinity_trim_cleanup(void *data)
+ngx_http_upstream_affinity_release_armed(void *data)
 {
     ngx_event_t  *ev;
 
-    ev = &ngx_http_upstream_affinity_trim_event;
+    ev = &ngx_http_upstream_affinity_release_event;
 
     if (ev->handler == NULL) {
-        ev->handler = ngx_http_upstream_affinity_trim;
+        ev->handler = ngx_http_upstream_affinity_release;
         ev->log = ngx_cycle->log;
+        ev->cancelable = 1;     /* does not hold up a graceful shutdown */
     }
 
-    ngx_post_event(ev, &ngx_posted_events);
+    ngx_add_timer(ev, NGX_HTTP_UPSTREAM_AFFINITY_RELEASE_MS);
 }
 
 
 static void
-ngx_http_upstream_affinity_trim(ngx_event_t *ev)
+ngx_http_upstream_affinity_release(ngx_event_t *ev)
 {
-    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, ev->log, 0, "affinity malloc_trim()");
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, ev->log, 0,
+                   "affinity: releasing body memory");
 
+    if (ngx_http_upstream_affinity_json) {
+        (void) affinity_json_shrink(ngx_http_upstream_affinity_json);
+    }
+
+#if (NGX_LINUX) && defined(__GLIBC__)
     (void) malloc_trim(0);
-}
-
 #endif
+}
 
 
 /* at worker exit: the reader and its buffers */
@@ -438,11 +442,9 @@ ngx_http_upstream_affinity_trim(ngx_event_t *ev)
 void
 ngx_http_upstream_affinity_body_exit(void)
 {
-#if (NGX_LINUX) && defined(__GLIBC__)
-    if (ngx_http_upstream_affinity_trim_event.posted) {
-        ngx_delete_posted_event(&ngx_http_upstream_affinity_trim_event);
+    if (ngx_http_upstream_affinity_release_event.timer_set) {
+        ngx_del_timer(&ngx_http_upstream_affinity_release_event);
     }
-#endif
 
     if (ngx_http_upstream_affinity_json) {
         affinity_json_destroy(ngx_http_upstream_affinity_json);

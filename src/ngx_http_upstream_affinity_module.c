@@ -38,6 +38,11 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64
 
 
+/* called for each affinity zone at worker start and exit */
+typedef void (*ngx_http_upstream_affinity_zone_pt)(
+    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
+
+
 static ngx_int_t ngx_http_upstream_init_affinity(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us);
 static void ngx_http_upstream_affinity_ring_cleanup(void *data);
@@ -57,6 +62,8 @@ static ngx_int_t ngx_http_upstream_affinity_session_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_upstream_affinity_prefix_len_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_http_upstream_affinity_srv_conf_t *
+    ngx_http_upstream_affinity_upstream_of(ngx_http_request_t *r);
 
 static ngx_int_t ngx_http_upstream_affinity_header_filter(
     ngx_http_request_t *r);
@@ -84,9 +91,6 @@ static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
 static ngx_int_t ngx_http_upstream_affinity_init_process(
     ngx_cycle_t *cycle);
 static void ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle);
-
-typedef void (*ngx_http_upstream_affinity_zone_pt)(
-    ngx_http_upstream_affinity_shctx_t *shctx, ngx_log_t *log);
 
 static void ngx_http_upstream_affinity_each_zone(ngx_cycle_t *cycle,
     ngx_http_upstream_affinity_zone_pt handler);
@@ -203,6 +207,7 @@ ngx_http_upstream_init_affinity(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us)
 {
     ngx_pool_cleanup_t                     *cln;
+    ngx_http_upstream_affinity_shctx_t     *shctx;
     ngx_http_upstream_rr_peers_t           *peers;
     ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
@@ -221,6 +226,9 @@ ngx_http_upstream_init_affinity(ngx_conf_t *cf,
 
     ascf->counter_zone = ascf->session_zone ? ascf->session_zone
                                             : ascf->prefix_zone;
+
+    shctx = ascf->counter_zone->data;
+    shctx->counts = 1;
 
     if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
         return NGX_ERROR;
@@ -674,7 +682,7 @@ ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
 /*
  * $affinity_session: the key in use.  proxy_set_header evaluates it while
  * the request to the upstream is built, before the balancer runs: the key
- * is then read (or generated) here, for the upstream that proxy_pass names,
+ * is then read (or generated) here, for the upstream the request goes to,
  * and the balancer uses the same one.  A key with control characters is
  * used for routing but never shown.
  */
@@ -683,31 +691,15 @@ static ngx_int_t
 ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
 {
-    ngx_http_upstream_srv_conf_t           *uscf;
     ngx_http_upstream_affinity_ctx_t       *ctx;
     ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
-    if (ctx == NULL
-        && r->upstream
-        && r->upstream->conf
-        && r->upstream->conf->upstream)
-    {
-        uscf = r->upstream->conf->upstream;
+    if (ctx == NULL) {
+        ascf = ngx_http_upstream_affinity_upstream_of(r);
 
-        /*
-         * An upstream this balancer initialized has its counter zone set;
-         * keepalive or sticky may wrap the balancer, so peer.init is not
-         * necessarily its own.
-         */
-
-        ascf = uscf->srv_conf
-               ? ngx_http_conf_upstream_srv_conf(uscf,
-                                            ngx_http_upstream_affinity_module)
-               : NULL;
-
-        if (ascf && ascf->counter_zone) {
+        if (ascf) {
             ctx = ngx_http_upstream_affinity_request(r, ascf);
             if (ctx == NULL) {
                 return NGX_ERROR;
@@ -727,6 +719,63 @@ ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
     v->data = ctx->key.data;
 
     return NGX_OK;
+}
+
+
+/*
+ * The affinity upstream a request is being sent to, before the balancer
+ * runs: the one proxy_pass names, or, when proxy_pass takes the name from a
+ * variable, the upstream{} block of that name, found as nginx will find it.
+ * An upstream this balancer initialized has its counter zone set (keepalive
+ * or sticky may wrap the balancer, so peer.init is not necessarily its
+ * own).
+ */
+
+static ngx_http_upstream_affinity_srv_conf_t *
+ngx_http_upstream_affinity_upstream_of(ngx_http_request_t *r)
+{
+    ngx_uint_t                              i;
+    ngx_http_upstream_t                    *u;
+    ngx_http_upstream_resolved_t           *rs;
+    ngx_http_upstream_srv_conf_t           *uscf, **uscfp;
+    ngx_http_upstream_main_conf_t          *umcf;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    u = r->upstream;
+
+    if (u == NULL || u->conf == NULL) {
+        return NULL;
+    }
+
+    uscf = u->conf->upstream;
+    rs = u->resolved;
+
+    if (uscf == NULL && rs && rs->host.len) {
+        umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
+        uscfp = umcf->upstreams.elts;
+
+        for (i = 0; i < umcf->upstreams.nelts; i++) {
+            if (uscfp[i]->host.len == rs->host.len
+                && ((uscfp[i]->port == 0 && rs->no_port)
+                    || uscfp[i]->port == rs->port)
+                && ngx_strncasecmp(uscfp[i]->host.data, rs->host.data,
+                                   rs->host.len)
+                   == 0)
+            {
+                uscf = uscfp[i];
+                break;
+            }
+        }
+    }
+
+    if (uscf == NULL || uscf->srv_conf == NULL) {
+        return NULL;
+    }
+
+    ascf = ngx_http_conf_upstream_srv_conf(uscf,
+                                           ngx_http_upstream_affinity_module);
+
+    return ascf->counter_zone ? ascf : NULL;
 }
 
 
@@ -902,7 +951,7 @@ ngx_http_upstream_affinity_init_process(ngx_cycle_t *cycle)
     }
 
     ngx_http_upstream_affinity_each_zone(cycle,
-                                         ngx_http_upstream_affinity_claim_row);
+        ngx_http_upstream_affinity_claim_row);
 
     return NGX_OK;
 }
@@ -914,7 +963,7 @@ ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
     ngx_http_upstream_affinity_body_exit();
 
     ngx_http_upstream_affinity_each_zone(cycle,
-                                        ngx_http_upstream_affinity_release_row);
+        ngx_http_upstream_affinity_release_row);
 }
 
 
@@ -953,6 +1002,10 @@ ngx_http_upstream_affinity_claim_row(ngx_http_upstream_affinity_shctx_t *shctx,
     ngx_log_t *log)
 {
     uint64_t  start;
+
+    if (!shctx->counts) {
+        return;         /* a prefix index for upstreams that count elsewhere */
+    }
 
     ngx_http_upstream_affinity_reap(shctx, log);
 
@@ -999,11 +1052,14 @@ void
 ngx_http_upstream_affinity_reap(ngx_http_upstream_affinity_shctx_t *shctx,
     ngx_log_t *log)
 {
+    int                reaped;
     size_t             i, n;
     uint64_t           recovered;
     affinity_worker_t  workers[AFFINITY_MAX_WORKER_ROWS];
 
-    if (!affinity_zone_reap_due(shctx->zone, (uint32_t) ngx_time(), 1)) {
+    if (!shctx->counts
+        || !affinity_zone_reap_due(shctx->zone, (uint32_t) ngx_time(), 1))
+    {
         return;
     }
 
@@ -1018,13 +1074,17 @@ ngx_http_upstream_affinity_reap(ngx_http_upstream_affinity_shctx_t *shctx,
         }
 
         ngx_shmtx_lock(&shctx->shpool->mutex);
-        recovered = affinity_zone_worker_reap(shctx->zone, &workers[i]);
+        reaped = affinity_zone_worker_reap(shctx->zone, &workers[i],
+                                           &recovered);
         ngx_shmtx_unlock(&shctx->shpool->mutex);
 
-        ngx_log_error(NGX_LOG_NOTICE, log, 0,
-                      "affinity zone \"%V\": process %uL exited with %uL "
-                      "requests in flight, given back",
-                      &shctx->shm_zone->shm.name, workers[i].pid, recovered);
+        if (reaped) {
+            ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                          "affinity zone \"%V\": process %uL exited with "
+                          "%uL requests in flight, given back",
+                          &shctx->shm_zone->shm.name, workers[i].pid,
+                          recovered);
+        }
     }
 }
 
@@ -1234,6 +1294,12 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
         != NGX_OK)
     {
         return NGX_CONF_ERROR;
+    }
+
+    if (cookie.set && ascf->echo_cookie.len == 0) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "cookie_* parameters have no effect without "
+                           "\"cookie=\"");
     }
 
     return ngx_http_upstream_affinity_zone(cf, ascf, zone.data ? &zone : NULL,
@@ -1610,6 +1676,8 @@ ngx_http_upstream_affinity_cookie_parameter(ngx_conf_t *cf, ngx_str_t *value,
     time_t      t;
     ngx_str_t   s;
 
+    cookie->set = 1;
+
     if (ngx_strcmp(value->data, "cookie_secure") == 0) {
         cookie->secure = 1;
         return NGX_OK;
@@ -1621,7 +1689,9 @@ ngx_http_upstream_affinity_cookie_parameter(ngx_conf_t *cf, ngx_str_t *value,
 
         t = ngx_parse_time(&s, 1);
 
-        if (t == (time_t) NGX_ERROR) {
+        /* Max-Age=0 would delete the cookie with every response */
+
+        if (t == (time_t) NGX_ERROR || t == 0) {
             goto invalid;
         }
 

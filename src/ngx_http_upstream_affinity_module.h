@@ -45,6 +45,7 @@ typedef struct {
     time_t                                  max_age;
     ngx_uint_t                              samesite;
     unsigned                                secure:1;
+    unsigned                                set:1;  /* any was given */
 } ngx_http_upstream_affinity_cookie_t;
 
 
@@ -57,6 +58,7 @@ typedef struct {
     ngx_array_t                             confs;  /* of srv conf pointers */
     ngx_cycle_t                            *cycle;  /* that configured it */
     uint32_t                                row;    /* this worker's row */
+    unsigned                                counts:1; /* in-flight here */
 } ngx_http_upstream_affinity_shctx_t;
 
 
@@ -68,6 +70,7 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST

@@ -19,7 +19,7 @@ use AffinityConf qw(servers);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(3);
-my ($echo, $attrs, $forward, $replica) = map { $t->port } 1 .. 4;
+my ($echo, $attrs, $forward, $replica, $by_name) = map { $t->port } 1 .. 5;
 my $listen = $t->listen_port;
 my $up = servers(\@ports);
 
@@ -71,6 +71,16 @@ $up
             proxy_pass http://replica;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_set_header X-Session-ID \$affinity_session;
+        }
+    }
+
+    # proxy_pass with the upstream's name in a variable
+    server {
+        listen 127.0.0.1:$by_name;
+        location / {
+            set \$up replica;
+            proxy_pass http://\$up;
             proxy_set_header X-Session-ID \$affinity_session;
         }
     }
@@ -168,7 +178,8 @@ subtest 'configuration errors' => sub {
                   ['cookie_samesite=sometimes', qr/invalid parameter/],
                   ['cookie_domain=exa_mple.com', qr/invalid parameter/],
                   ['cookie_path=v1', qr/invalid parameter/],
-                  ['cookie_max_age=forever', qr/invalid parameter/]) {
+                  ['cookie_max_age=forever', qr/invalid parameter/],
+                  ['cookie_max_age=0', qr/invalid parameter/]) {
         my ($param, $error) = @$case;
         $t2->write_conf(<<"EOF");
     upstream u {
@@ -180,6 +191,16 @@ EOF
         isnt $rc, 0, "$param is refused";
         like $out, $error, 'with a reason';
     }
+
+    $t2->write_conf(<<"EOF");
+    upstream u {
+        server 127.0.0.1:$ports[0];
+        session_affinity header=X-Session-ID cookie_secure;
+    }
+EOF
+    my ($rc, $out) = $t2->nginx_test;
+    is $rc, 0, 'cookie_* without cookie= is accepted';
+    like $out, qr/\[warn\].*no effect without "cookie="/, 'with a warning';
 };
 
 subtest '$affinity_session reaches the replica through proxy_set_header' => sub {
@@ -202,6 +223,11 @@ subtest '$affinity_session reaches the replica through proxy_set_header' => sub 
                   body => '{"user":"a\r\nX-Evil: 1","messages":[]}');
     is $r->{headers}{'x-received'}, '[]',
         'a key with control characters is not';
+
+    $r = $t->http(GET => '/', port => $by_name);
+    $id = $r->{headers}{'x-session-id'};
+    like $id, qr/^[0-9a-f-]{36}$/, 'proxy_pass http://$up: an id generated';
+    is $r->{headers}{'x-received'}, "[$id]", 'and sent to the replica';
 };
 
 $t->stop_nginx;

@@ -93,6 +93,23 @@ is $w->{rows_used}, scalar($t->worker_pids), 'one row per live worker';
 like $t->error_log, qr/exited with \d+ requests in flight, given back/,
     'the error log says what was given back';
 
+subtest 'in flight counts what is in flight, no more, no less' => sub {
+    # Giving back too much would show as too few in flight (the status
+    # reads no count below zero): 20 slow requests are 20 in flight.
+    my $child = load_in_background(20, 'exact');
+    my $deadline = time + 10;
+    my ($at_backends, $counted) = (0, 0);
+    while (time < $deadline) {
+        $at_backends = sum(map { $t->backend_stats($_)->{inflight} } @ports);
+        last if $at_backends == 20;
+        sleep 0.05;
+    }
+    $counted = sum(0, inflight());
+    is $at_backends, 20, '20 requests at the backends';
+    is $counted, 20, '20 in flight in the status';
+    waitpid $child, 0;
+};
+
 subtest "the bound holds again: $N concurrent requests of one session" => sub {
     my $mean = $N / @ports;
     my $bound = floor(max(1.25 * $mean, $mean + 2));

@@ -78,6 +78,19 @@ my %bodies = (
     'very long key'         => '{"' . ('k' x 100000) . '":1,"messages":[]}',
 );
 
+# valid bodies whose ends fall at and around page boundaries: a body in a
+# temporary file is mapped, with a page of zeros after it for the parser
+my %edges;
+for my $pages (1 .. 3) {
+    for my $delta (-64, -63, -33, -1, 0, 1, 63) {
+        my $len = 4096 * $pages + $delta;
+        my $head = '{"model":"m","messages":[{"role":"user","content":"';
+        my $tail = '"}]}';
+        $edges{"length $len"} = $head . ('e' x ($len - length($head)
+                                              - length($tail))) . $tail;
+    }
+}
+
 # bodies that are not JSON at all: routed as if they had no body
 my @unparsable = ('the 15-byte crash', 'mismatched brackets',
     'object closed by ]', 'truncated', 'truncated after a key',
@@ -145,6 +158,20 @@ subtest 'bodies that are not JSON are routed without them' => sub {
         is_deeply [ map { $_->{route} } @routes ],
             [ ('fallback') x @unparsable ], 'each by fallback';
     }
+};
+
+subtest 'bodies ending at page boundaries are read whole' => sub {
+    my $n = () = routes($t);
+    my @names = sort keys %edges;
+    my @res = $t->parallel([ map { {
+        method => 'POST', path => '/', port => $files, headers => $json,
+        body => $edges{$_},
+    } } @names ]);
+    is scalar(grep { $_->{status} == 200 } @res), scalar(@names),
+        scalar(@names) . ' served from temporary files';
+    my @routes = (routes($t))[$n .. $n + $#names];
+    is scalar(grep { $_->{route} =~ /^prefix_/ } @routes), scalar(@names),
+        'each parsed and routed by its prompt';
 };
 
 subtest 'valid requests still route after all that' => sub {

@@ -75,9 +75,10 @@ void BM_InflightCount(benchmark::State &state)
     Fleet fleet(4);
     uint32_t row = state.range(0) ? fleet.row : AFFINITY_NO_ROW;
     uint32_t slot = fleet.peers[1].slot;
+    uint64_t id = fleet.peers[1].id;
 
     for (auto _ : state) {
-        affinity_zone_peer_acquire(fleet.zone, row, slot, 1000);
+        affinity_zone_peer_acquire(fleet.zone, row, id, slot, 1000);
         affinity_zone_peer_release(fleet.zone, row, slot);
     }
 }

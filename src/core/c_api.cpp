@@ -220,10 +220,18 @@ void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t row,
     zone_of(zone).release(row, slot);
 }
 
-void affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t row,
-                                uint32_t slot, uint32_t now) noexcept
+int affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t row,
+                               uint64_t peer_id, uint32_t slot,
+                               uint32_t now) noexcept
 {
-    zone_of(zone).acquire(row, slot, AFFINITY_ROUTE_FALLBACK, now);
+    Zone z = zone_of(zone);
+
+    if (!z.owns(slot, peer_id)) {
+        return -1;
+    }
+
+    z.acquire(row, slot, AFFINITY_ROUTE_FALLBACK, now);
+    return 0;
 }
 
 void affinity_zone_peer_failed(affinity_zone_t *zone, uint32_t slot) noexcept
@@ -257,10 +265,11 @@ size_t affinity_zone_workers(const affinity_zone_t *zone,
     return rows_in_use(zone_of(zone), out, cap);
 }
 
-uint64_t affinity_zone_worker_reap(affinity_zone_t *zone,
-                                   const affinity_worker_t *worker) noexcept
+int affinity_zone_worker_reap(affinity_zone_t *zone,
+                              const affinity_worker_t *worker,
+                              uint64_t *recovered) noexcept
 {
-    return reap_row(zone_of(zone), *worker);
+    return reap_row(zone_of(zone), *worker, *recovered) ? 1 : 0;
 }
 
 uint64_t affinity_process_start(uint64_t pid) noexcept
@@ -338,9 +347,14 @@ int affinity_json_load(affinity_json_t *json, const char *body,
     }
 }
 
-int affinity_json_unload(affinity_json_t *json) noexcept
+void affinity_json_unload(affinity_json_t *json) noexcept
 {
-    return json->body.unload() ? 1 : 0;
+    json->body.unload();
+}
+
+int affinity_json_shrink(affinity_json_t *json) noexcept
+{
+    return json->body.shrink() ? 1 : 0;
 }
 
 affinity_field_e affinity_json_field(affinity_json_t *json, const char *path,

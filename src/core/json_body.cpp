@@ -27,7 +27,7 @@ bool JsonBody::load(const char *data, size_t len) noexcept
 }
 
 affinity_field_e JsonBody::field(std::string_view dotted_path, char *out,
-                                 size_t out_cap, size_t *out_len) noexcept
+                                 size_t out_cap, size_t *out_len)
 {
     if (!loaded_) {
         return AFFINITY_FIELD_INVALID;
@@ -38,7 +38,7 @@ affinity_field_e JsonBody::field(std::string_view dotted_path, char *out,
 
 affinity_prompt_e JsonBody::prompt(const uint32_t *schedule, size_t nschedule,
                                    affinity_level_t *out, size_t out_cap,
-                                   size_t *nout) noexcept
+                                   size_t *nout)
 {
     *nout = 0;
 
@@ -61,17 +61,22 @@ affinity_prompt_e JsonBody::prompt(const uint32_t *schedule, size_t nschedule,
     return *nout ? AFFINITY_PROMPT_OK : AFFINITY_PROMPT_NONE;
 }
 
-bool JsonBody::unload() noexcept
+void JsonBody::unload() noexcept
+{
+    loaded_ = false;
+    root_ = simdjson::dom::object();
+}
+
+bool JsonBody::shrink() noexcept
 {
     bool freed = false;
 
-    loaded_ = false;
-    root_ = simdjson::dom::object();
+    unload();
 
     // The parser keeps buffers sized for the largest body it has seen, and
     // the scratch buffer for the largest JSON it wrote: past retain bytes
-    // both are dropped, so that one large body does not hold its memory
-    // for the worker's lifetime.
+    // both are dropped, so that large bodies do not hold their memory for
+    // the worker's lifetime.
     if (parser_.capacity() > retain_) {
         parser_ = simdjson::dom::parser();
         freed = true;

@@ -22,8 +22,8 @@ namespace affinity {
 
 class JsonBody {
 public:
-    // Buffers grown for a body larger than retain bytes are freed when the
-    // body is unloaded; smaller bodies reuse them.
+    // Buffers grown for a body larger than retain bytes are freed by
+    // shrink(); up to that size they are kept for the next body.
     explicit JsonBody(size_t retain) noexcept : retain_(retain) {}
 
     // Parses a body: data[0..len), with AFFINITY_JSON_PADDING readable bytes
@@ -32,16 +32,21 @@ public:
     // of range).
     bool load(const char *data, size_t len) noexcept;
 
+    // The reads may throw std::bad_alloc (compact JSON is written to a
+    // buffer that grows); the C API catches it.
     affinity_field_e field(std::string_view dotted_path, char *out,
-                           size_t out_cap, size_t *out_len) noexcept;
+                           size_t out_cap, size_t *out_len);
 
     affinity_prompt_e prompt(const uint32_t *schedule, size_t nschedule,
                              affinity_level_t *out, size_t out_cap,
-                             size_t *nout) noexcept;
+                             size_t *nout);
 
-    // Forgets the body, and frees the memory a large one grew.  Returns
-    // whether it freed anything.
-    bool unload() noexcept;
+    // Forgets the body; the buffers stay for the next one.
+    void unload() noexcept;
+
+    // Frees the buffers grown past retain bytes.  Returns whether it freed
+    // anything.
+    bool shrink() noexcept;
 
 private:
     simdjson::dom::parser parser_;

@@ -27,8 +27,7 @@ affinity_field_e copy_out(std::string_view value, char *out, size_t out_cap,
 
 affinity_field_e read_field(simdjson::dom::object root,
                             std::string_view dotted_path, std::string &scratch,
-                            char *out, size_t out_cap,
-                            size_t *out_len) noexcept
+                            char *out, size_t out_cap, size_t *out_len)
 {
     simdjson::dom::object object = root;
     element value;

@@ -17,7 +17,6 @@ namespace affinity {
 // the text of a number.
 affinity_field_e read_field(simdjson::dom::object root,
                             std::string_view dotted_path, std::string &scratch,
-                            char *out, size_t out_cap,
-                            size_t *out_len) noexcept;
+                            char *out, size_t out_cap, size_t *out_len);
 
 }  // namespace affinity

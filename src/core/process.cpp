@@ -14,9 +14,12 @@ namespace affinity {
 
 namespace {
 
+constexpr int64_t kUnreadable = -1;    // no /proc entry: ask kill()
+constexpr int64_t kExited = -2;        // a zombie: exited, not collected
+
 // /proc/PID/stat: "pid (comm) state ppid ...", starttime is field 22.  The
 // command name may hold spaces and parentheses: fields are counted after
-// the last ')'.  -1 if the file cannot be read, 0 if it cannot be parsed.
+// the last ')'.  0 if it cannot be parsed.
 int64_t read_start(uint64_t pid) noexcept
 {
     char path[64];
@@ -27,14 +30,14 @@ int64_t read_start(uint64_t pid) noexcept
 
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        return -1;
+        return kUnreadable;
     }
 
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
 
     if (n <= 0) {
-        return -1;
+        return kUnreadable;
     }
 
     buf[n] = '\0';
@@ -46,7 +49,7 @@ int64_t read_start(uint64_t pid) noexcept
 
     // A zombie has exited: its parent has not collected it yet.
     if (p[2] == 'Z' || p[2] == 'X') {
-        return -1;
+        return kExited;
     }
 
     // After ')': field 3 (state) onwards; starttime is the 20th of those.
@@ -80,11 +83,15 @@ bool process_alive(uint64_t pid, uint64_t start) noexcept
 
     int64_t now = read_start(pid);
 
+    if (now == kExited) {
+        return false;
+    }
+
     if (now > 0 && start != 0) {
         return static_cast<uint64_t>(now) == start;
     }
 
-    if (now > 0) {
+    if (now >= 0) {
         return true;
     }
 

@@ -1,5 +1,7 @@
 #include "prompt_walk.h"
 
+#include <algorithm>
+
 #include "compact_json.h"
 
 namespace affinity {
@@ -221,8 +223,16 @@ Step PromptWalker::part(object part) noexcept
     uint64_t h = found ? XXH3_64bits(ref.data(), ref.size()) : 0;
     size_t n = 0;
 
+    // At most 32 bytes of the type, cut between two code points.
+    size_t cut = std::min<size_t>(type.size(), 32);
+    while (cut > 0 && cut < type.size()
+           && (static_cast<unsigned char>(type[cut]) & 0xc0) == 0x80)
+    {
+        cut--;
+    }
+
     tag[n++] = kGroupSep;
-    for (size_t i = 0; i < type.size() && i < 32; i++) {
+    for (size_t i = 0; i < cut; i++) {
         tag[n++] = type[i];
     }
     tag[n++] = ':';

@@ -91,28 +91,29 @@ size_t rows_in_use(Zone zone, affinity_worker_t *out, size_t cap) noexcept
     return n;
 }
 
-uint64_t reap_row(Zone zone, const affinity_worker_t &worker) noexcept
+bool reap_row(Zone zone, const affinity_worker_t &worker,
+              uint64_t &recovered) noexcept
 {
     ZoneHeader &h = zone.header();
 
     if (worker.row >= h.rows) {
-        return 0;
+        return false;
     }
 
     WorkerRow &row = zone.rows()[worker.row];
 
     if (atomic_load(&row.pid) != worker.pid || row.start != worker.start) {
-        return 0;       // freed or claimed again since the caller looked
+        return false;   // freed or claimed again since the caller looked
     }
 
-    uint64_t recovered = drain_row(zone, worker.row);
+    recovered = drain_row(zone, worker.row);
 
     atomic_store<uint64_t>(&row.pid, 0);
     h.rows_used--;
     h.rows_reaped++;
     h.inflight_recovered += recovered;
 
-    return recovered;
+    return true;
 }
 
 bool reap_due(Zone zone, uint64_t now, uint64_t interval) noexcept

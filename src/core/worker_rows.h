@@ -35,8 +35,10 @@ size_t rows_in_use(Zone zone, affinity_worker_t *out, size_t cap) noexcept;
 
 // Frees the row of a dead worker if it still belongs to that worker (pid
 // and start time), giving its requests back to the slots (caller holds the
-// zone lock).  Returns how many requests it gave back.
-uint64_t reap_row(Zone zone, const affinity_worker_t &worker) noexcept;
+// zone lock).  False if the row changed hands since the caller looked;
+// recovered is then left alone.
+bool reap_row(Zone zone, const affinity_worker_t &worker,
+              uint64_t &recovered) noexcept;
 
 // Whether it is the caller's turn to look for dead workers: true for at
 // most one caller per interval seconds (lock-free).

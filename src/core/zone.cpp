@@ -150,9 +150,7 @@ uint32_t Zone::claim_slot(uint64_t peer_id, uint64_t now) noexcept
         }
 
         if (slot.id == 0) {
-            slot = PeerSlot{};
-            slot.last_used = now;
-            atomic_store(&slot.id, peer_id);
+            hand_over(slot, peer_id, now);
             header_->peer_slots_used++;
             return n;
         }
@@ -172,15 +170,37 @@ uint32_t Zone::claim_slot(uint64_t peer_id, uint64_t now) noexcept
     }
 
     // The sessions pinned to the old peer keep its id and move when next
-    // seen; its counters go with the slot.  Its in-flight count is zero in
-    // every worker row too: rows only count what the slot counts.
-    PeerSlot &slot = slots[idlest];
-    slot = PeerSlot{};
-    slot.last_used = now;
-    atomic_store(&slot.id, peer_id);
+    // seen; its counters go with the slot.
+    hand_over(slots[idlest], peer_id, now);
     header_->peer_slots_reclaimed++;
 
     return idlest;
+}
+
+// Gives a slot to a peer, its counters restarted.  Other workers update
+// counters without the lock: every field is stored atomically, and the
+// in-flight count is moved to zero by an add, not overwritten, so that a
+// request a worker counts on the old owner at this very moment (it looked
+// the slot up just before) is not lost, and is given back to the same
+// slot when it ends.
+void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
+{
+    int64_t inflight = atomic_load(&slot.inflight);
+
+    if (inflight != 0) {
+        atomic_add<int64_t>(&slot.inflight, -inflight);
+    }
+
+    atomic_store<uint64_t>(&slot.requests, 0);
+    atomic_store<uint64_t>(&slot.failures, 0);
+    atomic_store<uint64_t>(&slot.last_used, now);
+    slot.pins = 0;
+
+    for (uint64_t &count : slot.routes) {
+        atomic_store<uint64_t>(&count, 0);
+    }
+
+    atomic_store(&slot.id, peer_id);
 }
 
 uint32_t Zone::find_slot(uint64_t peer_id) const noexcept
@@ -223,6 +243,9 @@ void Zone::acquire(uint32_t row, uint32_t slot, uint32_t route,
     if (row < header_->rows) {
         int32_t *count = &counts(row)[slot];
         atomic_store(count, atomic_load(count) + 1);
+
+        // the order above, as the instructions run (a kill is a signal)
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
     }
 
     atomic_store(&s.last_used, now);
@@ -241,6 +264,8 @@ void Zone::release(uint32_t row, uint32_t slot) noexcept
 
     if (row < header_->rows) {
         int32_t *count = &counts(row)[slot];
+
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
         atomic_store(count, atomic_load(count) - 1);
     }
 }

@@ -186,6 +186,8 @@ public:
 
     void add_pins(uint64_t peer_id, int64_t delta) noexcept;
 
+    void hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept;
+
     uint64_t key_hash(const void *key, size_t len) const noexcept;
 
 private:

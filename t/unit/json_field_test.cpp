@@ -456,9 +456,9 @@ TEST(JsonBody, NothingIsReadFromABodyThatDidNotParse)
     EXPECT_EQ(n, 0u);
 }
 
-// A body larger than the reader's retain size has its buffers freed when
-// it is unloaded; smaller ones keep them.
-TEST(JsonBody, LargeBodiesFreeWhatTheyGrew)
+// Buffers grown for a body larger than the reader's retain size are freed
+// by a shrink; up to that size they are kept.
+TEST(JsonBody, ShrinkFreesWhatLargeBodiesGrew)
 {
     affinity_json_t *json = affinity_json_create(64 * 1024);
     ASSERT_NE(json, nullptr);
@@ -470,12 +470,14 @@ TEST(JsonBody, LargeBodiesFreeWhatTheyGrew)
         EXPECT_EQ(affinity_json_load(json, body.data(),
                                      body.size() - AFFINITY_JSON_PADDING),
                   0);
-        return affinity_json_unload(json);
+        affinity_json_unload(json);
+        return affinity_json_shrink(json);
     };
 
     EXPECT_EQ(load_unload(1000), 0);
     EXPECT_EQ(load_unload(1000), 0);
     EXPECT_EQ(load_unload(1 << 20), 1) << "grew past retain: freed";
+    EXPECT_EQ(affinity_json_shrink(json), 0) << "nothing left to free";
     EXPECT_EQ(load_unload(1000), 0);
 
     affinity_json_destroy(json);

@@ -182,7 +182,8 @@ public:
 
     void acquire(size_t i)
     {
-        affinity_zone_peer_acquire(zone_, row, peers_[i].slot, 0);
+        affinity_zone_peer_acquire(zone_, row, peers_[i].id, peers_[i].slot,
+                                   0);
     }
 
     // The worker row requests are counted in, as a worker's.

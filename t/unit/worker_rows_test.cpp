@@ -60,8 +60,12 @@ uint64_t reap_dead(affinity_zone_t *zone)
     uint64_t recovered = 0;
 
     for (size_t i = 0; i < n; i++) {
-        if (!affinity_process_alive(workers[i].pid, workers[i].start)) {
-            recovered += affinity_zone_worker_reap(zone, &workers[i]);
+        uint64_t given = 0;
+
+        if (!affinity_process_alive(workers[i].pid, workers[i].start)
+            && affinity_zone_worker_reap(zone, &workers[i], &given))
+        {
+            recovered += given;
         }
     }
     return recovered;
@@ -90,6 +94,29 @@ TEST(Process, AKilledChildIsDead)
     child.kill_now();
     EXPECT_FALSE(affinity_process_alive(pid, child.start()));
     EXPECT_FALSE(affinity_process_alive(pid, 0));
+}
+
+TEST(Process, AZombieIsDead)
+{
+    // Killed but not collected by its parent yet: the master collects its
+    // workers at once, but the check must not wait for it.
+    pid_t pid = fork();
+    if (pid == 0) {
+        pause();
+        _exit(0);
+    }
+    uint64_t start = affinity_process_start(uint64_t(pid));
+    kill(pid, SIGKILL);
+
+    // until the kernel has made it a zombie
+    for (int i = 0; i < 1000 && affinity_process_start(uint64_t(pid)) != 0;
+         i++) {
+        usleep(1000);
+    }
+
+    EXPECT_FALSE(affinity_process_alive(uint64_t(pid), start));
+    EXPECT_FALSE(affinity_process_alive(uint64_t(pid), 0));
+    waitpid(pid, nullptr, 0);
 }
 
 TEST(WorkerRows, EachProcessHasItsOwnRow)
@@ -192,14 +219,16 @@ TEST(WorkerRows, AReusedPidIsNotTheDeadWorker)
     EXPECT_EQ(inflight(up, 0), 0);
 
     // A reap decided on an old snapshot does nothing to the row's new
-    // owner.
+    // owner (the first free row: the one just reaped).
     affinity_worker_t stale = {row, 0, self, start - 1};
     uint32_t again = affinity_zone_worker_claim(z.get(), self, start, 0);
+    ASSERT_EQ(again, row);
     up.row = again;
     up.acquire(0);
-    if (again == row) {
-        EXPECT_EQ(affinity_zone_worker_reap(z.get(), &stale), 0u);
-    }
+
+    uint64_t given = 12345;
+    EXPECT_EQ(affinity_zone_worker_reap(z.get(), &stale, &given), 0);
+    EXPECT_EQ(given, 12345u) << "left alone";
     EXPECT_EQ(inflight(up, 0), 1);
 }
 

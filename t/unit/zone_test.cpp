@@ -32,6 +32,14 @@ affinity_attach_e attach(void *region, size_t size, affinity_zone_t **zone,
     return rc;
 }
 
+// Counts a request on the peer that holds slot.
+void acquire_slot(affinity_zone_t *zone, uint32_t slot, uint32_t now)
+{
+    affinity_peer_stats_t s{};
+    affinity_zone_peer_stats(zone, slot, &s);
+    affinity_zone_peer_acquire(zone, AFFINITY_NO_ROW, s.id, slot, now);
+}
+
 affinity_zone_info_t info_of(const affinity_zone_t *zone)
 {
     affinity_zone_info_t info{};
@@ -350,7 +358,7 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     };
 
     for (int i = 0; i < 5; i++) {
-        affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, a, 0);
+        acquire_slot(z.get(), a, 0);
     }
     EXPECT_EQ(stats(a).inflight, 5);
     EXPECT_EQ(stats(a).requests, 5u);
@@ -362,7 +370,7 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     EXPECT_EQ(stats(a).inflight, 3);
     EXPECT_EQ(stats(a).requests, 5u) << "requests count starts, not ends";
 
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, b, 0);
+    acquire_slot(z.get(), b, 0);
     EXPECT_EQ(stats(b).inflight, 1);
     EXPECT_EQ(stats(a).inflight, 3);
 
@@ -372,7 +380,7 @@ TEST(ZonePeerSlots, AcquireAndReleaseMoveInflight)
     EXPECT_EQ(stats(a).inflight, 0);
 
     // No slot: ignored.
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, AFFINITY_NO_SLOT, 0);
+    acquire_slot(z.get(), AFFINITY_NO_SLOT, 0);
     affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, AFFINITY_NO_SLOT);
     EXPECT_EQ(stats(a).inflight, 0);
     EXPECT_EQ(stats(b).inflight, 1);
@@ -433,8 +441,8 @@ TEST(ZonePeerSlots, FullTableHandsOverTheIdlestSlot)
     // Peer 16 (claimed at t0 like peer 0) has a request in flight, and
     // peer 0 served one later: of the slots idle since t0, peer 32's is
     // the first free one found.  Peers claimed later are younger.
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, slot_of[16], t0);
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, slot_of[0], t0 + 30);
+    acquire_slot(z.get(), slot_of[16], t0);
+    acquire_slot(z.get(), slot_of[0], t0 + 30);
     affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, slot_of[0]);
 
     // At t0 + 89, the slots claimed at t0 have been idle for 89 s and
@@ -482,13 +490,13 @@ TEST(ZonePeerSlots, RoutingIgnoresASlotHandedOver)
                                           t0 + 5000),
                   AFFINITY_NO_SLOT);
     }
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, up.peer(1).slot, t0 + 5000);
+    acquire_slot(z.get(), up.peer(1).slot, t0 + 5000);
 
     const uint64_t newcomer = peer_id_of("newcomer:1");
     uint32_t given = affinity_zone_peer_slot(z.get(), newcomer, t0 + 5000);
     ASSERT_EQ(given, up.peer(0).slot);
     for (int i = 0; i < 10; i++) {
-        affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, given, t0 + 5000);
+        acquire_slot(z.get(), given, t0 + 5000);
     }
 
     // Peer 0 looks idle (0 in flight), not loaded with the newcomer's 10,
@@ -505,6 +513,67 @@ TEST(ZonePeerSlots, RoutingIgnoresASlotHandedOver)
     EXPECT_EQ(s.id, newcomer);
     EXPECT_EQ(r.decision.slot, AFFINITY_NO_SLOT);
     EXPECT_GE(z.info().peer_slots_missing, 1u);
+}
+
+// A request counted outside routing (backup servers, sticky hints) names
+// its peer: a slot that went to another peer is not counted on.
+TEST(ZonePeerSlots, AcquireRefusesASlotThatIsNotThePeers)
+{
+    TestZone z;
+    uint64_t a = peer_id_of("a:1"), b = peer_id_of("b:1");
+    uint32_t slot = affinity_zone_peer_slot(z.get(), a, 0);
+
+    EXPECT_EQ(affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, b, slot,
+                                         0),
+              -1);
+    EXPECT_EQ(affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, a,
+                                         AFFINITY_NO_SLOT, 0),
+              -1);
+
+    affinity_peer_stats_t s{};
+    affinity_zone_peer_stats(z.get(), slot, &s);
+    EXPECT_EQ(s.inflight, 0);
+    EXPECT_EQ(s.requests, 0u);
+
+    EXPECT_EQ(affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, a, slot,
+                                         0),
+              0);
+    affinity_zone_peer_stats(z.get(), slot, &s);
+    EXPECT_EQ(s.inflight, 1);
+}
+
+// A slot handed over starts the new peer's counters from zero (a request
+// counted on the old peer at that very moment is kept: zone.cpp,
+// hand_over()).
+TEST(ZonePeerSlots, HandOverRestartsTheCounters)
+{
+    TestZone z;
+    const uint32_t t0 = 100000;
+    std::vector<uint32_t> slot_of(AFFINITY_MAX_PEERS);
+
+    for (size_t i = 0; i < AFFINITY_MAX_PEERS; i++) {
+        slot_of[i] = affinity_zone_peer_slot(z.get(),
+                                             peer_id_of(peer_name(i)), t0);
+    }
+    for (size_t i = 1; i < AFFINITY_MAX_PEERS; i++) {
+        acquire_slot(z.get(), slot_of[i], t0 + 100);
+    }
+
+    // Peer 0 served and ended 3 requests at t0; one more is counted on it
+    // just as its slot goes to a newcomer.
+    for (int i = 0; i < 3; i++) {
+        acquire_slot(z.get(), slot_of[0], t0);
+        affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, slot_of[0]);
+    }
+    uint32_t given = affinity_zone_peer_slot(z.get(), peer_id_of("new:1"),
+                                             t0 + 100);
+    ASSERT_EQ(given, slot_of[0]);
+
+    affinity_peer_stats_t s{};
+    affinity_zone_peer_stats(z.get(), given, &s);
+    EXPECT_EQ(s.requests, 0u);
+    EXPECT_EQ(s.inflight, 0);
+    EXPECT_EQ(s.routes[AFFINITY_ROUTE_FALLBACK], 0u);
 }
 
 // A peer that lost its slot claims another as soon as one is free of
@@ -524,7 +593,7 @@ TEST(ZonePeerSlots, RoutingClaimsASlotForAPeerWithout)
 
     // Peer 0's slot goes to a newcomer (peer 0 idle since time 0, peer 1
     // served a request at t0).
-    affinity_zone_peer_acquire(z.get(), AFFINITY_NO_ROW, up.peer(1).slot, t0);
+    acquire_slot(z.get(), up.peer(1).slot, t0);
     affinity_zone_peer_release(z.get(), AFFINITY_NO_ROW, up.peer(1).slot);
     uint32_t old_slot = up.peer(0).slot;
     ASSERT_EQ(affinity_zone_peer_slot(z.get(), peer_id_of("newcomer:1"),

@@ -183,9 +183,12 @@ AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
 
 /* Lock-free: counts a request placed outside affinity_route() (by round
  * robin on a backup peer, or by an nginx sticky hint), as a fallback; now
- * is the time in seconds. */
-AFFINITY_API void affinity_zone_peer_acquire(affinity_zone_t *zone,
-    uint32_t row, uint32_t slot, uint32_t now) AFFINITY_NOEXCEPT;
+ * is the time in seconds.  Returns 0, or -1 when slot is not the counter
+ * slot of peer_id (any more): nothing is counted, and the caller may claim
+ * the peer's slot (affinity_zone_peer_slot()) and try again. */
+AFFINITY_API int affinity_zone_peer_acquire(affinity_zone_t *zone,
+    uint32_t row, uint64_t peer_id, uint32_t slot, uint32_t now)
+    AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a try that failed on the peer. */
 AFFINITY_API void affinity_zone_peer_failed(affinity_zone_t *zone,
@@ -231,9 +234,10 @@ AFFINITY_API size_t affinity_zone_workers(const affinity_zone_t *zone,
     affinity_worker_t *out, size_t cap) AFFINITY_NOEXCEPT;
 
 /* Frees the row of a worker found dead, if it still has it, and gives its
- * requests back; returns how many.  Caller holds the zone lock. */
-AFFINITY_API uint64_t affinity_zone_worker_reap(affinity_zone_t *zone,
-    const affinity_worker_t *worker) AFFINITY_NOEXCEPT;
+ * requests back, setting *recovered to how many; returns 1, or 0 when the
+ * row changed hands since the snapshot.  Caller holds the zone lock. */
+AFFINITY_API int affinity_zone_worker_reap(affinity_zone_t *zone,
+    const affinity_worker_t *worker, uint64_t *recovered) AFFINITY_NOEXCEPT;
 
 /* The start time of a process, 0 if the system does not tell (Linux:
  * /proc/PID/stat). */
@@ -387,9 +391,10 @@ typedef struct affinity_json_s  affinity_json_t;
 
 /*
  * A reader of JSON request bodies for one thread (an nginx worker).  It
- * owns the JSON parser and its buffers: they are kept between bodies up to
- * retain bytes of body, and freed after a larger body.  NULL when out of
- * memory.  Not for the hot path.
+ * owns the JSON parser and its buffers, which grow with the largest body
+ * read and are kept for the next; affinity_json_shrink() frees what grew
+ * past retain bytes of body.  NULL when out of memory.  Not for the hot
+ * path.
  */
 AFFINITY_API affinity_json_t *affinity_json_create(size_t retain)
     AFFINITY_NOEXCEPT;
@@ -407,9 +412,13 @@ AFFINITY_API void affinity_json_destroy(affinity_json_t *json)
 AFFINITY_API int affinity_json_load(affinity_json_t *json, const char *body,
     size_t len) AFFINITY_NOEXCEPT;
 
-/* Forgets the body loaded; frees what a large one grew, and then returns
- * 1 (the caller may give the freed memory back to the system). */
-AFFINITY_API int affinity_json_unload(affinity_json_t *json)
+/* Forgets the body loaded. */
+AFFINITY_API void affinity_json_unload(affinity_json_t *json)
+    AFFINITY_NOEXCEPT;
+
+/* Frees the buffers grown past the retain size; returns 1 if it freed any
+ * (the caller may then give the memory back to the system). */
+AFFINITY_API int affinity_json_shrink(affinity_json_t *json)
     AFFINITY_NOEXCEPT;
 
 typedef enum {
@@ -463,7 +472,8 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
  * Responses API body loaded, and hashes its first L code points for each
  * scheduled L it reaches; a text shorter than schedule[0] gives one level
  * of its own length.  Reading stops at the last scheduled length.  Levels
- * are written shortest first.  No allocation once warm.
+ * are written shortest first.  Allocates only when a body's tools or items
+ * are larger than any compacted before.
  */
 AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
     const uint32_t *schedule, size_t nschedule, affinity_level_t *out,
