@@ -11,10 +11,12 @@ one) and writes faults.json, faults.md and faults-rss.png to RESULTS_DIR
 Failed requests are sorted into
     dead_peer              502/504 whose tries ($upstream_addr) include a
                            backend that was down during the request, or a
-                           response cut while it came from that backend
-    lost_killed_worker     no (or a cut) response, a worker killed with -9
-                           while the request was in flight, and the answer,
-                           if any, came from that worker
+                           streamed answer from that backend cut within a
+                           second of its death
+    lost_killed_worker     the connection closed without a (complete)
+                           answer within a second after a worker, killed
+                           with -9 while the request was in flight, died,
+                           and the answer, if it began, came from that worker
     other                  everything else: should be none
 """
 
@@ -80,11 +82,14 @@ def classify(rec, outs, kills):
         if status in (502, 504) and not err and \
                 ('127.0.0.1:%d' % port) in rec.get('upstream', ''):
             return 'dead_peer'
-        if cut and status == 200 and rec.get('backend') == name:
+        # a stream from the backend, cut when it died
+        if cut and status == 200 and rec.get('backend') == name and \
+                td - 0.05 <= t1 <= td + 1.0:
             return 'dead_peer'
-    if cut or (err and status is None and rec['phase'] in ('send',)):
+    # the connection closed within a second of a kill of its worker
+    if cut:
         for pid, tk in kills:
-            if t0 - 0.05 <= tk <= t1 + 0.05 and \
+            if t0 - 0.05 <= tk and tk - 0.05 <= t1 <= tk + 1.0 and \
                     rec.get('worker') in ('', str(pid)):
                 return 'lost_killed_worker'
     return 'other'
@@ -211,6 +216,8 @@ def analyze(workdir):
                    if k.startswith('bad:') or k in ('corpus', 'keyed_bad'))
     bad_ok = sum(v['ok'] for k, v in classes.items()
                  if k.startswith('bad:') or k in ('corpus', 'keyed_bad'))
+    bad_other = sum(v['other_failures'] for k, v in classes.items()
+                    if k.startswith('bad:') or k in ('corpus', 'keyed_bad'))
     corpus_files = sorted({r['sub'] for r in recs if r['cls'] == 'corpus'})
     dur = (max(r['t1'] for r in recs) - min(r['t0'] for r in recs)) \
         if recs else 0
@@ -255,6 +262,13 @@ def analyze(workdir):
             'inflight_sum': sum(p['inflight'] or 0 for p in peers.values()),
             'peers': peers, 'zones': zones_of(st)})
     last = final_reads[-1] if final_reads else {}
+    # tries: the status counts every try; the client sees them in
+    # X-Upstream, except for requests that got no answer header
+    tries_seen = sum(len([a for a in r['upstream'].split(',') if a.strip()])
+                     for r in recs if r.get('upstream'))
+    no_header = sum(1 for r in recs if r['status'] is None)
+    status_requests = sum(p['requests'] or 0
+                          for p in last.get('peers', {}).values())
     end_workers = next((e['workers'] for e in events
                         if e['kind'] == 'final'), [])
 
@@ -344,6 +358,7 @@ def analyze(workdir):
                                          if r['loc'] == 'file'),
             'bad_bodies_sent': bad_sent,
             'bad_bodies_ok': bad_ok,
+            'bad_bodies_other_failures': bad_other,
             'corpus_files': len(corpus_files),
             'by_class': classes,
         },
@@ -381,6 +396,9 @@ def analyze(workdir):
         },
         'inflight': {
             'leaked_after_load': last.get('inflight_sum'),
+            'status_requests_total': status_requests,
+            'tries_seen_by_client': tries_seen,
+            'requests_without_answer': no_header,
             'final_reads': final_reads,
             'workers_at_end': end_workers,
             'status_read_errors': status_errors,
@@ -424,14 +442,15 @@ def markdown(s):
     w = out.append
     w('# Fault and soak benchmark')
     w('')
-    w('`%s`%s — %s, nginx %s, module `%s` (sha1 %s) built from %s%s.'
+    w('`%s`%s — %s, nginx %s, module `%s` (sha1 %s), git HEAD %s%s.'
       % (m['command'],
          (' with ' + ' '.join('%s=%s' % kv for kv in m['env'].items()))
          if m['env'] else '',
          m['started'], m['nginx_version'].split('/')[-1], m['module'],
          m['module_sha1'][:12], m['git_head'],
          ' (uncommitted changes in: %s)' % ', '.join(
-             x[3:] for x in m['git_dirty']) if m['git_dirty'] else ''))
+             x[3:] for x in m['git_dirty']) if m['git_dirty']
+         else ', no uncommitted changes in src/'))
     w('')
     w('**Machine:** %s CPUs (%s), shared: load average %s before the run '
       '(busiest: %s), median %.2f during it. The load is kept moderate '
@@ -482,12 +501,20 @@ def markdown(s):
         w('| sanitizer reports | **%d** |' % len(c['sanitizer_reports']))
     w('| in-flight left in the status after the load (sum over peers) | '
       '**%s** |' % i['leaked_after_load'])
-    w('| bad bodies served normally (200, body intact) | %d of %d |'
-      % (r['bad_bodies_ok'], r['bad_bodies_sent']))
-    w('| worker RSS, median of current workers: start / max / end | '
-      '%s / %s / %s MB |' % (mb(rss.get('start_median_kb')),
-                             mb(rss.get('max_median_kb')),
-                             mb(rss.get('end_median_kb'))))
+    w('| bad and corpus bodies served normally (200, body intact) | %d of '
+      '%d (%s) |'
+      % (r['bad_bodies_ok'], r['bad_bodies_sent'],
+         'the others: dead peer or killed worker'
+         if not r['bad_bodies_other_failures'] else
+         '**%d other failures**' % r['bad_bodies_other_failures']))
+    w('| worker VmRSS, median of current workers: start / max / end | '
+      '%s / %s / %s MB (start: before the zones are touched) |'
+      % (mb(rss.get('start_median_kb')), mb(rss.get('max_median_kb')),
+         mb(rss.get('end_median_kb'))))
+    w('| worker RssAnon (private memory), median: start / max / end | '
+      '%s / %s / %s MB |' % (mb(rss.get('anon_start_median_kb')),
+                             mb(rss.get('anon_max_median_kb')),
+                             mb(rss.get('anon_end_median_kb'))))
     w('')
     w('## Requests')
     w('')
@@ -584,6 +611,11 @@ def markdown(s):
               % (kind, z['name'], json.dumps(z['workers']), z['entries'],
                  z['evictions'], z['peer_slots'], z['peer_slots_missing']))
     w('- live workers at the end: %d' % len(i['workers_at_end']))
+    w('- tries counted by the status (sum of the peers\' `requests`): %d; '
+      'tries the client saw in `X-Upstream`: %d, plus %d requests that '
+      'got no answer, whose tries it could not see'
+      % (i['status_requests_total'], i['tries_seen_by_client'],
+         i['requests_without_answer']))
     if i['final_reads'] and 'zones' in i['final_reads'][-1]:
         rec = [z['workers'].get('inflight_recovered')
                for z in i['final_reads'][-1]['zones'].values()
@@ -651,7 +683,7 @@ def draw_plot(s, samples, events, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=90)
+    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=80)
     byp = collections.defaultdict(list)
     for smp in samples:
         for wk in smp['workers']:

@@ -516,7 +516,7 @@ def bad_escapes(t):
     esc = rng.choice([b'\\x41', b'\\u12', b'\\ud800', b'\\udc00\\ud800',
                       b'\\', b'\\uZZZZ', b'\\U0001F600', b'\\u0000'])
     body = (b'{"model":"m","messages":[{"role":"user","content":"a'
-            + esc + b'b"}]}')
+            + esc + b'Z"}]}')
     return 'escape ' + esc.decode(), body, 'application/json'
 
 
