@@ -376,7 +376,11 @@ def analyze(workdir):
                                'worker', 'backend', 'upstream')}
                              for r in other[:20]],
         },
-        'bad_bodies_not_fallback': dict(sorted(bad_routes.items())),
+        'bad_bodies_not_fallback': dict(sorted(
+            (k, n) for k, n in bad_routes.items()
+            if not k.startswith('corpus'))),
+        'corpus_not_fallback': sum(n for k, n in bad_routes.items()
+                                   if k.startswith('corpus')),
         'faults': {
             'reloads': len(reloads),
             'reload_failures': [e for e in reloads if e['rc'] != 0],
@@ -538,9 +542,9 @@ def markdown(s):
       'bodies (all of fuzz_prompt, the bodies of fuzz_field).'
       % r['corpus_files'])
     nf = s['bad_bodies_not_fallback']
-    if nf:
-        bad = [(k, n) for k, n in nf.items() if not k.startswith('corpus')]
-        ncorpus = sum(n for k, n in nf.items() if k.startswith('corpus'))
+    ncorpus = s.get('corpus_not_fallback', 0)
+    if nf or ncorpus:
+        bad = list(nf.items())
         w('')
         w('Served normally but routed by a prompt or a key rather than '
           '`fallback` (the module read a prompt: these bodies are valid '
