@@ -14,6 +14,9 @@
 #   make bench-quick     trace replay on a slice, main policies (< 5 min)
 #   make bench           everything: whole trace, all policies, throughput
 #                        against hash consistent, microbenchmarks
+#   make bench-faults    fault and soak run: reloads, killed workers, dead
+#                        backends and bad bodies under load (FAULT_SECONDS,
+#                        default 300; FAULT_SHORT=1 for 60 s)
 #   make test-matrix     e2e tests against several nginx versions
 #   make install         module and load_module snippet, as Debian lays out
 #   make clean
@@ -29,7 +32,7 @@ PYTHON    ?= /usr/bin/python3
 .PHONY: all deps module module-asan unit unit-asan pytests e2e test-asan \
         test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
-        bench-micro clean
+        bench-micro bench-faults clean
 
 all: module
 
@@ -99,6 +102,10 @@ bench-micro: deps
 	    | tee bench/results/micro.txt
 
 bench: bench-micro bench-throughput bench-trace
+
+bench-faults: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) bench/faults/run.py
 
 demo: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
