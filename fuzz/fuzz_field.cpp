@@ -18,7 +18,9 @@
 //     exactly when it is at most 7 bytes long, with the same bytes; a value
 //     found in 7 bytes is found in 1024; MISSING in 1024 is MISSING in 7;
 //   - a read does not change the body: reading again gives the same;
-//   - after unload the read is INVALID.
+//   - after unload the read is INVALID, and after affinity_json_shrink()
+//     too (called for half the bodies, so the others reuse the buffers);
+//     a second shrink frees nothing.
 
 #include <cstddef>
 #include <cstdint>
@@ -154,6 +156,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     affinity_json_unload(reader);
     CHECK(read(path, path_len, big, kBigCap).rc == AFFINITY_FIELD_INVALID);
+
+    // The buffers kept for the next body, or freed: either way no read.
+    if (body_len & 1) {
+        affinity_json_shrink(reader);
+        CHECK(affinity_json_shrink(reader) == 0);
+        CHECK(read(path, path_len, big, kBigCap).rc
+              == AFFINITY_FIELD_INVALID);
+    }
 
     std::free(path);
     std::free(body);

@@ -3,8 +3,9 @@
 // The body is copied into a heap buffer of exactly len +
 // AFFINITY_JSON_PADDING bytes, the padding zeroed (as the shim does), so
 // that AddressSanitizer reports any read past the padding.  One reader,
-// created once with a small retain, serves every input: bodies larger than
-// the retain take the path that frees the parser's buffers on unload.
+// created once with a small retain (4096), serves every input: the buffers
+// one body grew are reused by the next load, then freed by
+// affinity_json_shrink() when they grew past the retain.
 //
 // One load serves many reads, as in a request: the prompt levels under
 // three schedules, and the session key fields.  Checked:
@@ -23,6 +24,8 @@
 //   - a field FOUND has 1 <= out_len <= out_cap (the output buffer is a
 //     heap block of exactly out_cap bytes: a longer write is reported);
 //   - after unload every read is INVALID;
+//   - affinity_json_shrink() after a body longer than the retain frees
+//     something (returns 1); a second shrink has nothing left to free;
 //   - the same body loaded again, from another buffer at another
 //     alignment, gives the same results and the same levels;
 //   - a body that loads, written again in another JSON encoding of the
@@ -59,6 +62,7 @@ struct Schedule {
     size_t n;
 };
 
+constexpr size_t kRetain = 4096;
 affinity_json_t *reader;
 
 Schedule coarse;    // 100, 500, 1000
@@ -350,7 +354,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
 {
     static const uint32_t given[] = {100, 500, 1000};
 
-    reader = affinity_json_create(4096);
+    reader = affinity_json_create(kRetain);
     CHECK(reader != nullptr);
 
     field_out = static_cast<char *>(std::malloc(kFieldCap));
@@ -389,7 +393,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_unloaded();
     std::free(block);
 
-    // Again, from a copy at an odd address.
+    // Again, from a copy at an odd address, in the buffers the first load
+    // grew; then they are freed if they grew past the retain.
     body = copy_body(data, size, 1, &block);
 
     bool again = affinity_json_load(reader, body, size) == 0;
@@ -397,6 +402,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     read_all(again, second);
     affinity_json_unload(reader);
     std::free(block);
+
+    int freed = affinity_json_shrink(reader);
+    CHECK(freed == 0 || freed == 1);
+    if (size > kRetain) {
+        CHECK(freed == 1);
+    }
+    CHECK(affinity_json_shrink(reader) == 0);
+    check_unloaded();
 
     check_same(first, second);
 
@@ -420,6 +433,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     read_all(true, third);
     affinity_json_unload(reader);
     std::free(block);
+    affinity_json_shrink(reader);
 
     check_same(first, third);
 
