@@ -9,6 +9,11 @@
 #                        built with ASan+UBSan
 #   make test-asan       the e2e tests against the module built with
 #                        ASan+UBSan (build/asan/)
+#   make fuzz            libFuzzer over every parser of client input, each
+#                        target FUZZ_SECONDS (default 180); crashes are kept
+#                        in fuzz/corpus/ (fuzz/README.md)
+#   make fuzz-replay     every committed fuzzing input once, through the
+#                        sanitizer build (part of make test)
 #   make demo            a mock LLM fleet behind nginx with the module: where
 #                        requests go, hit ratios per policy, a chat client
 #   make bench-quick     trace replay on a slice, main policies (< 5 min)
@@ -30,7 +35,7 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 PYTHON    ?= /usr/bin/python3
 
 .PHONY: all deps module module-asan unit unit-asan pytests e2e test-asan \
-        test demo \
+        fuzz fuzz-replay test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
         bench-micro bench-faults clean
 
@@ -76,7 +81,17 @@ test-asan: module-asan
 pytests: deps
 	@$(PYTHON) -m unittest discover -s t/py -t .
 
-test: unit unit-asan pytests e2e test-asan
+# Fuzzing of the core's parsers of client input (clang, libFuzzer,
+# ASan+UBSan, assertions live).
+FUZZ_SECONDS ?= 180
+
+fuzz: deps
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh run
+
+fuzz-replay: deps
+	@fuzz/run.sh replay
+
+test: unit unit-asan fuzz-replay pytests e2e test-asan
 
 bench-quick: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
