@@ -43,6 +43,10 @@ libs=(-lsimdjson -lcrypto)
 
 mkdir -p "$obj"
 
+# One build at a time in build/fuzz/ (make test and make fuzz may overlap).
+exec 9> "$obj/lock"
+flock 9
+
 # Flags changed (another compiler, another CPU level): rebuild everything.
 flags_now="$core | $cxx ${core_flags[*]} | ${target_flags[*]} | ${libs[*]}"
 if [ ! -f "$obj/flags" ] || [ "$(cat "$obj/flags")" != "$flags_now" ]; then
