@@ -166,10 +166,16 @@ echo
 for policy in round-robin affinity; do
     path=/v1/chat/completions
     [ "$policy" = round-robin ] && path=/round-robin/v1/chat/completions
+    rm -f "$dir/replay-$policy.json"
     "$python" "$repo/scripts/replay.py" --limit 600 --speed 20 \
         --session-header --stats-urls "$stats" --label "$policy" \
         --url "http://127.0.0.1:$port$path" --output "$dir/replay-$policy.json" \
-        > /dev/null 2>&1 || true
+        > "$dir/replay-$policy.log" 2>&1 || true
+    if [ ! -s "$dir/replay-$policy.json" ]; then
+        echo "  $policy: no replay ($(tail -n 1 "$dir/replay-$policy.log");"
+        echo "  the trace is read from ../shared/traces/ beside the repository)"
+        continue
+    fi
     "$python" - "$dir/replay-$policy.json" "$policy" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["summary"]
