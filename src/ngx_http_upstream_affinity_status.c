@@ -48,6 +48,27 @@ typedef struct {
 } ngx_http_upstream_affinity_upstream_status_t;
 
 
+/* a Prometheus family: name, type, help, and what it reports */
+typedef struct {
+    const char                             *name;
+    const char                             *type;
+    const char                             *help;
+    ngx_uint_t                              value;
+} ngx_http_upstream_affinity_metric_t;
+
+
+/* a zone in the Prometheus response (each once, even if shared) */
+typedef struct {
+    ngx_shm_zone_t                         *zone;
+    ngx_str_t                              *label;  /* name, escaped */
+    const char                             *kind;
+    affinity_zone_info_t                    info;
+} ngx_http_upstream_affinity_zone_status_t;
+
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES  64
+
+
 /* a Prometheus response under construction */
 typedef struct {
     ngx_http_request_t                     *r;
@@ -488,16 +509,105 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
 };
 
 
+/* the zone families and the field of affinity_zone_info_t each reports */
+
+typedef enum {
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CAPACITY = 0,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ENTRIES,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EVICTIONS,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EXPIRIES,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS_RECLAIMED,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS_MISSING,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_USED,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_MISSING,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_REAPED,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED
+} ngx_http_upstream_affinity_zone_value_e;
+
+
+static ngx_http_upstream_affinity_metric_t
+    ngx_http_upstream_affinity_zone_metrics[] =
+{
+    { "nginx_upstream_affinity_zone_capacity", "gauge",
+      "Entries the zone holds at most.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CAPACITY },
+    { "nginx_upstream_affinity_zone_entries", "gauge",
+      "Entries in use.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ENTRIES },
+    { "nginx_upstream_affinity_zone_evictions_total", "counter",
+      "Entries evicted to make room (least recently used).",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EVICTIONS },
+    { "nginx_upstream_affinity_zone_expiries_total", "counter",
+      "Entries dropped after their idle timeout.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EXPIRIES },
+    { "nginx_upstream_affinity_zone_peer_slots", "gauge",
+      "Peer counter slots in use (at most 256).",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS },
+    { "nginx_upstream_affinity_zone_peer_slots_reclaimed_total", "counter",
+      "Peer counter slots handed from an idle peer to a new one.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS_RECLAIMED },
+    { "nginx_upstream_affinity_zone_peer_slots_missing_total", "counter",
+      "Times a peer found no counter slot (balanced without its in-flight "
+      "count).",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS_MISSING },
+    { "nginx_upstream_affinity_zone_worker_rows_used", "gauge",
+      "Worker processes counting their requests in the zone.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_USED },
+    { "nginx_upstream_affinity_zone_worker_rows_missing_total", "counter",
+      "Workers that found no free row.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_MISSING },
+    { "nginx_upstream_affinity_zone_workers_reaped_total", "counter",
+      "Workers found dead with their row still claimed.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_REAPED },
+    { "nginx_upstream_affinity_zone_inflight_recovered_total", "counter",
+      "In-flight requests of dead workers given back.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED }
+};
+
+
+static uint64_t
+ngx_http_upstream_affinity_zone_value(affinity_zone_info_t *info,
+    ngx_uint_t value)
+{
+    switch (value) {
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CAPACITY:
+        return info->capacity;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ENTRIES:
+        return info->used;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EVICTIONS:
+        return info->evictions;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EXPIRIES:
+        return info->expiries;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS:
+        return info->peer_slots_used;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS_RECLAIMED:
+        return info->peer_slots_reclaimed;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS_MISSING:
+        return info->peer_slots_missing;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_USED:
+        return info->rows_used;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_MISSING:
+        return info->rows_missing;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_REAPED:
+        return info->rows_reaped;
+    default: /* NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED */
+        return info->inflight_recovered;
+    }
+}
+
+
 static ngx_int_t
 ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out)
 {
     int64_t                                        v;
-    ngx_str_t                                     *zname;
-    ngx_uint_t                                     i, j, k, m, z;
-    ngx_shm_zone_t                                *zone, *seen[64];
-    affinity_zone_info_t                           info;
+    ngx_uint_t                                     i, j, k, m, nzones;
+    ngx_shm_zone_t                                *zone;
     ngx_http_upstream_affinity_text_t              t;
+    ngx_http_upstream_affinity_metric_t           *metric;
+    ngx_http_upstream_affinity_zone_status_t       zones[
+                                      NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES];
     ngx_http_upstream_affinity_peer_status_t      *ps;
     ngx_http_upstream_affinity_upstream_status_t  *us;
 
@@ -601,51 +711,7 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
 
     /* zones, each once even when upstreams share it */
 
-    if (ngx_http_upstream_affinity_printf(&t,
-            "# HELP nginx_upstream_affinity_zone_capacity Entries the zone "
-            "holds at most.\n"
-            "# TYPE nginx_upstream_affinity_zone_capacity gauge\n"
-            "# HELP nginx_upstream_affinity_zone_entries Entries in use.\n"
-            "# TYPE nginx_upstream_affinity_zone_entries gauge\n"
-            "# HELP nginx_upstream_affinity_zone_evictions_total Entries "
-            "evicted to make room (least recently used).\n"
-            "# TYPE nginx_upstream_affinity_zone_evictions_total counter\n"
-            "# HELP nginx_upstream_affinity_zone_expiries_total Entries "
-            "dropped after their idle timeout.\n"
-            "# TYPE nginx_upstream_affinity_zone_expiries_total counter\n"
-            "# HELP nginx_upstream_affinity_zone_peer_slots Peer counter "
-            "slots in use (at most 256).\n"
-            "# TYPE nginx_upstream_affinity_zone_peer_slots gauge\n"
-            "# HELP nginx_upstream_affinity_zone_peer_slots_reclaimed_total "
-            "Peer counter slots handed from an idle peer to a new one.\n"
-            "# TYPE nginx_upstream_affinity_zone_peer_slots_reclaimed_total "
-            "counter\n"
-            "# HELP nginx_upstream_affinity_zone_peer_slots_missing_total "
-            "Times a peer found no counter slot (balanced without its "
-            "in-flight count).\n"
-            "# TYPE nginx_upstream_affinity_zone_peer_slots_missing_total "
-            "counter\n"
-            "# HELP nginx_upstream_affinity_zone_worker_rows_used Worker "
-            "processes counting their requests in the zone.\n"
-            "# TYPE nginx_upstream_affinity_zone_worker_rows_used gauge\n"
-            "# HELP nginx_upstream_affinity_zone_worker_rows_missing_total "
-            "Workers that found no free row.\n"
-            "# TYPE nginx_upstream_affinity_zone_worker_rows_missing_total "
-            "counter\n"
-            "# HELP nginx_upstream_affinity_zone_workers_reaped_total "
-            "Workers found dead with their row still claimed.\n"
-            "# TYPE nginx_upstream_affinity_zone_workers_reaped_total "
-            "counter\n"
-            "# HELP nginx_upstream_affinity_zone_inflight_recovered_total "
-            "In-flight requests of dead workers given back.\n"
-            "# TYPE nginx_upstream_affinity_zone_inflight_recovered_total "
-            "counter\n")
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    z = 0;
+    nzones = 0;
 
     for (i = 0; i < upstreams->nelts; i++) {
         for (k = 0; k < 2; k++) {
@@ -655,69 +721,53 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                 continue;
             }
 
-            for (j = 0; j < z; j++) {
-                if (seen[j] == zone) {
+            for (j = 0; j < nzones; j++) {
+                if (zones[j].zone == zone) {
                     break;
                 }
             }
 
-            if (j < z || z == 64) {
+            if (j < nzones
+                || nzones == NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES)
+            {
                 continue;
             }
 
-            seen[z++] = zone;
-
-            zname = ngx_http_upstream_affinity_label(r->pool,
-                                                     &zone->shm.name);
-            if (zname == NULL) {
+            zones[nzones].zone = zone;
+            zones[nzones].kind = k ? "prefixes" : "sessions";
+            zones[nzones].label = ngx_http_upstream_affinity_label(r->pool,
+                                                            &zone->shm.name);
+            if (zones[nzones].label == NULL) {
                 return NGX_ERROR;
             }
 
-            ngx_http_upstream_affinity_zone_info(zone, &info);
+            ngx_http_upstream_affinity_zone_info(zone, &zones[nzones].info);
+            nzones++;
+        }
+    }
 
-            if (ngx_http_upstream_affinity_printf(&t,
-                    "nginx_upstream_affinity_zone_capacity"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
-                    "nginx_upstream_affinity_zone_entries"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
-                    "nginx_upstream_affinity_zone_evictions_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
-                    "nginx_upstream_affinity_zone_expiries_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
-                    "nginx_upstream_affinity_zone_peer_slots"
-                    "{zone=\"%V\",kind=\"%s\"} %uD\n"
-                    "nginx_upstream_affinity_zone_peer_slots_reclaimed_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uD\n"
-                    "nginx_upstream_affinity_zone_peer_slots_missing_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n",
-                    zname, k ? "prefixes" : "sessions", info.capacity,
-                    zname, k ? "prefixes" : "sessions", info.used,
-                    zname, k ? "prefixes" : "sessions", info.evictions,
-                    zname, k ? "prefixes" : "sessions", info.expiries,
-                    zname, k ? "prefixes" : "sessions", info.peer_slots_used,
-                    zname, k ? "prefixes" : "sessions",
-                    info.peer_slots_reclaimed,
-                    zname, k ? "prefixes" : "sessions",
-                    info.peer_slots_missing)
-                != NGX_OK)
-            {
-                return NGX_ERROR;
-            }
+    /* each family once: HELP and TYPE, then its sample for every zone */
 
+    for (m = 0; m < sizeof(ngx_http_upstream_affinity_zone_metrics)
+                    / sizeof(ngx_http_upstream_affinity_zone_metrics[0]);
+         m++)
+    {
+        metric = &ngx_http_upstream_affinity_zone_metrics[m];
+
+        if (ngx_http_upstream_affinity_printf(&t,
+                "# HELP %s %s\n# TYPE %s %s\n",
+                metric->name, metric->help, metric->name, metric->type)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        for (j = 0; j < nzones; j++) {
             if (ngx_http_upstream_affinity_printf(&t,
-                    "nginx_upstream_affinity_zone_worker_rows_used"
-                    "{zone=\"%V\",kind=\"%s\"} %uD\n"
-                    "nginx_upstream_affinity_zone_worker_rows_missing_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
-                    "nginx_upstream_affinity_zone_workers_reaped_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n"
-                    "nginx_upstream_affinity_zone_inflight_recovered_total"
-                    "{zone=\"%V\",kind=\"%s\"} %uL\n",
-                    zname, k ? "prefixes" : "sessions", info.rows_used,
-                    zname, k ? "prefixes" : "sessions", info.rows_missing,
-                    zname, k ? "prefixes" : "sessions", info.rows_reaped,
-                    zname, k ? "prefixes" : "sessions",
-                    info.inflight_recovered)
+                    "%s{zone=\"%V\",kind=\"%s\"} %uL\n",
+                    metric->name, zones[j].label, zones[j].kind,
+                    ngx_http_upstream_affinity_zone_value(&zones[j].info,
+                                                          metric->value))
                 != NGX_OK)
             {
                 return NGX_ERROR;

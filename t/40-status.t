@@ -118,8 +118,15 @@ subtest 'Prometheus text format' => sub {
     is $r->{status}, 200, 'served';
     like $r->{headers}{'content-type'}, qr{^text/plain; version=0\.0\.4}, 'content type';
 
-    my (%help, %type, %samples, @bad);
+    my (%help, %type, %samples, @bad, %done, $current);
     for my $line (split /\n/, $r->{body}) {
+        # a family's lines form one group (the text format requires it)
+        my ($family) = $line =~ /^(?:# (?:HELP|TYPE) )?([a-z_]+)/;
+        if (defined $family && ($current // '') ne $family) {
+            push @bad, "$family again after other families" if $done{$family};
+            $done{$current} = 1 if defined $current;
+            $current = $family;
+        }
         if ($line =~ /^# HELP (\S+) \S/) { $help{$1}++; next }
         if ($line =~ /^# TYPE (\S+) (counter|gauge)$/) {
             push @bad, "TYPE after samples: $line" if $samples{$1};
@@ -159,6 +166,10 @@ subtest 'Prometheus text format' => sub {
         3, 'peer slots as in JSON';
     is $samples{nginx_upstream_affinity_zone_peer_slots_reclaimed_total}{'zone="st_sessions",kind="sessions"'},
         0, 'slots handed over as in JSON';
+    is $samples{nginx_upstream_affinity_zone_worker_rows_used}{'zone="st_sessions",kind="sessions"'},
+        scalar($t->worker_pids), 'a worker row per worker';
+    is $samples{nginx_upstream_affinity_zone_workers_reaped_total}{'zone="st_sessions",kind="sessions"'},
+        0, 'no worker died';
     ok scalar(grep { /upstream="odd\\"name"/ } keys %$req), 'label values are escaped';
 };
 
