@@ -23,6 +23,8 @@ import json
 import signal
 import sys
 
+import http1
+
 
 class BadFraming(Exception):
     pass
@@ -70,15 +72,7 @@ async def handle(name, reader, writer):
             if len(parts) != 3:
                 raise BadFraming(line)
             method, target, version = parts
-            headers = {}
-            while True:
-                h = await reader.readline()
-                if not h:
-                    raise asyncio.IncompleteReadError(b'', None)
-                if h in (b'\r\n', b'\n'):
-                    break
-                k, _, v = h.decode('latin-1').partition(':')
-                headers[k.strip().lower()] = v.strip()
+            headers = await http1.read_headers(reader)
             n, sha1 = await read_body(reader, headers)
             conn = headers.get('connection', '').lower()
             keep = (version == 'HTTP/1.1' and conn != 'close') or \

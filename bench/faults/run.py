@@ -55,6 +55,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import http1     # noqa: E402
 import report    # noqa: E402
 import traffic   # noqa: E402
 
@@ -399,14 +400,7 @@ async def read_response(reader, resp):
         raise asyncio.IncompleteReadError(b'', None)
     resp.status = int(line.split()[1])
     resp.phase = 'headers'
-    while True:
-        h = await reader.readline()
-        if not h:
-            raise asyncio.IncompleteReadError(b'', None)
-        if h in (b'\r\n', b'\n'):
-            break
-        k, _, v = h.decode('latin-1').partition(':')
-        resp.headers[k.strip().lower()] = v.strip()
+    resp.headers.update(await http1.read_headers(reader))
     resp.phase = 'body'
     chunks = []
     if 'chunked' in resp.headers.get('transfer-encoding', '').lower():
