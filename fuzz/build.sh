@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets of fuzz/*.cpp into build/fuzz/.
 #
 # The core (src/core/*.cpp) is compiled into every target, with the same
-# instruction set as the module (scripts/cpu-level.sh), without -DNDEBUG so
+# instruction set as the module (auto/cpu-level), without -DNDEBUG so
 # that its and simdjson's assertions are live, and with AddressSanitizer and
 # UndefinedBehaviorSanitizer set to abort on the first report.  Its objects
 # are compiled once, into build/fuzz/obj/, and shared by the targets'
@@ -27,7 +27,7 @@ if ! "$cxx" --version 2>/dev/null | grep -q clang; then
     exit 1
 fi
 
-march=$(sh "$root/scripts/cpu-level.sh")
+march=$(sh "$root/auto/cpu-level")
 
 common=(-std=c++17 -g -O1 -fno-omit-frame-pointer
         -fsanitize=address,undefined -fno-sanitize-recover=all

@@ -129,7 +129,7 @@ signature=$(printf '%s\n' "${flags[@]}" \
                 "AFFINITY_CXXFLAGS_EXTRA=${AFFINITY_CXXFLAGS_EXTRA:-}";
             cat "$repo/config" "$repo/config.make";
             ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h;
-            sh "$repo/scripts/cpu-level.sh")
+            sh "$repo/auto/cpu-level")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$signature" ]; then
     rm -f "$stamp"
     "$configure" "${flags[@]}" --add-dynamic-module="$repo" \

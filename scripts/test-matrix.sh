@@ -387,7 +387,7 @@ build_tree() {
     signature=$(printf '%s\n' "${flags[@]}"
                 cat "$repo/config" "$repo/config.make"
                 ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h
-                sh "$repo/scripts/cpu-level.sh")
+                sh "$repo/auto/cpu-level")
     # A release has ./configure; a git checkout of nginx only auto/configure,
     # which is meant to be run from the top of the tree all the same.
     local configure=./configure

@@ -575,7 +575,7 @@ ngx_http_upstream_affinity_claim_conf_slots(
 
 /*
  * The core is compiled for the instruction set level of the build host
- * (scripts/cpu-level.sh).  On a CPU below that level it would die of
+ * (auto/cpu-level).  On a CPU below that level it would die of
  * SIGILL; refuse to start instead, before any directive calls into it.
  * GCC 12 tests a whole level; older compilers test its main features.
  */
