@@ -79,7 +79,7 @@ test-asan: module-asan
 
 # The simulated fleet: mock replicas, trace replay and offline bounds.
 pytests: deps
-	@$(PYTHON) -m unittest discover -s t/py -t .
+	@$(PYTHON) -m unittest discover -s t/sim -t .
 
 # Fuzzing of the core's parsers of client input (clang, libFuzzer,
 # ASan+UBSan, assertions live).

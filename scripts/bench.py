@@ -25,7 +25,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, 'scripts')
+SIM = os.path.join(REPO, 'bench', 'sim')
 DEFAULT_TRACE = os.path.join(os.path.dirname(REPO), 'shared', 'traces',
                              'mooncake-fast25', 'conversation_trace.jsonl')
 PYTHON = sys.executable
@@ -109,7 +109,7 @@ class Fleet:
 
     def __init__(self, workdir, replicas, args):
         self.ports = [MOCK_BASE_PORT + i for i in range(replicas)]
-        cmd = [PYTHON, os.path.join(SCRIPTS, 'mock_backend.py'),
+        cmd = [PYTHON, os.path.join(SIM, 'mock_backend.py'),
                '--ports', ','.join(map(str, self.ports)),
                '--max-running', str(args.max_running),
                '--prefill-ms-per-token', str(args.prefill_ms_per_token),
@@ -241,7 +241,7 @@ def run_policy(name, fleet, workdir, args):
     proxy = Proxy(workdir, kind, lines, fleet.ports, args.module,
                   args.nginx)
     out = os.path.join(workdir, f'{name}.json')
-    cmd = [PYTHON, os.path.join(SCRIPTS, 'replay.py'),
+    cmd = [PYTHON, os.path.join(SIM, 'replay.py'),
            '--url', f'http://127.0.0.1:{PROXY_PORT}/v1/chat/completions',
            '--trace', args.trace, '--speed', str(args.speed),
            '--session-header', '--stats-urls', fleet.stats_urls(),
@@ -290,7 +290,7 @@ def oracle_row(bounds):
 
 def run_bounds(workdir, args):
     out = os.path.join(workdir, 'bounds.json')
-    cmd = [PYTHON, os.path.join(SCRIPTS, 'bounds.py'), '--trace', args.trace,
+    cmd = [PYTHON, os.path.join(SIM, 'bounds.py'), '--trace', args.trace,
            '--replicas', str(args.replicas), '--factor', '1.25',
            '--max-running', str(args.max_running),
            '--prefill-ms-per-token', str(args.prefill_ms_per_token),

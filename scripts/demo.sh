@@ -90,7 +90,7 @@ $servers
 CONF
 
 # The fleet answers 20 times faster than real replicas, to replay 20x.
-"$python" "$repo/scripts/mock_backend.py" \
+"$python" "$repo/bench/sim/mock_backend.py" \
     --ports "$(IFS=,; echo "${replicas[*]}")" --time-scale 0.05 \
     --cache-tokens 4194304 --pidfile "$dir/mock.pid" \
     > "$dir/mock.log" 2>&1 &
@@ -167,7 +167,7 @@ for policy in round-robin affinity; do
     path=/v1/chat/completions
     [ "$policy" = round-robin ] && path=/round-robin/v1/chat/completions
     rm -f "$dir/replay-$policy.json"
-    "$python" "$repo/scripts/replay.py" --limit 600 --speed 20 \
+    "$python" "$repo/bench/sim/replay.py" --limit 600 --speed 20 \
         --session-header --stats-urls "$stats" --label "$policy" \
         --url "http://127.0.0.1:$port$path" --output "$dir/replay-$policy.json" \
         > "$dir/replay-$policy.log" 2>&1 || true

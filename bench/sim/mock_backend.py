@@ -2,7 +2,7 @@
 """Mock OpenAI-compatible inference replicas, for benchmarking the balancer.
 
 One asyncio process serves several independent replicas, one per port.  Each
-replica follows the model of scripts/llmsim/model.py: its own LRU prefix
+replica follows the model of model.py: its own LRU prefix
 cache of chained block hashes, at most --max-running admitted requests (the
 others wait in FIFO order), one FIFO prefill lane whose duration depends on
 the uncached prompt tokens, then a concurrent decode phase.  Nothing is
@@ -10,7 +10,7 @@ generated for real, so a laptop can stand in for a fleet of GPUs while the
 figures that matter to a balancer -- cached tokens, time to first token,
 queueing -- behave as on a real fleet.
 
-    python3 scripts/mock_backend.py --ports 9001,9002,9003,9004 \\
+    python3 bench/sim/mock_backend.py --ports 9001,9002,9003,9004 \\
         [--host 127.0.0.1] [--max-running 32] [--prefill-ms-per-token 0.05] \\
         [--decode-ms-per-token 20] [--cache-tokens 262144] \\
         [--time-scale 1.0] [--name-prefix replica] [--pidfile FILE]
@@ -45,11 +45,11 @@ import traceback
 from collections import deque
 from dataclasses import dataclass
 
-_SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if _SCRIPTS_DIR not in sys.path:
-    sys.path.insert(0, _SCRIPTS_DIR)
+if __package__ in (None, ''):       # run as a file: bench/sim/mock_backend.py
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
 
-from llmsim import model  # noqa: E402  (needs the path set above)
+from bench.sim import model  # noqa: E402
 
 DEFAULT_OUTPUT_TOKENS = 16
 MAX_STREAM_CHUNKS = 8            # content chunks per streamed reply

@@ -1,7 +1,7 @@
-"""Tests of the trace synthesis (llmsim/trace.py), the offline bounds
-(llmsim/bounds.py) and the replay tool (replay.py).
+"""Tests of the trace synthesis (bench/sim/trace.py), the offline bounds
+(bench/sim/bounds.py) and the replay tool (bench/sim/replay.py).
 
-    /usr/bin/python3 -m unittest discover -s t/py -t .
+    /usr/bin/python3 -m unittest discover -s t/sim -t .
 """
 
 import asyncio
@@ -9,16 +9,12 @@ import contextlib
 import io
 import json
 import os
-import sys
 import tempfile
 import threading
 import unittest
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'scripts'))
-
-from llmsim import bounds, model, trace  # noqa: E402
-import replay  # noqa: E402
+from bench.sim import bounds, model, replay, trace
 
 
 def record(ids, input_length, output_length=10, timestamp=0):

@@ -1,12 +1,12 @@
-"""Tests of scripts/mock_backend.py through real HTTP.
+"""Tests of bench/sim/mock_backend.py through real HTTP.
 
 The mock is started as a subprocess on ports it picks itself (port 0, so no
 other process can take them between choosing and binding), and every
-expected cache figure is computed with the functions of llmsim/model.py, so
-that the mock is checked against the model it claims to implement.
+expected cache figure is computed with the functions of bench/sim/model.py,
+so that the mock is checked against the model it claims to implement.
 
 Run from the repository root:
-    python3 -m unittest discover -s t/py -t .
+    python3 -m unittest discover -s t/sim -t .
 """
 
 import http.client
@@ -21,15 +21,11 @@ import threading
 import time
 import unittest
 
-SCRIPTS_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    'scripts')
-if SCRIPTS_DIR not in sys.path:
-    sys.path.insert(0, SCRIPTS_DIR)
+from bench.sim import model
 
-from llmsim import model  # noqa: E402  (needs the path set above)
-
-MOCK = os.path.join(SCRIPTS_DIR, 'mock_backend.py')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+MOCK = os.path.join(REPO, 'bench', 'sim', 'mock_backend.py')
 HOST = '127.0.0.1'
 BLOCK = model.BLOCK_TOKENS
 START_TIMEOUT = 10.0

@@ -4,7 +4,7 @@
 the routing achieved: prefix-cache hit ratio, time to first token, and how
 evenly requests and in-flight load were spread over the replicas.
 
-    /usr/bin/python3 scripts/replay.py \\
+    /usr/bin/python3 bench/sim/replay.py \\
         --url http://127.0.0.1:8080/v1/chat/completions --trace PATH \\
         [--limit N] [--start K] [--speed 20] [--session-header] \\
         [--stats-urls http://127.0.0.1:9001/stats,...] [--label NAME] \\
@@ -14,7 +14,7 @@ The replay is open loop: record i is sent timestamp_i / speed seconds
 after the start whether or not earlier requests have finished, as users
 would.  The mock replicas should run with time_scale = 1 / speed, so that
 measured TTFTs multiplied by speed are trace seconds, comparable with
-scripts/bounds.py.
+bounds.py.
 
 The HTTP client is a small HTTP/1.1 implementation on asyncio streams, one
 connection per request with Connection: close: thousands of requests may
@@ -31,9 +31,12 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmsim import trace
+if __package__ in (None, ''):       # run as a file: bench/sim/replay.py
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-DEFAULT_TRACE = (Path(__file__).resolve().parent.parent / '..' / 'shared'
+from bench.sim import trace  # noqa: E402
+
+DEFAULT_TRACE = (Path(__file__).resolve().parents[2] / '..' / 'shared'
                  / 'traces' / 'mooncake-fast25' / 'conversation_trace.jsonl')
 START_LEAD_S = 0.05     # so that the first sends are not already late
 
