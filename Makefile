@@ -95,19 +95,19 @@ test: unit unit-asan fuzz-replay pytests e2e test-asan
 
 bench-quick: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) scripts/bench.py --quick
+	    $(PYTHON) bench/bench.py --quick
 
 bench-levels: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) scripts/bench.py --levels
+	    $(PYTHON) bench/bench.py --levels
 
 bench-trace: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) scripts/bench.py
+	    $(PYTHON) bench/bench.py
 
 bench-throughput: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    scripts/bench-throughput.sh
+	    bench/bench-throughput.sh
 
 bench-micro: deps
 	@cmake -S bench/micro -B $(BUILD)/micro -DCMAKE_BUILD_TYPE=Release \
@@ -124,7 +124,7 @@ bench-faults: module
 
 demo: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    scripts/demo.sh
+	    demo/demo.sh
 
 clean:
 	rm -rf $(BUILD)

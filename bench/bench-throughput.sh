@@ -6,7 +6,7 @@
 #   prefix_affinity against "hash $request_body consistent" (100 chat
 #   conversations, POST bodies of 4 KB, 32 KB and 128 KB).
 #
-#   scripts/bench-throughput.sh [output.md]
+#   bench/bench-throughput.sh [output.md]
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNECTIONS=32
 set -euo pipefail
 

@@ -8,9 +8,9 @@ scaled by --speed).  Two bounds come from the trace offline (bounds.py): the
 hit ratio of one infinite shared cache, and an oracle router that knows every
 replica's cache and load and keeps the same load bound.
 
-    scripts/bench.py                     the whole trace, every policy
-    scripts/bench.py --quick             a slice of the trace, main policies
-    scripts/bench.py --policies a,b      chosen policies
+    bench/bench.py                       the whole trace, every policy
+    bench/bench.py --quick               a slice of the trace, main policies
+    bench/bench.py --policies a,b        chosen policies
 
 Results go to bench/results/<name>/: results.md, results.json, *.png.
 """

@@ -188,7 +188,7 @@ done
 echo
 echo "4. A chat with the OpenAI Node client (defaultHeaders: X-Session-ID):"
 echo
-client="$repo/scripts/demo-client"
+client="$repo/demo/client"
 if [ ! -d "$client/node_modules/openai" ]; then
     (cd "$client" && npm install --no-audit --no-fund --silent > /dev/null 2>&1) \
         || echo "  (npm install openai failed; skipping the Node client)"
