@@ -25,9 +25,11 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0] = REPO                  # for bench.sim, not this directory
+
+from bench.sim import trace  # noqa: E402
+
 SIM = os.path.join(REPO, 'bench', 'sim')
-DEFAULT_TRACE = os.path.join(os.path.dirname(REPO), 'shared', 'traces',
-                             'mooncake-fast25', 'conversation_trace.jsonl')
 PYTHON = sys.executable
 
 PROXY_PORT = 19300
@@ -382,7 +384,7 @@ def write_plots(results, bounds, outdir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument('--trace', default=DEFAULT_TRACE)
+    ap.add_argument('--trace', default=trace.DEFAULT_TRACE)
     ap.add_argument('--quick', action='store_true',
                     help='first 2000 requests, main policies')
     ap.add_argument('--limit', type=int, default=0)

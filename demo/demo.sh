@@ -173,7 +173,7 @@ for policy in round-robin affinity; do
         > "$dir/replay-$policy.log" 2>&1 || true
     if [ ! -s "$dir/replay-$policy.json" ]; then
         echo "  $policy: no replay ($(tail -n 1 "$dir/replay-$policy.log");"
-        echo "  the trace is read from ../shared/traces/ beside the repository)"
+        echo "  see $dir/replay-$policy.log)"
         continue
     fi
     "$python" - "$dir/replay-$policy.json" "$policy" <<'PY'

@@ -63,9 +63,6 @@ if __package__ in (None, ''):       # run as a file: bench/sim/bounds.py
 
 from bench.sim import model, trace  # noqa: E402
 
-DEFAULT_TRACE = (Path(__file__).resolve().parents[2] / '..' / 'shared'
-                 / 'traces' / 'mooncake-fast25' / 'conversation_trace.jsonl')
-
 # The digest size model.block_chain uses; the tests compare chains.
 DIGEST_SIZE = 12
 SEGMENT_BLOCKS = trace.TRACE_BLOCK_CHARS // model.BLOCK_CHARS       # 32
@@ -608,12 +605,7 @@ def _round(value, digits=6):
 def parse_args(argv=None):
     defaults = model.ReplicaParams()
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('--trace', default=str(DEFAULT_TRACE),
-                   help='JSON Lines trace (default: the shared Mooncake '
-                        'conversation trace next to the repository)')
-    p.add_argument('--limit', type=int, help='use at most N records')
-    p.add_argument('--start', type=int, default=0,
-                   help='first record to use (default 0)')
+    trace.add_trace_arguments(p, 'use')
     p.add_argument('--replicas', type=int, default=4)
     p.add_argument('--factor', type=float, default=DEFAULT_FACTOR,
                    help='load bound factor (default %(default)s)')

@@ -5,7 +5,7 @@ the routing achieved: prefix-cache hit ratio, time to first token, and how
 evenly requests and in-flight load were spread over the replicas.
 
     /usr/bin/python3 bench/sim/replay.py \\
-        --url http://127.0.0.1:8080/v1/chat/completions --trace PATH \\
+        --url http://127.0.0.1:8080/v1/chat/completions [--trace PATH] \\
         [--limit N] [--start K] [--speed 20] [--session-header] \\
         [--stats-urls http://127.0.0.1:9001/stats,...] [--label NAME] \\
         [--output result.json] [--timeout 120]
@@ -36,8 +36,6 @@ if __package__ in (None, ''):       # run as a file: bench/sim/replay.py
 
 from bench.sim import trace  # noqa: E402
 
-DEFAULT_TRACE = (Path(__file__).resolve().parents[2] / '..' / 'shared'
-                 / 'traces' / 'mooncake-fast25' / 'conversation_trace.jsonl')
 START_LEAD_S = 0.05     # so that the first sends are not already late
 
 
@@ -475,12 +473,7 @@ def parse_args(argv=None):
     p.add_argument('--url', required=True,
                    help='chat completions URL, e.g. '
                         'http://127.0.0.1:8080/v1/chat/completions')
-    p.add_argument('--trace', default=str(DEFAULT_TRACE),
-                   help='JSON Lines trace (default: the shared Mooncake '
-                        'conversation trace next to the repository)')
-    p.add_argument('--limit', type=int, help='replay at most N records')
-    p.add_argument('--start', type=int, default=0,
-                   help='first record to replay (default 0)')
+    trace.add_trace_arguments(p, 'replay')
     p.add_argument('--speed', type=float, default=20.0,
                    help='trace time / wall time (default %(default)s)')
     p.add_argument('--session-header', action='store_true',

@@ -18,8 +18,13 @@ import json
 import operator
 import random
 from functools import lru_cache
+from pathlib import Path
 
 from . import model
+
+# The Mooncake conversation trace, in the repository (its README there).
+DEFAULT_TRACE = str(Path(__file__).resolve().parents[1] / 'traces'
+                    / 'mooncake-fast25' / 'conversation_trace.jsonl')
 
 TRACE_BLOCK_TOKENS = 512
 TRACE_BLOCK_CHARS = TRACE_BLOCK_TOKENS * model.CHARS_PER_TOKEN   # 2048
@@ -50,6 +55,18 @@ VOCABULARY = _build_vocabulary()
 # Words picked per round: at a mean word length near 5.7, one round gives
 # about 2400 characters, so it nearly always fills a block.
 _WORDS_PER_ROUND = 360
+
+
+def add_trace_arguments(parser, verb):
+    """--trace, --limit and --start, the records a tool reads; verb says
+    what it does with them in the help ("replay", "use")."""
+    parser.add_argument('--trace', default=DEFAULT_TRACE,
+                        help='JSON Lines trace (default: the Mooncake '
+                             'conversation trace in bench/traces/)')
+    parser.add_argument('--limit', type=int,
+                        help='%s at most N records' % verb)
+    parser.add_argument('--start', type=int, default=0,
+                        help='first record to %s (default 0)' % verb)
 
 
 def load_trace(path, limit=None, start=0):
