@@ -20,94 +20,56 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import signal
 import sys
 
-import http1
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
-
-class BadFraming(Exception):
-    pass
-
-
-async def read_body(reader, headers):
-    h = hashlib.sha1()
-    n = 0
-    te = headers.get('transfer-encoding', '').lower()
-    if 'chunked' in te:
-        while True:
-            line = await reader.readline()
-            if not line:
-                raise asyncio.IncompleteReadError(b'', None)
-            size = int(line.split(b';')[0].strip() or b'0', 16)
-            if size == 0:
-                while True:     # trailers
-                    t = await reader.readline()
-                    if t in (b'\r\n', b'\n', b''):
-                        break
-                break
-            data = await reader.readexactly(size)
-            h.update(data)
-            n += size
-            await reader.readexactly(2)
-    else:
-        remaining = int(headers.get('content-length', '0') or 0)
-        while remaining > 0:
-            data = await reader.read(min(remaining, 1 << 18))
-            if not data:
-                raise asyncio.IncompleteReadError(b'', remaining)
-            h.update(data)
-            n += len(data)
-            remaining -= len(data)
-    return n, h.hexdigest()
+from bench.sim import http1  # noqa: E402
 
 
 async def handle(name, reader, writer):
     try:
         while True:
-            line = await reader.readline()
-            if not line:
+            req = await http1.read_request(reader, writer)
+            if req is None:
                 break
-            parts = line.decode('latin-1').split()
-            if len(parts) != 3:
-                raise BadFraming(line)
-            method, target, version = parts
-            headers = await http1.read_headers(reader)
-            n, sha1 = await read_body(reader, headers)
-            conn = headers.get('connection', '').lower()
-            keep = (version == 'HTTP/1.1' and conn != 'close') or \
-                   (version == 'HTTP/1.0' and conn == 'keep-alive')
+            headers = req.headers
+            keep = req.keep_alive
             delay = int(headers.get('x-delay-ms', '0') or 0) / 1000.0
             chunks = int(headers.get('x-stream', '0') or 0)
             result = json.dumps({'backend': name,
                                  'req': headers.get('x-req-id', ''),
-                                 'method': method, 'target': target,
-                                 'len': n, 'sha1': sha1}).encode()
-            head = ['HTTP/1.1 200 OK', 'X-Backend: ' + name,
-                    'Connection: ' + ('keep-alive' if keep else 'close')]
+                                 'method': req.method, 'target': req.target,
+                                 'len': len(req.body),
+                                 'sha1': hashlib.sha1(req.body).hexdigest()
+                                 }).encode()
+            head = [('X-Backend', name),
+                    ('Connection', 'keep-alive' if keep else 'close')]
             if chunks > 0:
-                head += ['Content-Type: text/event-stream',
-                         'Transfer-Encoding: chunked']
-                writer.write(('\r\n'.join(head) + '\r\n\r\n').encode())
+                head += [('Content-Type', 'text/event-stream'),
+                         ('Transfer-Encoding', 'chunked')]
+                writer.write(http1.response_head(200, head))
                 await writer.drain()
                 for i in range(chunks):
                     await asyncio.sleep(delay / chunks)
-                    data = b'data: {"chunk":%d}\n\n' % i
-                    writer.write(b'%x\r\n%s\r\n' % (len(data), data))
+                    writer.write(http1.chunk(b'data: {"chunk":%d}\n\n' % i))
                     await writer.drain()
-                data = b'data: ' + result + b'\n\ndata: [DONE]\n\n'
-                writer.write(b'%x\r\n%s\r\n0\r\n\r\n' % (len(data), data))
+                writer.write(http1.chunk(b'data: ' + result
+                                         + b'\n\ndata: [DONE]\n\n')
+                             + http1.LAST_CHUNK)
             else:
                 if delay:
                     await asyncio.sleep(delay)
-                head += ['Content-Type: application/json',
-                         'Content-Length: %d' % len(result)]
-                writer.write(('\r\n'.join(head) + '\r\n\r\n').encode()
-                             + result)
+                head += [('Content-Type', 'application/json'),
+                         ('Content-Length', len(result))]
+                writer.write(http1.response_head(200, head) + result)
             await writer.drain()
             if not keep:
                 break
-    except (ConnectionError, asyncio.IncompleteReadError, BadFraming,
+    except (ConnectionError, asyncio.IncompleteReadError, http1.HttpError,
             ValueError):
         pass
     finally:

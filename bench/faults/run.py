@@ -54,10 +54,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)
 
-import http1     # noqa: E402
 import report    # noqa: E402
 import traffic   # noqa: E402
+from bench.sim import http1     # noqa: E402
 
 NBACKENDS = 4
 WORKERS = 4
@@ -384,45 +385,6 @@ http {{
 # HTTP client
 # ---------------------------------------------------------------------------
 
-class Response:
-    def __init__(self):
-        self.status = None
-        self.headers = {}
-        self.body = b''
-        self.complete = False
-        self.phase = 'connect'
-
-
-async def read_response(reader, resp):
-    resp.phase = 'status'
-    line = await reader.readline()
-    if not line:
-        raise asyncio.IncompleteReadError(b'', None)
-    resp.status = int(line.split()[1])
-    resp.phase = 'headers'
-    resp.headers.update(await http1.read_headers(reader))
-    resp.phase = 'body'
-    chunks = []
-    if 'chunked' in resp.headers.get('transfer-encoding', '').lower():
-        while True:
-            line = await reader.readline()
-            if not line.endswith(b'\n'):
-                raise asyncio.IncompleteReadError(line, None)
-            size = int(line.split(b';')[0].strip(), 16)
-            if size == 0:
-                await reader.readline()
-                break
-            chunks.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-    elif 'content-length' in resp.headers:
-        chunks.append(await reader.readexactly(
-            int(resp.headers['content-length'])))
-    else:
-        chunks.append(await reader.read())
-    resp.body = b''.join(chunks)
-    resp.complete = True
-
-
 async def exchange(port, head, body, resp):
     reader, writer = await asyncio.open_connection('127.0.0.1', port,
                                                    limit=1 << 20)
@@ -435,7 +397,7 @@ async def exchange(port, head, body, resp):
         # here), so read while the body drains.
         drain = asyncio.ensure_future(writer.drain())
         try:
-            await read_response(reader, resp)
+            await http1.read_response(reader, resp)
         finally:
             if not drain.done():
                 drain.cancel()
@@ -504,10 +466,8 @@ class Load:
             hdrs.append(('X-Stream', '4'))
         if req.method != 'GET':
             hdrs.append(('Content-Length', str(len(req.body))))
-        head = ('%s %s HTTP/1.1\r\n' % (req.method, req.path)).encode() + \
-            b''.join(('%s: %s\r\n' % h).encode('latin-1') for h in hdrs) + \
-            b'\r\n'
-        resp = Response()
+        head = http1.request_head(req.method, req.path, hdrs)
+        resp = http1.Response()
         rec = {'id': rid, 'cls': req.cls, 'sub': req.sub,
                'loc': 'file' if req.path.startswith('/small') else 'mem',
                'bytes': len(req.body), 'delay': req.delay_ms,
@@ -529,7 +489,7 @@ class Load:
             err = 'broken_pipe'
         except ConnectionRefusedError:
             err = 'refused'
-        except (OSError, ValueError, IndexError) as e:
+        except (OSError, ValueError, IndexError, http1.HttpError) as e:
             err = '%s: %s' % (type(e).__name__, e)
         finally:
             self.inflight -= 1
@@ -580,9 +540,9 @@ async def sleep_until(load, t):
 
 
 async def http_get(port, path, timeout=5):
-    resp = Response()
-    head = ('GET %s HTTP/1.1\r\nHost: status\r\nConnection: close\r\n\r\n'
-            % path).encode()
+    resp = http1.Response()
+    head = http1.request_head('GET', path, [('Host', 'status'),
+                                            ('Connection', 'close')])
     await asyncio.wait_for(exchange(port, head, b'', resp), timeout)
     return resp
 

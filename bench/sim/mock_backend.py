@@ -28,10 +28,10 @@ Endpoints, per replica:
     GET  /health, /v1/models
 Every response carries X-Replica and X-Replica-Port.
 
-The HTTP/1.x server is written on asyncio streams rather than http.server
-so that thousands of requests can wait on timers in one thread, and so that
-per-request work stays small (one json.loads, one block_chain) -- the mock
-must not be the bottleneck of the benchmark it serves.
+HTTP/1.1 is http1.py's, on asyncio streams: thousands of requests wait on
+timers in one thread, and the work per request stays small (one
+json.loads, one block_chain) -- the mock must not be the bottleneck of the
+benchmark it serves.
 """
 
 import argparse
@@ -49,12 +49,13 @@ if __package__ in (None, ''):       # run as a file: bench/sim/mock_backend.py
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
 
-from bench.sim import model  # noqa: E402
+from bench.sim import http1, model  # noqa: E402
+from bench.sim.http1 import HttpError  # noqa: E402
 
 DEFAULT_OUTPUT_TOKENS = 16
 MAX_STREAM_CHUNKS = 8            # content chunks per streamed reply
 MAX_BODY_BYTES = 64 * 1024 * 1024
-STREAM_LIMIT = 256 * 1024        # asyncio buffer, also the request head limit
+STREAM_LIMIT = 256 * 1024        # asyncio buffer: the longest header line
 JSON_SEPARATORS = (',', ':')
 
 
@@ -534,140 +535,6 @@ def error_body(message, error_type='invalid_request_error'):
                       'param': None, 'code': None}}
 
 
-# ---------------------------------------------------------------------------
-# HTTP/1.x
-# ---------------------------------------------------------------------------
-
-REASONS = {100: 'Continue', 200: 'OK', 400: 'Bad Request', 404: 'Not Found',
-           405: 'Method Not Allowed', 413: 'Payload Too Large',
-           431: 'Request Header Fields Too Large', 500: 'Internal Server Error',
-           501: 'Not Implemented'}
-
-
-class HttpError(Exception):
-    """A request that cannot be read; answered, then the connection closes."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    http10: bool
-    headers: dict
-    body: bytes
-
-    @property
-    def keep_alive(self):
-        """HTTP/1.1 keeps the connection unless told to close; HTTP/1.0
-        (nginx's default upstream protocol) only when asked to keep it."""
-        tokens = self.headers.get('connection', '').lower()
-        if self.http10:
-            return 'keep-alive' in tokens
-        return 'close' not in tokens
-
-
-def parse_head(head):
-    """Request line and headers of a head ending with an empty line."""
-    lines = head.decode('latin-1').split('\r\n')
-    parts = lines[0].split(' ')
-    if len(parts) != 3 or not parts[2].startswith('HTTP/1.'):
-        raise HttpError(400, 'malformed request line')
-    method, target, version = parts
-    headers = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, colon, value = line.partition(':')
-        if not colon or not name or name != name.strip():
-            raise HttpError(400, 'malformed header line')
-        name = name.lower()
-        value = value.strip()
-        headers[name] = headers[name] + ', ' + value if name in headers \
-            else value
-    path = target.split('?', 1)[0]
-    return method, path, version == 'HTTP/1.0', headers
-
-
-async def read_head(reader):
-    """The bytes of the next request head, or None at a clean end of the
-    connection.  Empty lines before a request line are skipped (RFC 9112)."""
-    while True:
-        try:
-            head = await reader.readuntil(b'\r\n\r\n')
-        except asyncio.IncompleteReadError as error:
-            if error.partial.strip():
-                raise HttpError(400, 'incomplete request head') from None
-            return None
-        except asyncio.LimitOverrunError:
-            raise HttpError(431, 'request head too large') from None
-        head = head.lstrip(b'\r\n')
-        if head:
-            return head
-
-
-async def read_chunked(reader):
-    """A chunked request body, without its trailers."""
-    parts = []
-    total = 0
-    while True:
-        line = await reader.readuntil(b'\r\n')
-        try:
-            size = int(line.split(b';', 1)[0].strip(), 16)
-        except ValueError:
-            raise HttpError(400, 'malformed chunk size') from None
-        if size < 0:
-            raise HttpError(400, 'malformed chunk size')
-        if size == 0:
-            break
-        total += size
-        if total > MAX_BODY_BYTES:
-            raise HttpError(413, 'request body too large')
-        parts.append(await reader.readexactly(size))
-        if await reader.readexactly(2) != b'\r\n':
-            raise HttpError(400, 'malformed chunk')
-    while await reader.readuntil(b'\r\n') != b'\r\n':
-        pass
-    return b''.join(parts)
-
-
-async def read_body(reader, writer, http10, headers):
-    """The request body, by Content-Length or chunked; answers an
-    `Expect: 100-continue` first, or curl would pause before sending."""
-    if 'chunked' in headers.get('transfer-encoding', '').lower():
-        length = None
-    else:
-        try:
-            length = int(headers.get('content-length', '0'))
-        except ValueError:
-            raise HttpError(400, 'malformed Content-Length') from None
-        if length < 0:
-            raise HttpError(400, 'malformed Content-Length')
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413, 'request body too large')
-        if length == 0:
-            return b''
-    if not http10 and headers.get('expect', '').lower() == '100-continue':
-        writer.write(b'HTTP/1.1 100 Continue\r\n\r\n')
-    if length is None:
-        return await read_chunked(reader)
-    return await reader.readexactly(length)
-
-
-async def read_request(reader, writer):
-    """The next request of a connection, or None when the client is done."""
-    head = await read_head(reader)
-    if head is None:
-        return None
-    method, path, http10, headers = parse_head(head)
-    body = await read_body(reader, writer, http10, headers)
-    return Request(method, path, http10, headers, body)
-
-
 async def sleep_until(when):
     """Sleeps to an absolute loop time, so successive waits do not drift."""
     delay = when - asyncio.get_running_loop().time()
@@ -694,7 +561,8 @@ class Connection:
         try:
             while True:
                 try:
-                    request = await read_request(self.reader, self.writer)
+                    request = await http1.read_request(
+                        self.reader, self.writer, MAX_BODY_BYTES)
                 except HttpError as error:
                     await self.send_error(None, error.status, error.message)
                     break
@@ -786,9 +654,10 @@ class Connection:
         chunked = not request.http10
         keep_alive = chunked and request.keep_alive
         head = self.head(200, keep_alive, 'text/event-stream',
-                         'Cache-Control: no-cache\r\n'
-                         'X-Accel-Buffering: no\r\n'
-                         + ('Transfer-Encoding: chunked\r\n' if chunked else ''))
+                         [('Cache-Control', 'no-cache'),
+                          ('X-Accel-Buffering', 'no')]
+                         + ([('Transfer-Encoding', 'chunked')] if chunked
+                            else []))
         await self.write(head, reply.opening(text[:sent]), chunked)
         duration = decode_end - decode_start
         tokens = len(text) // model.CHARS_PER_TOKEN
@@ -805,28 +674,25 @@ class Connection:
     async def write(self, prefix, payload, chunked, last=False):
         """Writes payload as one chunk when chunked, after prefix."""
         if chunked:
-            payload = b'%x\r\n%s\r\n' % (len(payload), payload)
+            payload = http1.chunk(payload)
             if last:
-                payload += b'0\r\n\r\n'
+                payload += http1.LAST_CHUNK
         self.writer.write(prefix + payload)
         await self.writer.drain()
 
-    def head(self, status, keep_alive, content_type, extra=''):
-        if keep_alive:
-            connection = 'Connection: keep-alive\r\n'
-        else:
-            connection = 'Connection: close\r\n'
-        return ('HTTP/1.1 %d %s\r\nContent-Type: %s\r\n'
-                'X-Replica: %s\r\nX-Replica-Port: %d\r\n%s%s\r\n'
-                % (status, REASONS.get(status, 'Unknown'), content_type,
-                   self.replica.name, self.replica.port, connection, extra)
-                ).encode('latin-1')
+    def head(self, status, keep_alive, content_type, extra=()):
+        return http1.response_head(status, [
+            ('Content-Type', content_type),
+            ('X-Replica', self.replica.name),
+            ('X-Replica-Port', self.replica.port),
+            ('Connection', 'keep-alive' if keep_alive else 'close'),
+            *extra])
 
     async def send(self, request, status, body, content_type):
         """A complete reply; returns whether the connection stays open."""
         keep_alive = request is not None and request.keep_alive
         head = self.head(status, keep_alive, content_type,
-                         'Content-Length: %d\r\n' % len(body))
+                         [('Content-Length', len(body))])
         if request is not None and request.method == 'HEAD':
             body = b''
         self.writer.write(head + body)

@@ -16,10 +16,10 @@ would.  The mock replicas should run with time_scale = 1 / speed, so that
 measured TTFTs multiplied by speed are trace seconds, comparable with
 bounds.py.
 
-The HTTP client is a small HTTP/1.1 implementation on asyncio streams, one
-connection per request with Connection: close: thousands of requests may
-be in flight at once, and a pooled client library would queue them behind
-its pool limit and distort the open-loop arrival times.
+Each request has a connection of its own (Connection: close), on
+asyncio streams (http1.py): thousands of requests may be in flight at
+once, and a pooled client library would queue them behind its pool limit
+and distort the open-loop arrival times.
 """
 
 import argparse
@@ -29,125 +29,41 @@ import resource
 import sys
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlsplit
 
 if __package__ in (None, ''):       # run as a file: bench/sim/replay.py
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.sim import trace  # noqa: E402
+from bench.sim import http1, trace  # noqa: E402
 
 START_LEAD_S = 0.05     # so that the first sends are not already late
-
-
-class HttpError(Exception):
-    """A response that is not valid HTTP/1.1."""
-
-
-# --- HTTP/1.1 client ------------------------------------------------------
-
-def split_url(url):
-    """(host, port, path) of an http:// URL."""
-    parts = urlsplit(url)
-    if parts.scheme != 'http':
-        raise ValueError('only http:// URLs are supported: %s' % url)
-    path = parts.path or '/'
-    if parts.query:
-        path += '?' + parts.query
-    return parts.hostname, parts.port or 80, path
-
-
-def request_head(method, host, port, path, body_length, extra_headers=()):
-    """The request line and headers, as bytes."""
-    lines = ['%s %s HTTP/1.1' % (method, path),
-             'Host: %s:%d' % (host, port),
-             'Connection: close',
-             'Content-Length: %d' % body_length]
-    if body_length:
-        lines.append('Content-Type: application/json')
-    lines.extend('%s: %s' % h for h in extra_headers)
-    return ('\r\n'.join(lines) + '\r\n\r\n').encode('latin-1')
-
-
-async def read_response_head(reader):
-    """(status, headers with lower-case names) of a response, past any
-    interim 1xx responses."""
-    while True:
-        status, headers = await _read_one_head(reader)
-        if not 100 <= status < 200:
-            return status, headers
-
-
-async def _read_one_head(reader):
-    line = await reader.readline()
-    parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b'HTTP/'):
-        raise HttpError('bad status line %r' % line[:80])
-    status = int(parts[1])
-    headers = {}
-    while True:
-        line = await reader.readline()
-        if not line:
-            raise HttpError('connection closed in response headers')
-        if line in (b'\r\n', b'\n'):
-            return status, headers
-        name, _, value = line.decode('latin-1').partition(':')
-        headers[name.strip().lower()] = value.strip()
-
-
-async def iter_body(reader, headers, piece=65536):
-    """The response body in pieces as they arrive (chunked, sized by
-    Content-Length, or up to the end of the connection)."""
-    if 'chunked' in headers.get('transfer-encoding', '').lower():
-        while True:
-            line = await reader.readline()
-            if not line:
-                raise HttpError('connection closed in chunked body')
-            size = int(line.split(b';')[0].strip(), 16)
-            if size == 0:
-                while (await reader.readline()).strip():
-                    pass                    # trailers
-                return
-            while size:
-                data = await reader.read(min(size, piece))
-                if not data:
-                    raise HttpError('connection closed in a chunk')
-                size -= len(data)
-                yield data
-            await reader.readexactly(2)     # CRLF after the chunk
-    elif 'content-length' in headers:
-        left = int(headers['content-length'])
-        while left:
-            data = await reader.read(min(left, piece))
-            if not data:
-                raise HttpError('connection closed in body')
-            left -= len(data)
-            yield data
-    else:
-        while True:
-            data = await reader.read(piece)
-            if not data:
-                return
-            yield data
 
 
 async def http_json(url, method='GET', timeout=10.0):
     """A small request (stats, reset): (status, parsed JSON body or None).
     """
     async def exchange():
-        host, port, path = split_url(url)
+        host, port, target = http1.split_url(url)
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            writer.write(request_head(method, host, port, path, 0))
+            writer.write(request_head(method, host, port, target, 0))
             await writer.drain()
-            status, headers = await read_response_head(reader)
-            body = b''.join([d async for d in iter_body(reader, headers)])
+            resp = await http1.read_response(reader)
         finally:
             writer.close()
         try:
-            return status, json.loads(body) if body else None
+            return resp.status, json.loads(resp.body) if resp.body else None
         except ValueError:
-            return status, None
+            return resp.status, None
     return await asyncio.wait_for(exchange(), timeout)
+
+
+def request_head(method, host, port, target, body_length, extra_headers=()):
+    """The head of a request of the replay, one a connection."""
+    headers = [('Host', '%s:%d' % (host, port)), ('Connection', 'close'),
+               ('Content-Length', body_length)]
+    if body_length:
+        headers.append(('Content-Type', 'application/json'))
+    return http1.request_head(method, target, headers + list(extra_headers))
 
 
 # --- server-sent events ---------------------------------------------------
@@ -213,12 +129,13 @@ async def exchange(target, body, headers, rec, clock):
         writer.write(request_head('POST', host, port, path, len(body),
                                   headers) + body)
         await writer.drain()
-        status, response_headers = await read_response_head(reader)
-        rec['status'] = status
-        rec['replica'] = response_headers.get('x-replica')
+        resp = await http1.read_response_head(reader)
+        status = rec['status'] = resp.status
+        rec['replica'] = resp.headers.get('x-replica')
         watcher = StreamWatcher()
         error_text = b''
-        async for data in iter_body(reader, response_headers):
+        async for data in http1.iter_body(reader, resp.headers,
+                                          to_close=True):
             if status == 200:
                 watcher.feed(data, clock())
             elif len(error_text) < 200:
@@ -271,7 +188,7 @@ class ReplayOptions:
 
     def __init__(self, url, speed=1.0, session_header=False, timeout=120.0,
                  model='mock-llm'):
-        self.target = split_url(url)
+        self.target = http1.split_url(url)
         self.speed = speed
         self.session_header = session_header
         self.timeout = timeout
@@ -336,7 +253,7 @@ async def collect_stats(urls):
         try:
             status, doc = await http_json(url)
             if status != 200:
-                raise HttpError('HTTP %d' % status)
+                raise RuntimeError('HTTP %d' % status)
             found.update(replica_stats(doc, url))
         except Exception as e:
             print('warning: stats %s: %s' % (url, e), file=sys.stderr)
@@ -352,7 +269,7 @@ async def reset_stats(urls):
         try:
             status, _ = await http_json(reset, 'POST')
             if status != 200:
-                raise HttpError('HTTP %d' % status)
+                raise RuntimeError('HTTP %d' % status)
         except Exception as e:
             print('warning: reset %s: %s' % (reset, e), file=sys.stderr)
 
