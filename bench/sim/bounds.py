@@ -32,8 +32,9 @@ and each simulated policy about 6-10 s on one core; the chains are kept
 packed (one bytes object per segment) and unpacked only while a request is
 in flight, which keeps memory under 1 GB.
 
-The fleet simulator is a discrete-event simulation of model.py's timing
-rules, a pure function of its inputs:
+The fleet simulator is a discrete-event simulation of the rules of
+model.py and fleet.py, which the mock follows in real time, a pure
+function of its inputs:
 - a replica admits at most max_running requests, the others wait FIFO;
 - admitted requests take the replica's single prefill lane in FIFO order;
   when a request gets the lane, its cached prefix is looked up in the
@@ -54,7 +55,6 @@ import json
 import sys
 import time
 from bisect import bisect_right
-from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
@@ -62,14 +62,14 @@ if __package__ in (None, ''):       # run as a file: bench/sim/bounds.py
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.sim import model, trace  # noqa: E402
+from bench.sim.fleet import (DEFAULT_FACTOR, DEFAULT_SLACK,  # noqa: E402
+                             Fleet)
 
 # The digest size model.block_chain uses; the tests compare chains.
 DIGEST_SIZE = 12
 SEGMENT_BLOCKS = trace.TRACE_BLOCK_CHARS // model.BLOCK_CHARS       # 32
 assert SEGMENT_BLOCKS * model.BLOCK_CHARS == trace.TRACE_BLOCK_CHARS
 
-DEFAULT_FACTOR = 1.25
-DEFAULT_SLACK = 2
 RING_POINTS = 160
 
 
@@ -217,16 +217,7 @@ def infinite_cache(requests):
             'hit_ratio': cached / prompt if prompt else None}
 
 
-# --- load bound and hashing ---------------------------------------------
-
-def load_bound(total_inflight, replicas, factor=DEFAULT_FACTOR,
-               slack=DEFAULT_SLACK):
-    """The most in-flight requests a replica may hold counting the one
-    being placed: max(factor × share, share + slack), share being an equal
-    part of all in-flight requests plus the new one (the module's bound)."""
-    share = (total_inflight + 1) / replicas
-    return max(factor * share, share + slack)
-
+# --- hashing ---------------------------------------------------------------
 
 def hash64(text):
     """A stable 64-bit hash (Python's hash() is salted per process)."""
@@ -257,23 +248,7 @@ class HashRing:
                     return
 
 
-# --- the fleet ------------------------------------------------------------
-
-class Replica:
-    """The state of one simulated replica."""
-    __slots__ = ('cache', 'waiting', 'lane', 'lane_busy', 'running',
-                 'inflight', 'peak_inflight', 'served')
-
-    def __init__(self, params):
-        self.cache = model.PrefixCache(params.cache_blocks)
-        self.waiting = deque()      # not yet admitted (over max_running)
-        self.lane = deque()         # admitted, waiting for the prefill lane
-        self.lane_busy = False
-        self.running = 0
-        self.inflight = 0           # running + waiting
-        self.peak_inflight = 0
-        self.served = 0
-
+# --- the simulation ---------------------------------------------------------
 
 class Job:
     """A request in the simulated fleet and what happened to it."""
@@ -291,16 +266,14 @@ class Job:
 _PREFILL_END, _FINISH = 0, 1
 
 
-class Fleet:
-    """A discrete-event simulation of `replicas` replicas (model.py's
-    timing rules, see the module docstring) fed by a routing policy."""
+class Simulation:
+    """A discrete-event simulation of a fleet (fleet.Fleet: its rules, see
+    the module docstring) fed by a routing policy."""
 
-    def __init__(self, replicas, params):
-        self.params = params
-        self.replicas = [Replica(params) for _ in range(replicas)]
+    def __init__(self, fleet):
+        self.fleet = fleet
         self.events = []
         self.seq = 0
-        self.total_inflight = 0
 
     def run(self, requests, policy):
         """Routes and serves requests (in arrival order, ties in list
@@ -309,7 +282,7 @@ class Fleet:
         for req in sorted(requests, key=lambda r: r.arrival):
             self._advance(req.arrival)
             chain = req.chain()
-            r = policy.choose(req, chain, self)
+            r = policy.choose(req, chain, self.fleet)
             job = Job(req, chain, r)
             jobs.append(job)
             self._arrive(job, req.arrival)
@@ -317,20 +290,6 @@ class Fleet:
         for job in jobs:
             job.chain = None        # only needed while in flight
         return jobs
-
-    def inflight(self, r):
-        return self.replicas[r].inflight
-
-    def under_bound(self, r, factor, slack):
-        bound = load_bound(self.total_inflight, len(self.replicas),
-                           factor, slack)
-        return self.replicas[r].inflight + 1 <= bound
-
-    def least_loaded(self, candidates):
-        """The candidate with the fewest in-flight requests; ties go to
-        the one that served fewer so far, then to the lowest index."""
-        return min(candidates, key=lambda r: (self.replicas[r].inflight,
-                                              self.replicas[r].served, r))
 
     def _push(self, time, kind, job):
         self.seq += 1
@@ -345,48 +304,34 @@ class Fleet:
                 self._finish(job, time)
 
     def _arrive(self, job, now):
-        rep = self.replicas[job.replica]
-        rep.inflight += 1
-        rep.served += 1
-        rep.peak_inflight = max(rep.peak_inflight, rep.inflight)
-        self.total_inflight += 1
-        if rep.running < self.params.max_running:
-            self._admit(rep, job, now)
-        else:
-            rep.waiting.append(job)
+        rep = self.fleet.replicas[job.replica]
+        if rep.arrive(job, job.req.prompt_tokens):
+            self._admitted(rep, job, now)
 
-    def _admit(self, rep, job, now):
-        rep.running += 1
-        rep.lane.append(job)
-        self._start_prefill(rep, now)
+    def _admitted(self, rep, job, now):
+        if rep.lane.take(job):
+            self._start_prefill(rep, job, now)
 
-    def _start_prefill(self, rep, now):
-        if rep.lane_busy or not rep.lane:
-            return
-        job = rep.lane.popleft()
-        job.cached_tokens = model.cached_tokens(rep.cache, job.chain,
-                                                job.req.prompt_tokens)
-        rep.lane_busy = True
-        uncached = job.req.prompt_tokens - job.cached_tokens
-        self._push(now + self.params.prefill_seconds(uncached),
-                   _PREFILL_END, job)
+    def _start_prefill(self, rep, job, now):
+        job.cached_tokens, seconds = rep.start_prefill(job.chain,
+                                                       job.req.prompt_tokens)
+        self._push(now + seconds, _PREFILL_END, job)
 
     def _prefill_end(self, job, now):
-        rep = self.replicas[job.replica]
-        rep.cache.insert(job.chain)
+        rep = self.fleet.replicas[job.replica]
+        rep.end_prefill(job.chain)
         job.ttft = now - job.req.arrival
-        rep.lane_busy = False
-        self._push(now + self.params.decode_seconds(job.req.output_tokens),
+        self._push(now + rep.params.decode_seconds(job.req.output_tokens),
                    _FINISH, job)
-        self._start_prefill(rep, now)
+        following = rep.lane.release()
+        if following is not None:
+            self._start_prefill(rep, following, now)
 
     def _finish(self, job, now):
-        rep = self.replicas[job.replica]
-        rep.running -= 1
-        rep.inflight -= 1
-        self.total_inflight -= 1
-        if rep.waiting:
-            self._admit(rep, rep.waiting.popleft(), now)
+        rep = self.fleet.replicas[job.replica]
+        admitted = rep.admission.release()
+        if admitted is not None:
+            self._admitted(rep, admitted, now)
 
 
 # --- routing policies ----------------------------------------------------
@@ -563,8 +508,8 @@ def simulate(requests, policy_name, replicas=4, params=None,
     (summary dict, jobs).  Deterministic: same inputs, same result."""
     params = params or model.ReplicaParams()
     policy = make_policy(policy_name, replicas, factor, slack, points)
-    fleet = Fleet(replicas, params)
-    jobs = fleet.run(requests, policy)
+    fleet = Fleet(params, replicas)
+    jobs = Simulation(fleet).run(requests, policy)
     summary = summarize(jobs, fleet)
     summary.update(policy.stats())
     return summary, jobs
@@ -576,7 +521,7 @@ def summarize(jobs, fleet):
     prompt = sum(j.req.prompt_tokens for j in jobs)
     cached = sum(j.cached_tokens for j in jobs)
     ttfts = [j.ttft for j in jobs]
-    counts = [rep.served for rep in fleet.replicas]
+    counts = [rep.counters['requests_total'] for rep in fleet.replicas]
     peaks = [rep.peak_inflight for rep in fleet.replicas]
     ttft = {k: _round(v) for k, v in trace.percentiles(ttfts).items()}
     ttft['mean'] = _round(sum(ttfts) / len(ttfts)) if ttfts else None

@@ -2,7 +2,7 @@
 """Mock OpenAI-compatible inference replicas, for benchmarking the balancer.
 
 One asyncio process serves several independent replicas, one per port.  Each
-replica follows the model of model.py: its own LRU prefix
+replica follows the model of model.py and fleet.py: its own LRU prefix
 cache of chained block hashes, at most --max-running admitted requests (the
 others wait in FIFO order), one FIFO prefill lane whose duration depends on
 the uncached prompt tokens, then a concurrent decode phase.  Nothing is
@@ -42,14 +42,13 @@ import signal
 import sys
 import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 
 if __package__ in (None, ''):       # run as a file: bench/sim/mock_backend.py
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
 
-from bench.sim import http1, model  # noqa: E402
+from bench.sim import fleet, http1, model  # noqa: E402
 from bench.sim.http1 import HttpError  # noqa: E402
 
 DEFAULT_OUTPUT_TOKENS = 16
@@ -196,38 +195,28 @@ def parse_job(kind, raw_body):
 # Replicas: the timing model
 # ---------------------------------------------------------------------------
 
-class FifoSlots:
-    """A counting semaphore that serves waiters strictly in arrival order
-    (asyncio.Semaphore lets a newcomer overtake a woken waiter)."""
+async def wait_turn(slots, waiter):
+    """Waits until waiter, queued in slots (fleet.Slots), is handed a slot
+    by free_slot(): strictly in arrival order, where asyncio.Semaphore lets
+    a newcomer overtake a woken waiter.  A wait cancelled meanwhile leaves
+    the queue, or gives back the slot handed to it already."""
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        if waiter.done() and not waiter.cancelled():
+            free_slot(slots)
+        else:
+            slots.withdraw(waiter)
+        raise
 
-    def __init__(self, capacity):
-        self.capacity = capacity
-        self.in_use = 0
-        self.waiters = deque()
 
-    async def acquire(self):
-        if self.in_use < self.capacity and not self.waiters:
-            self.in_use += 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()          # the slot was handed over already
-            else:
-                self.waiters.remove(waiter)
-            raise
-
-    def release(self):
-        """Hands the slot to the oldest waiter, or frees it."""
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.in_use -= 1
+def free_slot(slots):
+    """Frees a slot of slots: the oldest waiter still waiting has it."""
+    waiter = slots.release()
+    while waiter is not None and waiter.done():
+        waiter = slots.release()
+    if waiter is not None:
+        waiter.set_result(None)
 
 
 class Once:
@@ -243,46 +232,20 @@ class Once:
             callback()
 
 
-# name, Prometheus type, help; /stats uses the same names without "mock_".
-METRICS = (
-    ('requests_total', 'counter', 'Inference requests received.'),
-    ('prompt_tokens_total', 'counter',
-     'Prompt tokens of the inference requests received.'),
-    ('cached_tokens_total', 'counter',
-     'Prompt tokens served from the prefix cache.'),
-    ('cache_hits_total', 'counter',
-     'Requests whose prefill found at least one cached token.'),
-    ('cache_misses_total', 'counter',
-     'Requests whose prefill found no cached token.'),
-    ('running', 'gauge', 'Requests admitted: prefilling or decoding.'),
-    ('waiting', 'gauge', 'Requests waiting for admission.'),
-    ('peak_inflight', 'gauge',
-     'Highest running + waiting since start or the last reset.'),
-    ('cache_blocks', 'gauge', 'Blocks held in the prefix cache.'),
-)
-COUNTERS = tuple(name for name, kind, _ in METRICS if kind == 'counter')
-
-
-class Replica:
-    """One simulated inference server: cache, queues and counters.
+class ServedReplica:
+    """A replica of the fleet (fleet.Replica) served on one port: its
+    requests go through the model's states in real time.
 
     requests_total and prompt_tokens_total count requests when they arrive;
     the cache counters count them when their prefill starts, the moment the
     cache is looked up."""
 
-    def __init__(self, name, port, params):
-        self.name = name
+    def __init__(self, replica, port):
+        self.replica = replica
+        self.name = replica.name
         self.port = port
-        self.params = params
-        self.cache = model.PrefixCache(params.cache_blocks)
-        self.admission = FifoSlots(params.max_running)
-        self.prefill_lane = FifoSlots(1)
-        self.counters = dict.fromkeys(COUNTERS, 0)
-        self.peak_inflight = 0
+        self.params = replica.params
         self.sequence = 0
-
-    def inflight(self):
-        return self.admission.in_use + len(self.admission.waiters)
 
     def next_id(self):
         self.sequence += 1
@@ -290,52 +253,43 @@ class Replica:
 
     async def admit(self, job):
         """Counts the request in and waits for a running slot."""
-        self.counters['requests_total'] += 1
-        self.counters['prompt_tokens_total'] += job.prompt_tokens
-        self.peak_inflight = max(self.peak_inflight, self.inflight() + 1)
-        await self.admission.acquire()
+        waiter = asyncio.get_running_loop().create_future()
+        if not self.replica.arrive(waiter, job.prompt_tokens):
+            await wait_turn(self.replica.admission, waiter)
+
+    def finish(self):
+        """Frees the running slot of a request."""
+        free_slot(self.replica.admission)
 
     async def prefill(self, job):
         """Waits for the prefill lane, then spends the prefill time of the
         uncached tokens; returns the cached token count."""
-        await self.prefill_lane.acquire()
+        replica = self.replica
+        waiter = asyncio.get_running_loop().create_future()
+        if not replica.lane.take(waiter):
+            await wait_turn(replica.lane, waiter)
         try:
-            cached = model.cached_tokens(self.cache, job.chain,
-                                         job.prompt_tokens)
-            self.count_lookup(cached)
-            seconds = self.params.prefill_seconds(job.prompt_tokens - cached)
+            cached, seconds = replica.start_prefill(job.chain,
+                                                    job.prompt_tokens)
             if seconds > 0:
                 await asyncio.sleep(seconds)
-            self.cache.insert(job.chain)
+            replica.end_prefill(job.chain)
         finally:
-            self.prefill_lane.release()
+            free_slot(replica.lane)
         return cached
 
-    def count_lookup(self, cached):
-        self.counters['cached_tokens_total'] += cached
-        key = 'cache_hits_total' if cached > 0 else 'cache_misses_total'
-        self.counters[key] += 1
-
     def reset(self):
-        """A fresh start for a benchmark run; requests in flight go on."""
-        self.cache = model.PrefixCache(self.params.cache_blocks)
-        self.counters = dict.fromkeys(COUNTERS, 0)
-        self.peak_inflight = self.inflight()
+        self.replica.reset()
 
     def stats(self):
         """The figures of /stats and /metrics, by name without "mock_"."""
-        figures = dict(self.counters)
-        figures.update(running=self.admission.in_use,
-                       waiting=len(self.admission.waiters),
-                       peak_inflight=self.peak_inflight,
-                       cache_blocks=len(self.cache))
-        return figures
+        return self.replica.stats()
 
     def metrics_text(self):
         figures = self.stats()
         label = '{replica="%s"}' % self.name
         lines = []
-        for name, kind, help_text in METRICS:
+        for name, kind, help_text in fleet.METRICS:
             full = 'mock_' + name
             lines.append('# HELP %s %s' % (full, help_text))
             lines.append('# TYPE %s %s' % (full, kind))
@@ -627,7 +581,7 @@ class Connection:
         replica = self.replica
         loop = asyncio.get_running_loop()
         await replica.admit(job)
-        release = Once(replica.admission.release)
+        release = Once(replica.finish)
         try:
             cached = await replica.prefill(job)
             decode_start = loop.time()
@@ -770,18 +724,21 @@ def parse_args(argv):
 
 
 def make_replicas(args):
-    """One Replica per port, named in the order of --ports."""
+    """One replica per port, named in the order of --ports."""
     params = model.ReplicaParams(
         max_running=args.max_running,
         prefill_ms_per_token=args.prefill_ms_per_token,
         decode_ms_per_token=args.decode_ms_per_token,
         cache_tokens=args.cache_tokens,
         time_scale=args.time_scale)
-    return [Replica('%s-%d' % (args.name_prefix, index), port, params)
-            for index, port in enumerate(args.ports, start=1)]
+    replicas = fleet.Fleet(params, names=[
+        '%s-%d' % (args.name_prefix, index)
+        for index in range(1, len(args.ports) + 1)]).replicas
+    return [ServedReplica(replica, port)
+            for replica, port in zip(replicas, args.ports)]
 
 
-class Fleet:
+class Listeners:
     """The replicas' listeners and open connections, closed together."""
 
     def __init__(self, replicas, host):
@@ -823,13 +780,13 @@ class Fleet:
 async def run(args):
     """Serves until SIGTERM or SIGINT; "ready" is printed last, so a
     caller that waits for it knows every port is listening."""
-    fleet = Fleet(make_replicas(args), args.host)
-    await fleet.start()
+    listeners = Listeners(make_replicas(args), args.host)
+    await listeners.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    for replica in fleet.replicas:
+    for replica in listeners.replicas:
         print('listening %s %s:%d' % (replica.name, args.host, replica.port))
     try:
         if args.pidfile:
@@ -837,7 +794,7 @@ async def run(args):
         print('ready', flush=True)
         await stop.wait()
     finally:
-        await fleet.close()
+        await listeners.close()
         if args.pidfile:
             remove_pidfile(args.pidfile)
 

@@ -14,7 +14,8 @@ uncached prompt token; its first token is emitted when its prefill ends
 (time to first token).  Decoding then takes `decode_ms_per_token` per output
 token, concurrently with the other running requests.  All durations are
 multiplied by `time_scale`, so a trace replayed N times faster keeps its
-queueing behaviour with time_scale = 1/N.
+queueing behaviour with time_scale = 1/N.  fleet.py holds these states,
+for the mock and the simulator alike.
 """
 
 import hashlib

@@ -14,7 +14,7 @@ import threading
 import unittest
 from pathlib import Path
 
-from bench.sim import bounds, model, replay, trace
+from bench.sim import bounds, fleet, model, replay, trace
 
 
 def record(ids, input_length, output_length=10, timestamp=0):
@@ -229,8 +229,8 @@ class OracleTest(unittest.TestCase):
         self.assertEqual(summary['peak_inflight'], [4, 1])
 
     def test_load_bound(self):
-        self.assertEqual(bounds.load_bound(3, 2), 4.0)
-        self.assertEqual(bounds.load_bound(59, 4, 1.25, 2), 18.75)
+        self.assertEqual(fleet.load_bound(3, 2), 4.0)
+        self.assertEqual(fleet.load_bound(59, 4, 1.25, 2), 18.75)
 
 
 # --- replay against a tiny server ------------------------------------------
