@@ -28,6 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO                  # for bench.sim, not this directory
 
 from bench.sim import trace  # noqa: E402
+from bench.sim.mock_backend import MockProcess  # noqa: E402
 
 SIM = os.path.join(REPO, 'bench', 'sim')
 PYTHON = sys.executable
@@ -106,34 +107,16 @@ def wait_port(port, timeout=15):
     raise RuntimeError(f'nothing listens on port {port}')
 
 
-class Fleet:
+def start_mock(workdir, replicas, args):
     """The mock replicas, one process, one port each."""
-
-    def __init__(self, workdir, replicas, args):
-        self.ports = [MOCK_BASE_PORT + i for i in range(replicas)]
-        cmd = [PYTHON, os.path.join(SIM, 'mock_backend.py'),
-               '--ports', ','.join(map(str, self.ports)),
-               '--max-running', str(args.max_running),
-               '--prefill-ms-per-token', str(args.prefill_ms_per_token),
-               '--decode-ms-per-token', str(args.decode_ms_per_token),
-               '--cache-tokens', str(args.cache_tokens),
-               '--time-scale', str(1.0 / args.speed)]
-        self.log = open(os.path.join(workdir, 'mock.log'), 'w')
-        self.proc = subprocess.Popen(cmd, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        for p in self.ports:
-            wait_port(p)
-
-    def stats_urls(self):
-        return ','.join(f'http://127.0.0.1:{p}/stats' for p in self.ports)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+    return MockProcess(
+        [MOCK_BASE_PORT + i for i in range(replicas)],
+        '--max-running', args.max_running,
+        '--prefill-ms-per-token', args.prefill_ms_per_token,
+        '--decode-ms-per-token', args.decode_ms_per_token,
+        '--cache-tokens', args.cache_tokens,
+        '--time-scale', 1.0 / args.speed,
+        log=os.path.join(workdir, 'mock.log'))
 
 
 class Proxy:
@@ -246,7 +229,7 @@ def run_policy(name, fleet, workdir, args):
     cmd = [PYTHON, os.path.join(SIM, 'replay.py'),
            '--url', f'http://127.0.0.1:{PROXY_PORT}/v1/chat/completions',
            '--trace', args.trace, '--speed', str(args.speed),
-           '--session-header', '--stats-urls', fleet.stats_urls(),
+           '--session-header', '--stats-urls', ','.join(fleet.stats_urls()),
            '--label', name, '--output', out]
     if args.limit:
         cmd += ['--limit', str(args.limit)]
@@ -428,7 +411,7 @@ def main():
     log(f'bench: offline bounds ({args.limit or "all"} requests)')
     bounds = run_bounds(workdir, args)
 
-    fleet = Fleet(workdir, args.replicas, args)
+    fleet = start_mock(workdir, args.replicas, args)
     results = []
     try:
         for p in policies:

@@ -39,7 +39,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -797,6 +799,67 @@ async def run(args):
         await listeners.close()
         if args.pidfile:
             remove_pidfile(args.pidfile)
+
+
+class MockProcess:
+    """This mock in a child process, for tests and benchmarks:
+    MockProcess(ports, *options) returns once every replica listens, with
+    the names and ports it reported (a port of 0 picks a free one).  Its
+    output goes to the file log, or its errors to stderr."""
+
+    START_TIMEOUT = 10.0
+
+    def __init__(self, ports, *options, host='127.0.0.1', log=None):
+        command = [sys.executable, os.path.abspath(__file__),
+                   '--host', host, '--ports', ','.join(map(str, ports))]
+        self.host = host
+        self.log = open(log, 'w') if log else None
+        self.process = subprocess.Popen(
+            command + [str(option) for option in options],
+            stdout=subprocess.PIPE, stderr=self.log or None, text=True)
+        self.ports = []
+        self.names = []
+        self._wait_ready()
+
+    def _wait_ready(self):
+        """Reads the "listening name host:port" lines up to "ready"."""
+        timer = threading.Timer(self.START_TIMEOUT, self.process.kill)
+        timer.start()
+        try:
+            for line in self.process.stdout:
+                if self.log:
+                    self.log.write(line)
+                    self.log.flush()
+                words = line.split()
+                if words == ['ready']:
+                    return
+                if words and words[0] == 'listening':
+                    self.names.append(words[1])
+                    self.ports.append(int(words[2].rsplit(':', 1)[1]))
+        finally:
+            timer.cancel()
+        self.stop()
+        raise RuntimeError('mock_backend.py did not start'
+                           + (' (see %s)' % self.log.name if self.log else ''))
+
+    def stats_urls(self):
+        return ['http://%s:%d/stats' % (self.host, port)
+                for port in self.ports]
+
+    def stop(self, signum=signal.SIGTERM):
+        """Stops the mock; returns its exit status."""
+        try:
+            if self.process.poll() is None:
+                self.process.send_signal(signum)
+            try:
+                return self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                return self.process.wait()
+        finally:
+            self.process.stdout.close()
+            if self.log:
+                self.log.close()
 
 
 def write_pidfile(path):

@@ -14,62 +14,16 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import unittest
 
 from bench.sim import model
+from bench.sim.mock_backend import MockProcess
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-MOCK = os.path.join(REPO, 'bench', 'sim', 'mock_backend.py')
 HOST = '127.0.0.1'
 BLOCK = model.BLOCK_TOKENS
-START_TIMEOUT = 10.0
-
-
-class MockProcess:
-    """A running mock_backend.py with `replicas` replicas on free ports."""
-
-    def __init__(self, replicas=1, *options):
-        command = [sys.executable, MOCK, '--host', HOST,
-                   '--ports', ','.join(['0'] * replicas)] + list(options)
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                        text=True)
-        self.ports = []
-        self.names = []
-        self._wait_ready()
-
-    def _wait_ready(self):
-        """Reads the "listening name host:port" lines up to "ready"."""
-        timer = threading.Timer(START_TIMEOUT, self.process.kill)
-        timer.start()
-        try:
-            for line in self.process.stdout:
-                words = line.split()
-                if words == ['ready']:
-                    return
-                if words and words[0] == 'listening':
-                    self.names.append(words[1])
-                    self.ports.append(int(words[2].rsplit(':', 1)[1]))
-        finally:
-            timer.cancel()
-        raise RuntimeError('mock_backend.py did not start')
-
-    def stop(self, signum=signal.SIGTERM):
-        """Stops the mock; returns its exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-        try:
-            return self.process.wait(timeout=10)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-            self.process.stdout.close()
 
 
 # ---------------------------------------------------------------------------
@@ -218,7 +172,7 @@ class InferenceTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.mock = MockProcess(2, '--time-scale', '0.001')
+        cls.mock = MockProcess([0] * 2, '--time-scale', '0.001')
         cls.port, cls.other_port = cls.mock.ports
 
     @classmethod
@@ -570,7 +524,7 @@ class TimingTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.mock = MockProcess(1, '--prefill-ms-per-token', str(cls.PREFILL_MS),
+        cls.mock = MockProcess([0], '--prefill-ms-per-token', str(cls.PREFILL_MS),
                                '--decode-ms-per-token', str(cls.DECODE_MS))
         cls.port = cls.mock.ports[0]
 
@@ -641,7 +595,7 @@ class QueueTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.mock = MockProcess(1, '--max-running', str(cls.MAX_RUNNING),
+        cls.mock = MockProcess([0], '--max-running', str(cls.MAX_RUNNING),
                                '--name-prefix', 'gpu')
         cls.port = cls.mock.ports[0]
 
@@ -684,7 +638,7 @@ class EvictionTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.mock = MockProcess(1, '--cache-tokens', str(20 * BLOCK),
+        cls.mock = MockProcess([0], '--cache-tokens', str(20 * BLOCK),
                                '--time-scale', '0.001')
         cls.port = cls.mock.ports[0]
 
@@ -715,7 +669,7 @@ class LifecycleTest(unittest.TestCase):
     def check_clean_exit(self, signum):
         with tempfile.TemporaryDirectory() as directory:
             pidfile = os.path.join(directory, 'mock.pid')
-            mock = MockProcess(1, '--pidfile', pidfile)
+            mock = MockProcess([0], '--pidfile', pidfile)
             with open(pidfile) as handle:
                 self.assertEqual(int(handle.read()), mock.process.pid)
             idle = socket.create_connection((HOST, mock.ports[0]))
