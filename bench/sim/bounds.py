@@ -55,7 +55,7 @@ import json
 import sys
 import time
 from bisect import bisect_right
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 if __package__ in (None, ''):       # run as a file: bench/sim/bounds.py
@@ -160,19 +160,15 @@ class ChainBuilder:
         return segment
 
 
+@dataclass(slots=True)
 class SimRequest:
     """One trace record as the simulator needs it."""
-    __slots__ = ('index', 'arrival', 'prompt_tokens', 'output_tokens',
-                 'session', 'packed')
-
-    def __init__(self, index, arrival, prompt_tokens, output_tokens,
-                 session, packed):
-        self.index = index
-        self.arrival = arrival
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.session = session
-        self.packed = packed
+    index: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    session: str
+    packed: tuple           # of packed chain parts
 
     def chain(self):
         return unpack_chain(self.packed)

@@ -130,6 +130,12 @@ async def iter_body(reader, headers, to_close=False, limit=None):
                 return
             yield data
         return
+    async for data in iter_exactly(reader, length):
+        yield data
+
+
+async def iter_exactly(reader, length):
+    """length bytes in pieces, as they arrive."""
     while length:
         data = await reader.read(min(length, PIECE_BYTES))
         if not data:
@@ -154,11 +160,7 @@ async def iter_chunked(reader, limit=None):
         total += size
         if limit is not None and total > limit:
             raise HttpError('body too large', 413)
-        while size:
-            data = await reader.read(min(size, PIECE_BYTES))
-            if not data:
-                raise closed()
-            size -= len(data)
+        async for data in iter_exactly(reader, size):
             yield data
         if await reader.readexactly(2) != b'\r\n':
             raise HttpError('malformed chunk')
