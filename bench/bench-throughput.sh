@@ -10,9 +10,8 @@
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNECTIONS=32
 set -euo pipefail
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
-module="${AFFINITY_MODULE:-$repo/build/ngx_http_upstream_affinity_module.so}"
-nginx="${NGINX_BIN:-/usr/sbin/nginx}"
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/../scripts/lib.sh"     # repo, module, nginx
 out="${1:-$repo/bench/results/throughput.md}"
 rounds="${ROUNDS:-3}"
 secs="${SECONDS_PER_RUN:-8}"

@@ -10,9 +10,8 @@
 #   DEMO_KEEP=1       leave nginx and the fleet running at the end
 set -euo pipefail
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
-module="${AFFINITY_MODULE:-$repo/build/ngx_http_upstream_affinity_module.so}"
-nginx="${NGINX_BIN:-/usr/sbin/nginx}"
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/../scripts/lib.sh"     # repo, module, nginx
 python="${PYTHON:-/usr/bin/python3}"
 port="${DEMO_PORT:-18080}"
 dir="$repo/build/demo"

@@ -27,7 +27,8 @@
 # scripts/sanitizer-env.sh.
 set -euo pipefail
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 build="$repo/build"
 
 sanitize=""
@@ -38,22 +39,10 @@ if [ "${1:-}" = --sanitize ]; then
 fi
 src="${1:-}"
 
-# Replaces $2 by a copy of $1: written next to it under a temporary name,
-# then renamed over it (the rename is atomic within a directory).
-replace_file() {
-    local from=$1 to=$2 tmp
-    tmp="$(dirname "$to")/.$(basename "$to").tmp.$$"
-    if ! cp "$from" "$tmp" || ! mv -f "$tmp" "$to"; then
-        rm -f "$tmp"
-        echo "build-module: could not write $to" >&2
-        return 1
-    fi
-}
-
 if [ -z "$src" ]; then
     src=/usr/share/nginx/src
     if [ ! -f "$src/conf_flags" ]; then
-        echo "build-module: $src/conf_flags not found; install nginx-dev" >&2
+        say "$src/conf_flags not found; install nginx-dev"
         exit 1
     fi
     # conf_flags defines NGX_CONF_FLAGS, the flags Debian built nginx with;
@@ -65,7 +54,7 @@ if [ -z "$src" ]; then
 else
     src=$(cd "$src" && pwd)
     if [ ! -x "$src/configure" ] && [ ! -x "$src/auto/configure" ]; then
-        echo "build-module: $src is not an nginx source tree" >&2
+        say "$src is not an nginx source tree"
         exit 1
     fi
     # shellcheck disable=SC2206  # NGINX_CONFIGURE_FLAGS is a word list
@@ -127,16 +116,13 @@ stamp="$tree/.configured"
 signature=$(printf '%s\n' "${flags[@]}" \
                 "AFFINITY_NDEBUG=${AFFINITY_NDEBUG:-}" \
                 "AFFINITY_CXXFLAGS_EXTRA=${AFFINITY_CXXFLAGS_EXTRA:-}";
-            cat "$repo/config" "$repo/config.make";
-            ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h;
-            sh "$repo/auto/cpu-level")
+            addon_signature)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$signature" ]; then
     rm -f "$stamp"
     "$configure" "${flags[@]}" --add-dynamic-module="$repo" \
         > "$out/configure.log" 2>&1 || {
         tail -n 30 "$out/configure.log" >&2
-        echo "build-module: configure failed," \
-             "see ${out#"$repo"/}/configure.log" >&2
+        say "configure failed, see ${out#"$repo"/}/configure.log"
         exit 1
     }
     printf '%s' "$signature" > "$stamp"
@@ -145,10 +131,9 @@ fi
 # The top-level Makefile is not written in every tree (nginx-dev), so
 # call the generated one directly.
 make -j"$(nproc)" -f objs/Makefile modules
-so=ngx_http_upstream_affinity_module.so
-if cmp -s "objs/$so" "$out/$so"; then
-    echo "build-module: ${out#"$repo"/}/$so is up to date"
+if cmp -s "objs/$module_so" "$out/$module_so"; then
+    note "${out#"$repo"/}/$module_so is up to date"
 else
-    replace_file "objs/$so" "$out/$so"
-    echo "build-module: wrote ${out#"$repo"/}/$so"
+    replace_file "objs/$module_so" "$out/$module_so"
+    note "wrote ${out#"$repo"/}/$module_so"
 fi

@@ -4,6 +4,9 @@
 # as root, or through sudo when invoked by another user.
 set -eu
 
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+
 PACKAGES="
     build-essential
     clang
@@ -44,20 +47,17 @@ if [ -z "$missing" ]; then
     exit 0
 fi
 
-if [ "$(id -u)" -eq 0 ]; then
-    SUDO=""
-elif command -v sudo >/dev/null 2>&1; then
-    SUDO="sudo"
-else
-    echo "install-deps: missing packages:$missing" >&2
-    echo "install-deps: run as root or install sudo" >&2
+if ! can_be_root; then
+    say "missing packages:$missing"
+    say "run as root or install sudo"
     exit 1
 fi
 
-echo "install-deps: installing$missing"
+note "installing$missing"
 
 # The distribution's nginx service is not wanted here: tests and the demo
 # start their own nginx with a private prefix.
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+as_root apt-get update -qq
+# shellcheck disable=SC2086  # one argument per package
+as_root apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -29,8 +29,8 @@
 # to create (recorded in build/install-manifest; only if empty).
 set -eu
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
-so=ngx_http_upstream_affinity_module.so
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 conf=mod-http-upstream-affinity.conf
 link=50-$conf
 
@@ -74,16 +74,14 @@ load=${NGINX_LOAD_MODULE:-}
 if [ -z "$load" ]; then
     if [ -n "$nginx_prefix" ] && [ "$(readlink -m "$nginx_prefix/modules")" = \
                                    "$(readlink -m "$moddir")" ]; then
-        load=modules/$so
+        load=modules/$module_so
     else
-        load=$moddir/$so
+        load=$moddir/$module_so
     fi
 fi
 
 manifest=$repo/build/install-manifest
 [ -z "$DESTDIR" ] || manifest=$manifest$(printf '%s' "$DESTDIR" | tr '/' '_')
-
-say() { printf 'install-module: %s\n' "$*" >&2; }
 
 # mkdir -p that records, in the manifest, each directory it creates under
 # DESTDIR (DESTDIR itself is created if needed, and not recorded).
@@ -103,8 +101,8 @@ make_dir() {
 }
 
 install_module() {
-    if [ ! -f "$repo/build/$so" ]; then
-        say "build/$so not found; run make first"
+    if [ ! -f "$repo/build/$module_so" ]; then
+        say "build/$module_so not found; run make first"
         exit 1
     fi
     mkdir -p "$repo/build"
@@ -112,8 +110,8 @@ install_module() {
 
     make_dir "$moddir"
     make_dir "$available"
-    install -m 0644 "$repo/build/$so" "$DESTDIR$moddir/$so"
-    say "installed $DESTDIR$moddir/$so"
+    install -m 0644 "$repo/build/$module_so" "$DESTDIR$moddir/$module_so"
+    say "installed $DESTDIR$moddir/$module_so"
 
     printf 'load_module %s;\n' "$load" > "$DESTDIR$available/$conf.tmp"
     chmod 0644 "$DESTDIR$available/$conf.tmp"
@@ -129,7 +127,7 @@ install_module() {
 
 uninstall_module() {
     for f in "$DESTDIR$enabled/$link" "$DESTDIR$available/$conf" \
-             "$DESTDIR$moddir/$so"; do
+             "$DESTDIR$moddir/$module_so"; do
         if [ -e "$f" ] || [ -L "$f" ]; then
             rm -f "$f"
             say "removed $f"

@@ -25,14 +25,16 @@
 # ASAN_OPTIONS and UBSAN_OPTIONS already set are kept, ahead of these.
 set -eu
 
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+
 if [ $# -lt 1 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-    sed -n '2,/^set -eu/{/^set -eu/d; s/^# \{0,1\}//; p}' "$0"
+    usage
     [ $# -ge 1 ] && exit 0
     exit 2
 fi
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
-module="${AFFINITY_MODULE:-$repo/build/asan/ngx_http_upstream_affinity_module.so}"
+module="${AFFINITY_MODULE:-$repo/build/asan/$module_so}"
 
 mkdir -p "$1"
 chmod 1777 "$1"
@@ -41,7 +43,7 @@ shift
 # The sanitizers split their options at spaces and colons.
 case "$dir" in
     *[[:space:]:]*)
-        echo "sanitizer-env: $dir: no spaces or colons, please" >&2
+        say "$dir: no spaces or colons, please"
         exit 1 ;;
 esac
 
@@ -54,7 +56,7 @@ if [ -z "$runtime" ]; then
     runtime=$("${CC:-gcc}" -print-file-name=libasan.so 2>/dev/null || true)
     case "$runtime" in
         /*) ;;
-        *) echo "sanitizer-env: libasan not found" >&2; exit 1 ;;
+        *) say "libasan not found"; exit 1 ;;
     esac
 fi
 

@@ -43,21 +43,16 @@
 #   make test-matrix MATRIX_VERSIONS="1.26.3 /src/nginx-1.28.3"
 set -euo pipefail
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 matrix="$repo/build/matrix"
 jobs="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 suites="${MATRIX_SUITES:-trixie}"
 installed_nginx=/usr/sbin/nginx
-module_name=ngx_http_upstream_affinity_module.so
 
 if [ $# -eq 0 ]; then
     set -- 1.22.1 1.26.3
 fi
-
-say() { printf 'test-matrix: %s\n' "$*" >&2; }
-
-# The comment at the top, without its "#".
-usage() { sed -n '2,/^set -e/{/^set -e/d; s/^# \{0,1\}//; p}' "$0"; }
 
 # Options are not taken: "-h" would otherwise be looked up as a version.
 for arg in "$@"; do
@@ -66,14 +61,6 @@ for arg in "$@"; do
         -*) say "unknown option $arg"; usage >&2; exit 2 ;;
     esac
 done
-
-if [ "$(id -u)" -eq 0 ]; then
-    sudo=()
-elif command -v sudo >/dev/null 2>&1; then
-    sudo=(sudo)
-else
-    sudo=(false)
-fi
 
 # Upstream version of an installed Debian package ("" if not installed).
 installed_version() {
@@ -125,7 +112,7 @@ add_source_suites() {
         grep -qx "$s" <<< "$configured" || missing="$missing $s"
     done
 
-    if [ -n "$missing" ] && [ "${sudo[0]:-}" = false ]; then
+    if [ -n "$missing" ] && ! can_be_root; then
         say "adding deb-src entries for$missing needs root (or sudo)"
         return 1
     fi
@@ -142,10 +129,10 @@ add_source_suites() {
         local sources_file
         sources_file=/etc/apt/sources.list.d/debian$(echo "$missing" | tr ' ' '-')-src.sources
         say "adding deb-src entries for$missing to $sources_file"
-        printf '%s\n' "$stanzas" | "${sudo[@]}" tee "$sources_file" >/dev/null
+        printf '%s\n' "$stanzas" | as_root tee "$sources_file" >/dev/null
     fi
     say "apt-get update"
-    "${sudo[@]}" apt-get update -qq || say "apt-get update failed"
+    as_root apt-get update -qq || say "apt-get update failed"
 }
 
 # deb822 deb-src stanzas for suites "$2..." copied from the Debian entries
@@ -384,10 +371,7 @@ build_tree() {
     # Configure again when the flags, the addon scripts or the list of
     # sources changed (as scripts/build-module.sh does).
     local signature
-    signature=$(printf '%s\n' "${flags[@]}"
-                cat "$repo/config" "$repo/config.make"
-                ls "$repo"/src/*.c "$repo"/src/core/*.cpp "$repo"/src/core/*.h
-                sh "$repo/auto/cpu-level")
+    signature=$(printf '%s\n' "${flags[@]}"; addon_signature)
     # A release has ./configure; a git checkout of nginx only auto/configure,
     # which is meant to be run from the top of the tree all the same.
     local configure=./configure
@@ -415,24 +399,10 @@ build_tree() {
         return 1
     fi
     local f
-    for f in nginx "$module_name"; do
+    for f in nginx "$module_so"; do
         cmp -s "$tree/objs/$f" "$dir/$f" \
             || replace_file "$tree/objs/$f" "$dir/$f" || return 1
     done
-}
-
-# Replaces $2 by a copy of $1: written next to it under a temporary name,
-# then renamed over it.  An nginx still running the old binary or module
-# keeps its mapping of the old file (writing into it in place would make it
-# crash, or fail with ETXTBSY for a running binary).
-replace_file() {
-    local from=$1 to=$2 tmp
-    tmp="$(dirname "$to")/.$(basename "$to").tmp.$$"
-    if ! cp "$from" "$tmp" || ! mv -f "$tmp" "$to"; then
-        rm -f "$tmp"
-        say "could not write ${to#"$repo"/}"
-        return 1
-    fi
 }
 
 # Runs the e2e suite with prove; prints its counts for the summary and, on
@@ -490,7 +460,7 @@ for entry in "$@"; do
             say "nginx $version: source tree $entry"
             if build_from_tree "$version" "$entry"; then ok=1; else ok=""; fi
             nginx="$matrix/$version/nginx"
-            module="$matrix/$version/$module_name"
+            module="$matrix/$version/$module_so"
         fi
     elif [ -n "$installed" ] && [ "$version" = "$installed" ]; then
         what="installed nginx"
@@ -511,12 +481,12 @@ for entry in "$@"; do
             fi
         fi
         nginx=$installed_nginx
-        module="$repo/build/$module_name"
+        module="$repo/build/$module_so"
     else
         what="source build"
         if build_from_source "$version"; then ok=1; else ok=""; fi
         nginx="$matrix/$version/nginx"
-        module="$matrix/$version/$module_name"
+        module="$matrix/$version/$module_so"
     fi
 
     if [ -z "$ok" ]; then
