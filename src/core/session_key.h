@@ -3,10 +3,12 @@
 
 #include <cstddef>
 
+#include "affinity_core.h"
+
 namespace affinity {
 
-constexpr size_t kMaxEchoedKey = 256;
-constexpr size_t kUuidLength = 36;
+constexpr size_t kMaxEchoedKey = AFFINITY_KEY_MAX_ECHO;
+constexpr size_t kUuidLength = AFFINITY_UUID_LEN;
 
 // At most kMaxEchoedKey cookie octets (RFC 6265: printable ASCII but
 // space, '"', ',', ';' and '\\'): safe as it is in a cookie value and in a
