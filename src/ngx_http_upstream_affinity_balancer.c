@@ -25,11 +25,8 @@ typedef struct {
     ngx_http_upstream_affinity_shctx_t     *prefixes;   /* or NULL */
     ngx_http_upstream_rr_peers_t           *primary;
 
-    /* the view of the primary peers this request was given */
-    affinity_peer_t                        *peers;
-    ngx_uint_t                              npeers;
-    affinity_ring_t                        *ring;
-    ngx_uint_t                              config;
+    /* the peers as they were when the request started */
+    ngx_http_upstream_affinity_view_t      *view;
 
     affinity_request_t                      request;
 
@@ -38,6 +35,8 @@ typedef struct {
 } ngx_http_upstream_affinity_peer_data_t;
 
 
+static ngx_int_t ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
 static ngx_int_t ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc,
     void *data);
 static void ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc,
@@ -45,10 +44,63 @@ static void ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc,
 static ngx_int_t ngx_http_upstream_affinity_round_robin(
     ngx_peer_connection_t *pc, ngx_http_upstream_affinity_peer_data_t *ap);
 static void ngx_http_upstream_affinity_count(
-    ngx_http_upstream_affinity_peer_data_t *ap, uint64_t id, uint32_t *slot);
+    ngx_http_upstream_affinity_peer_data_t *ap, affinity_peer_t *peer);
 
 
 ngx_int_t
+ngx_http_upstream_init_affinity(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_http_upstream_affinity_shctx_t     *shctx;
+    ngx_http_upstream_rr_peers_t           *peers;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    ascf = ngx_http_conf_upstream_srv_conf(us,
+                                           ngx_http_upstream_affinity_module);
+
+    if (ascf->session_zone == NULL && ascf->prefix_zone == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "\"affinity_balance\" in upstream \"%V\" requires "
+                      "\"session_affinity\" or \"prefix_affinity\"",
+                      &us->host);
+        return NGX_ERROR;
+    }
+
+    /* one zone counts the in-flight requests: the sessions' if any */
+
+    ascf->counter_zone = ascf->session_zone ? ascf->session_zone
+                                            : ascf->prefix_zone;
+
+    shctx = ascf->counter_zone->data;
+    shctx->counts = 1;
+
+    if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    peers = us->peer.data;
+
+    if (peers->number > AFFINITY_MAX_PEERS) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "upstream \"%V\" has %ui servers, affinity balancing "
+                      "supports at most %d", &us->host, peers->number,
+                      AFFINITY_MAX_PEERS);
+        return NGX_ERROR;
+    }
+
+    /* the peers' counter slots are claimed when the zone is ready */
+
+    if (ngx_http_upstream_affinity_init_view(cf, ascf, peers) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    us->peer.init = ngx_http_upstream_init_affinity_peer;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
 ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ngx_http_upstream_srv_conf_t *us)
 {
@@ -85,19 +137,11 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
      * first, and the request keeps the one it was given.
      */
 
-    ngx_http_upstream_affinity_update_peers(ascf, ap->primary,
-                                            r->connection->log);
-
-    ap->config = ascf->config;
-    ap->npeers = ascf->npeers;
-    ap->ring = ascf->ring;
-
-    ap->peers = ngx_palloc(r->pool, ap->npeers * sizeof(affinity_peer_t) + 1);
-    if (ap->peers == NULL) {
+    ap->view = ngx_http_upstream_affinity_view(ascf, ap->primary, r->pool,
+                                               r->connection->log);
+    if (ap->view == NULL) {
         return NGX_ERROR;
     }
-
-    ngx_memcpy(ap->peers, ascf->peers, ap->npeers * sizeof(affinity_peer_t));
 
     /*
      * The key and the prompt are read once per request, not per try: a
@@ -201,9 +245,9 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     ngx_http_upstream_affinity_peer_data_t  *ap = data;
 
     time_t                                 now;
+    uint8_t                                state[AFFINITY_MAX_PEERS];
     uintptr_t                              m;
     ngx_uint_t                             i, n, usable, draining;
-    affinity_peer_t                       *state;
     affinity_balance_t                     balance;
     affinity_decision_t                    decision;
     ngx_http_upstream_rr_peer_t           *peer;
@@ -239,8 +283,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
      * without peers yet (all "resolve" servers unresolved), is round robin's.
      */
 
-    if (ap->npeers == 0
-        || ap->config != ngx_http_upstream_affinity_config(peers))
+    if (ap->view->npeers == 0
+        || ap->view->generation != ngx_http_upstream_affinity_config(peers))
     {
         ngx_http_upstream_rr_peers_unlock(peers);
         return ngx_http_upstream_affinity_round_robin(pc, ap);
@@ -251,9 +295,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     peer = ngx_http_upstream_affinity_hinted_peer(rrp, pc, &i);
 
     if (peer) {
-        if (i < ap->npeers) {
-            ngx_http_upstream_affinity_count(ap, ap->peers[i].id,
-                                             &ap->peers[i].slot);
+        if (i < ap->view->npeers) {
+            ngx_http_upstream_affinity_count(ap, &ap->view->peers[i]);
         }
 
         ap->ctx->route = AFFINITY_ROUTE_FALLBACK;
@@ -273,32 +316,30 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     draining = 0;
 
     for (peer = peers->peer, i = 0;
-         peer && i < ap->npeers;
+         peer && i < ap->view->npeers;
          peer = peer->next, i++)
     {
         n = i / (8 * sizeof(uintptr_t));
         m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
-
-        state = &ap->peers[i];
 
         if ((peer->down && !ngx_http_upstream_affinity_draining(peer))
             || (peer->max_fails
                 && peer->fails >= peer->max_fails
                 && now - peer->checked <= peer->fail_timeout))
         {
-            state->state = AFFINITY_PEER_FAILED;
+            state[i] = AFFINITY_PEER_FAILED;
 
         } else if ((rrp->tried[n] & m)
                    || (peer->max_conns && peer->conns >= peer->max_conns))
         {
-            state->state = AFFINITY_PEER_BUSY;
+            state[i] = AFFINITY_PEER_BUSY;
 
         } else if (ngx_http_upstream_affinity_draining(peer)) {
-            state->state = AFFINITY_PEER_DRAINING;
+            state[i] = AFFINITY_PEER_DRAINING;
             draining++;
 
         } else {
-            state->state = AFFINITY_PEER_USABLE;
+            state[i] = AFFINITY_PEER_USABLE;
             usable++;
         }
     }
@@ -330,8 +371,9 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
         ngx_shmtx_lock(&prefixes->shpool->mutex);
     }
 
-    (void) affinity_route(ap->shctx->zone, ap->ring, ap->peers, ap->npeers,
-                          &balance, &ap->request, &decision);
+    (void) affinity_route(ap->shctx->zone, ap->view->ring, ap->view->peers,
+                          state, ap->view->npeers, &balance, &ap->request,
+                          &decision);
 
     if (prefixes) {
         ngx_shmtx_unlock(&prefixes->shpool->mutex);
@@ -355,16 +397,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
                    "get affinity peer, route: %ui, peer: %ui %V",
                    (ngx_uint_t) decision.route, i, &peer->name);
 
-    /* a slot claimed for the peer at routing is its slot from now on */
-
     ap->slot = decision.slot;
-
-    if (ap->peers[i].slot != decision.slot && ap->config == ascf->config
-        && ap->npeers == ascf->npeers)
-    {
-        ascf->peers[i].slot = decision.slot;
-    }
-
     ap->ctx->route = decision.route;
     ap->ctx->prefix_len = decision.prefix_len;
 
@@ -405,10 +438,9 @@ static ngx_int_t
 ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
     ngx_http_upstream_affinity_peer_data_t *ap)
 {
-    ngx_int_t                               rc;
-    ngx_uint_t                              i;
-    ngx_http_upstream_rr_peer_t            *peer;
-    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+    ngx_int_t                     rc;
+    ngx_uint_t                    i;
+    ngx_http_upstream_rr_peer_t  *peer;
 
     rc = ngx_http_upstream_get_round_robin_peer(pc, &ap->rrp);
 
@@ -418,8 +450,6 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
     if (rc != NGX_OK) {
         return rc;
     }
-
-    ascf = ap->conf;
 
     i = 0;
 
@@ -441,14 +471,13 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
      */
 
     if (ap->rrp.peers == ap->primary) {
-        if (i < ap->npeers) {
-            ngx_http_upstream_affinity_count(ap, ap->peers[i].id,
-                                             &ap->peers[i].slot);
+        if (i < ap->view->npeers) {
+            ngx_http_upstream_affinity_count(ap, &ap->view->peers[i]);
         }
 
-    } else if (i < ascf->nbackup) {
-        ngx_http_upstream_affinity_count(ap, ascf->backup_ids[i],
-                                         &ascf->backup_slots[i]);
+    } else if (i < ap->view->nbackup) {
+        ngx_http_upstream_affinity_count(ap,
+                                    &ap->view->peers[ap->view->npeers + i]);
     }
 
     return rc;
@@ -463,30 +492,32 @@ ngx_http_upstream_affinity_round_robin(ngx_peer_connection_t *pc,
 
 static void
 ngx_http_upstream_affinity_count(ngx_http_upstream_affinity_peer_data_t *ap,
-    uint64_t id, uint32_t *slot)
+    affinity_peer_t *peer)
 {
-    uint32_t                             now;
+    uint32_t                             now, slot;
     ngx_http_upstream_affinity_shctx_t  *shctx;
 
     shctx = ap->shctx;
     now = (uint32_t) ngx_time();
+    slot = peer->slot;
 
-    if (affinity_zone_peer_acquire(shctx->zone, shctx->row, id, *slot, now)
+    if (affinity_zone_peer_acquire(shctx->zone, shctx->row, peer->id, slot,
+                                   now)
         != 0)
     {
         ngx_shmtx_lock(&shctx->shpool->mutex);
-        *slot = affinity_zone_peer_slot(shctx->zone, id, now);
+        slot = affinity_zone_peer_slot(shctx->zone, peer->id, now);
         ngx_shmtx_unlock(&shctx->shpool->mutex);
 
-        if (affinity_zone_peer_acquire(shctx->zone, shctx->row, id, *slot,
-                                       now)
+        if (affinity_zone_peer_acquire(shctx->zone, shctx->row, peer->id,
+                                       slot, now)
             != 0)
         {
             return;
         }
     }
 
-    ap->slot = *slot;
+    ap->slot = slot;
 }
 
 
@@ -513,41 +544,3 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
 }
 
 
-/*
- * Rebuilds the worker's view of the peers when servers with "resolve" have
- * changed the list (nginx 1.27.3+).  The generation is first read without
- * the peers lock, so that a request pays nothing while the list stays as it
- * is: a change that races with it is caught by get_peer, which compares the
- * generation under the lock.  If the rebuild fails (no memory) the old view
- * stays, requests with it go to round robin, and the next request tries
- * again.
- */
-
-void
-ngx_http_upstream_affinity_update_peers(
-    ngx_http_upstream_affinity_srv_conf_t *ascf,
-    ngx_http_upstream_rr_peers_t *peers, ngx_log_t *log)
-{
-    ngx_uint_t  config;
-
-    if (ngx_http_upstream_affinity_config(peers) == ascf->config) {
-        return;
-    }
-
-    ngx_http_upstream_rr_peers_rlock(peers);
-
-    config = ngx_http_upstream_affinity_config(peers);
-
-    if (config != ascf->config
-        && ngx_http_upstream_affinity_build_peers(ascf, peers, NULL, log)
-           == NGX_OK)
-    {
-        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
-                       "affinity upstream \"%V\": %ui peers, generation %ui",
-                       &ascf->name, ascf->npeers, config);
-
-        ascf->config = config;
-    }
-
-    ngx_http_upstream_rr_peers_unlock(peers);
-}

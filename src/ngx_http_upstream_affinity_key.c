@@ -1,10 +1,12 @@
 
 /*
- * Session keys of ngx_http_upstream_affinity_module: looked up in the
- * configured sources in order (request header, cookie, JSON body field),
- * or generated.  Nothing here fails a request the balancer could route: a
- * body that cannot be read or parsed just yields no key, and the error log
- * says why once per worker.
+ * Session keys of ngx_http_upstream_affinity_module, in and out: looked up
+ * in the configured sources in order (request headers and cookies through
+ * nginx's own variables, JSON body fields), or generated; echoed to the
+ * client by the response header filter; shown in $affinity_session, with
+ * $affinity_route and $affinity_prefix_len.  Nothing here fails a request
+ * the balancer could route: a body that cannot be read or parsed just
+ * yields no key, and the error log says why once per worker.
  */
 
 
@@ -19,15 +21,40 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX  1024
 
 
-static ngx_str_t  ngx_http_upstream_affinity_cookie_header =
-    ngx_string("Cookie");
-
-
-static ngx_int_t ngx_http_upstream_affinity_header(ngx_http_request_t *r,
-    ngx_str_t *name, ngx_str_t *cookie, ngx_str_t *value);
 static ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
     ngx_str_t *value);
+static ngx_int_t ngx_http_upstream_affinity_route_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_upstream_affinity_session_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_upstream_affinity_prefix_len_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_http_upstream_affinity_srv_conf_t *
+    ngx_http_upstream_affinity_upstream_of(ngx_http_request_t *r);
+static ngx_int_t ngx_http_upstream_affinity_header_filter(
+    ngx_http_request_t *r);
+
+
+static ngx_http_variable_t  ngx_http_upstream_affinity_vars[] = {
+
+    { ngx_string("affinity_route"), NULL,
+      ngx_http_upstream_affinity_route_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("affinity_session"), NULL,
+      ngx_http_upstream_affinity_session_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("affinity_prefix_len"), NULL,
+      ngx_http_upstream_affinity_prefix_len_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 
 
 ngx_int_t
@@ -39,6 +66,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_int_t                             rc;
     ngx_str_t                             value;
     ngx_uint_t                            i;
+    ngx_http_variable_value_t            *vv;
     ngx_http_upstream_affinity_source_t  *src;
 
     src = ascf->sources->elts;
@@ -47,23 +75,23 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
 
         ngx_str_null(&value);
 
-        switch (src[i].type) {
-
-        case NGX_HTTP_UPSTREAM_AFFINITY_HEADER:
-            rc = ngx_http_upstream_affinity_header(r, &src[i].name, NULL,
-                                                   &value);
-            break;
-
-        case NGX_HTTP_UPSTREAM_AFFINITY_COOKIE:
-            rc = ngx_http_upstream_affinity_header(r,
-                     &ngx_http_upstream_affinity_cookie_header, &src[i].name,
-                     &value);
-            break;
-
-        default: /* NGX_HTTP_UPSTREAM_AFFINITY_FIELD */
+        if (src[i].type == NGX_HTTP_UPSTREAM_AFFINITY_FIELD) {
             rc = ngx_http_upstream_affinity_field(r, body, &src[i].name,
                                                   &value);
-            break;
+
+        } else {
+            /* $http_NAME or $cookie_NAME, as nginx parses them */
+
+            vv = ngx_http_get_indexed_variable(r, src[i].index);
+
+            if (vv == NULL || vv->not_found) {
+                rc = NGX_DECLINED;
+
+            } else {
+                value.data = vv->data;
+                value.len = vv->len;
+                rc = NGX_OK;
+            }
         }
 
         if (rc == NGX_ERROR) {
@@ -122,60 +150,6 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
 }
 
 
-/*
- * The value of the first request header line called name; with cookie set,
- * the value of the first cookie so called in the lines called name (the
- * Cookie lines), split by the core's RFC 6265 parser.  The request's header
- * list is the same in every nginx version, unlike its cookie parsers.
- */
-
-static ngx_int_t
-ngx_http_upstream_affinity_header(ngx_http_request_t *r, ngx_str_t *name,
-    ngx_str_t *cookie, ngx_str_t *value)
-{
-    size_t            len;
-    ngx_uint_t        i;
-    const char       *p;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
-
-    part = &r->headers_in.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return NGX_DECLINED;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len != name->len
-            || ngx_strncasecmp(h[i].key.data, name->data, name->len) != 0)
-        {
-            continue;
-        }
-
-        if (cookie == NULL) {
-            *value = h[i].value;
-            return NGX_OK;
-        }
-
-        if (affinity_cookie_find((char *) h[i].value.data, h[i].value.len,
-                                 (char *) cookie->data, cookie->len, &p, &len))
-        {
-            value->data = (u_char *) p;
-            value->len = len;
-            return NGX_OK;
-        }
-    }
-}
-
-
 static ngx_int_t
 ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
@@ -216,6 +190,313 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
 
     ngx_memcpy(value->data, out, len);
     value->len = len;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_upstream_affinity_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t                         *route;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE
+        || ctx->route > AFFINITY_ROUTE_PREFIX_NEW)
+    {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    /* a spill left the pinned peer, as a move does: both say so */
+
+    route = &ngx_http_upstream_affinity_route_names[
+                 ctx->route == AFFINITY_ROUTE_SESSION_SPILL
+                 ? AFFINITY_ROUTE_SESSION_MOVED : ctx->route];
+
+    v->len = route->len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = route->data;
+
+    return NGX_OK;
+}
+
+
+/*
+ * $affinity_session: the key in use.  proxy_set_header evaluates it while
+ * the request to the upstream is built, before the balancer runs: the key
+ * is then read (or generated) here, for the upstream the request goes to,
+ * and the balancer uses the same one.  A key with control characters is
+ * used for routing but never shown.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_session_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_upstream_affinity_ctx_t       *ctx;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL) {
+        ascf = ngx_http_upstream_affinity_upstream_of(r);
+
+        if (ascf) {
+            ctx = ngx_http_upstream_affinity_request(r, ascf);
+            if (ctx == NULL) {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    if (ctx == NULL || !ctx->keyed || !ctx->exposed) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = ctx->key.len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = ctx->key.data;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The affinity upstream a request is being sent to, before the balancer
+ * runs: the one proxy_pass names, or, when proxy_pass takes the name from a
+ * variable, the upstream{} block of that name, found as nginx will find it.
+ * An upstream this balancer initialized has its counter zone set (keepalive
+ * or sticky may wrap the balancer, so peer.init is not necessarily its
+ * own).
+ */
+
+static ngx_http_upstream_affinity_srv_conf_t *
+ngx_http_upstream_affinity_upstream_of(ngx_http_request_t *r)
+{
+    ngx_uint_t                              i;
+    ngx_http_upstream_t                    *u;
+    ngx_http_upstream_resolved_t           *rs;
+    ngx_http_upstream_srv_conf_t           *uscf, **uscfp;
+    ngx_http_upstream_main_conf_t          *umcf;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    u = r->upstream;
+
+    if (u == NULL || u->conf == NULL) {
+        return NULL;
+    }
+
+    uscf = u->conf->upstream;
+    rs = u->resolved;
+
+    if (uscf == NULL && rs && rs->host.len) {
+        umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
+        uscfp = umcf->upstreams.elts;
+
+        for (i = 0; i < umcf->upstreams.nelts; i++) {
+            if (uscfp[i]->host.len == rs->host.len
+                && ((uscfp[i]->port == 0 && rs->no_port)
+                    || uscfp[i]->port == rs->port)
+                && ngx_strncasecmp(uscfp[i]->host.data, rs->host.data,
+                                   rs->host.len)
+                   == 0)
+            {
+                uscf = uscfp[i];
+                break;
+            }
+        }
+    }
+
+    if (uscf == NULL || uscf->srv_conf == NULL) {
+        return NULL;
+    }
+
+    ascf = ngx_http_conf_upstream_srv_conf(uscf,
+                                           ngx_http_upstream_affinity_module);
+
+    return ascf->counter_zone ? ascf : NULL;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_prefix_len_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    u_char                            *p;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->len = ngx_sprintf(p, "%ui", ctx->prefix_len) - p;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = p;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Echoes the session key to the client: in the configured header (so a
+ * client that did not send one learns its generated id) and, with cookie=,
+ * in Set-Cookie.  A key that came from the cookie is never copied into the
+ * header: an HttpOnly cookie (often an authentication token) must stay out
+ * of reach of page scripts; it is only refreshed in Set-Cookie when the
+ * cookie has a Max-Age.  Keys that are not safe as a cookie value are never
+ * echoed.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_header_filter(ngx_http_request_t *r)
+{
+    u_char                                 *p;
+    ngx_uint_t                              i;
+    ngx_list_part_t                        *part;
+    ngx_table_elt_t                        *h;
+    ngx_http_upstream_affinity_ctx_t       *ctx;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    if (r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || !ctx->echo) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ascf = ctx->conf;
+
+    if (ctx->source == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE) {
+        goto cookie;
+    }
+
+    /* do not repeat a header the backend already set */
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash
+            && h[i].key.len == ascf->echo_header.len
+            && ngx_strncasecmp(h[i].key.data, ascf->echo_header.data,
+                               ascf->echo_header.len) == 0)
+        {
+            goto cookie;
+        }
+    }
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key = ascf->echo_header;
+    h->value = ctx->key;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+cookie:
+
+    /*
+     * Set the cookie when the client cannot have it yet: the key was
+     * generated, or came from another source.  A key that came from the
+     * cookie is sent back only to slide its Max-Age.
+     */
+
+    if (ascf->echo_cookie.len == 0
+        || (ctx->source == NGX_HTTP_UPSTREAM_AFFINITY_COOKIE
+            && ascf->cookie_max_age == NGX_CONF_UNSET))
+    {
+        return ngx_http_next_header_filter(r);
+    }
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->value.len = ascf->echo_cookie.len + 1 + ctx->key.len
+                   + ascf->cookie_attributes.len;
+
+    h->value.data = ngx_pnalloc(r->pool, h->value.len);
+    if (h->value.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_copy(h->value.data, ascf->echo_cookie.data, ascf->echo_cookie.len);
+    *p++ = '=';
+    p = ngx_copy(p, ctx->key.data, ctx->key.len);
+    ngx_memcpy(p, ascf->cookie_attributes.data, ascf->cookie_attributes.len);
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Set-Cookie");
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+ngx_int_t
+ngx_http_upstream_affinity_init_filter(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_upstream_affinity_header_filter;
 
     return NGX_OK;
 }

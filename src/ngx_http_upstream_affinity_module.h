@@ -26,27 +26,12 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_FIELD   2
 
 
+/* a session key source of session_affinity */
 typedef struct {
     ngx_uint_t                              type;
     ngx_str_t                               name;
+    ngx_int_t                               index;  /* $http_, $cookie_ */
 } ngx_http_upstream_affinity_source_t;
-
-
-#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_LAX     0
-#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_STRICT  1
-#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_NONE    2
-#define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_OFF     3
-
-
-/* the cookie_* parameters of session_affinity while they are parsed */
-typedef struct {
-    ngx_str_t                               path;
-    ngx_str_t                               domain;
-    time_t                                  max_age;
-    ngx_uint_t                              samesite;
-    unsigned                                secure:1;
-    unsigned                                set:1;  /* any was given */
-} ngx_http_upstream_affinity_cookie_t;
 
 
 /* shm_zone->data of an affinity zone */
@@ -75,6 +60,28 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
 } ngx_http_upstream_affinity_warning_e;
+
+
+/*
+ * The peers of an upstream as the balancer sees them, for one generation
+ * of its peer list: ids, weights, counter slots and names, primary servers
+ * then backups, and the ring, in one block.  Built once from the
+ * configuration, and again in each worker when servers with "resolve"
+ * change the list; never changed after it is published (a peer whose slot
+ * changes hands gets its new one at routing), and freed, when built at run
+ * time, once it is superseded and no request holds it.
+ */
+typedef struct {
+    ngx_uint_t                              generation; /* *peers->config */
+    ngx_uint_t                              refs;   /* requests holding it */
+    affinity_ring_t                        *ring;   /* NULL without peers */
+    affinity_peer_t                        *peers;  /* primary, then backup */
+    ngx_str_t                              *names;  /* in the same order */
+    ngx_uint_t                              npeers;
+    ngx_uint_t                              nbackup;
+    unsigned                                dynamic:1; /* ngx_alloc()'ed */
+    unsigned                                current:1;
+} ngx_http_upstream_affinity_view_t;
 
 
 /* the request body while a request is analyzed: parsed once, on first use */
@@ -113,17 +120,8 @@ typedef struct {
     ngx_uint_t                              factor;     /* per mille */
     ngx_uint_t                              slack;
 
-    /* built by init_upstream from the configured peers */
-    affinity_ring_t                        *ring;
-    affinity_peer_t                        *peers;
-    ngx_uint_t                              npeers;
-    uint32_t                               *backup_slots;
-    uint64_t                               *backup_ids;
-    ngx_uint_t                              nbackup;
-
-    /* the peer list generation the above were built for (nginx 1.27.3+) */
-    ngx_uint_t                              config;
-    unsigned                                dynamic:1;  /* built at run time */
+    /* the peers as of the current list (ngx_http_upstream_affinity_peers.c) */
+    ngx_http_upstream_affinity_view_t      *view;
 
     ngx_str_t                               name;       /* upstream name */
 } ngx_http_upstream_affinity_srv_conf_t;
@@ -149,24 +147,50 @@ typedef struct {
 
 
 extern ngx_module_t  ngx_http_upstream_affinity_module;
+extern ngx_str_t     ngx_http_upstream_affinity_route_names[AFFINITY_ROUTES];
 
 
-ngx_int_t ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
-    ngx_http_upstream_srv_conf_t *us);
-ngx_int_t ngx_http_upstream_affinity_build_peers(
+/* ngx_http_upstream_affinity_module.c: configuration */
+ssize_t ngx_http_upstream_affinity_parse_size(ngx_conf_t *cf,
+    const char *what, ngx_str_t *shown, ngx_str_t *value, size_t min,
+    off_t max);
+
+/* ngx_http_upstream_affinity_zone.c: shared memory zones, worker rows */
+char *ngx_http_upstream_affinity_add_zone(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *value,
+    ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **zone);
+void ngx_http_upstream_affinity_claim_rows(ngx_cycle_t *cycle);
+void ngx_http_upstream_affinity_release_rows(ngx_cycle_t *cycle);
+void ngx_http_upstream_affinity_reap(ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_log_t *log);
+
+/* ngx_http_upstream_affinity_peers.c: the peer view */
+ngx_int_t ngx_http_upstream_affinity_init_view(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_rr_peers_t *peers);
+ngx_http_upstream_affinity_view_t *ngx_http_upstream_affinity_view(
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_rr_peers_t *peers, ngx_pool_t *pool, ngx_log_t *log);
-void ngx_http_upstream_affinity_update_peers(
-    ngx_http_upstream_affinity_srv_conf_t *ascf,
-    ngx_http_upstream_rr_peers_t *peers, ngx_log_t *log);
-char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+void ngx_http_upstream_affinity_claim_slots(
+    ngx_http_upstream_affinity_shctx_t *shctx,
+    ngx_http_upstream_affinity_view_t *view, ngx_str_t *upstream,
+    ngx_log_t *log);
+
+/* ngx_http_upstream_affinity_balancer.c: the balancer */
+ngx_int_t ngx_http_upstream_init_affinity(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us);
 ngx_http_upstream_affinity_ctx_t *ngx_http_upstream_affinity_request(
     ngx_http_request_t *r, ngx_http_upstream_affinity_srv_conf_t *ascf);
+
+/* ngx_http_upstream_affinity_key.c: session keys in and out, variables */
+ngx_int_t ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf);
+ngx_int_t ngx_http_upstream_affinity_init_filter(ngx_conf_t *cf);
 ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_ctx_t *ctx,
     ngx_http_upstream_affinity_body_t *body);
+
+/* ngx_http_upstream_affinity_body.c: the request body and its prompt */
 ngx_int_t ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_ctx_t *ctx,
@@ -176,11 +200,13 @@ ngx_int_t ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
 void ngx_http_upstream_affinity_body_unload(
     ngx_http_upstream_affinity_body_t *body);
 void ngx_http_upstream_affinity_body_exit(void);
-void ngx_http_upstream_affinity_reap(ngx_http_upstream_affinity_shctx_t *shctx,
-    ngx_log_t *log);
 void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
     ngx_http_upstream_affinity_warning_e warning, const char *fmt,
     ngx_str_t *arg);
+
+/* ngx_http_upstream_affinity_status.c: affinity_status */
+char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 
 #endif /* _NGX_HTTP_UPSTREAM_AFFINITY_MODULE_H_INCLUDED_ */

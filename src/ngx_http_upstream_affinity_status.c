@@ -16,19 +16,6 @@
 #include "ngx_http_upstream_affinity_module.h"
 
 
-/* names of affinity_route_e values; the status tells spills apart */
-static const char  *ngx_http_upstream_affinity_route_names[AFFINITY_ROUTES] = {
-    NULL,
-    "session_hit",
-    "session_new",
-    "session_moved",
-    "session_spill",
-    "fallback",
-    "prefix_hit",
-    "prefix_new"
-};
-
-
 /* one peer of an upstream, as reported */
 typedef struct {
     ngx_str_t                               name;
@@ -167,9 +154,9 @@ ngx_http_upstream_affinity_status_handler(ngx_http_request_t *r)
 
 
 /*
- * Reads the counters of every upstream that uses this balancer.  Peers are
- * taken from the upstream's current list (the names) and the counter slots
- * the module gave them (the figures).
+ * Reads the counters of every upstream that uses this balancer: the peers
+ * as the balancer sees them (its peer view, brought up to date), and the
+ * figures of their counter slots.
  */
 
 static ngx_int_t
@@ -177,12 +164,11 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
     ngx_array_t *upstreams)
 {
     uint32_t                                       slot;
-    ngx_uint_t                                     i, j, backup;
+    ngx_uint_t                                     i, j;
     affinity_zone_t                               *zone;
-    ngx_http_upstream_rr_peer_t                   *peer;
-    ngx_http_upstream_rr_peers_t                  *peers, *list;
     ngx_http_upstream_srv_conf_t                 **uscfp;
     ngx_http_upstream_main_conf_t                 *umcf;
+    ngx_http_upstream_affinity_view_t             *view;
     ngx_http_upstream_affinity_srv_conf_t         *ascf;
     ngx_http_upstream_affinity_peer_status_t      *ps;
     ngx_http_upstream_affinity_shctx_t            *shctx;
@@ -200,9 +186,15 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
         ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
 
         if (ascf == NULL || ascf->counter_zone == NULL
-            || ascf->peers == NULL || uscfp[i]->peer.data == NULL)
+            || ascf->view == NULL || uscfp[i]->peer.data == NULL)
         {
             continue;
+        }
+
+        view = ngx_http_upstream_affinity_view(ascf, uscfp[i]->peer.data,
+                                               r->pool, r->connection->log);
+        if (view == NULL) {
+            return NGX_ERROR;
         }
 
         us = ngx_array_push(upstreams);
@@ -214,7 +206,7 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
         us->conf = ascf;
 
         if (ngx_array_init(&us->peers, r->pool,
-                           ascf->npeers + ascf->nbackup + 1,
+                           view->npeers + view->nbackup + 1,
                            sizeof(ngx_http_upstream_affinity_peer_status_t))
             != NGX_OK)
         {
@@ -223,70 +215,44 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
 
         shctx = ascf->counter_zone->data;
         zone = shctx->zone;
-        peers = uscfp[i]->peer.data;
 
         /* requests of workers that died are not in flight any more */
 
         ngx_http_upstream_affinity_reap(shctx, r->connection->log);
 
-        /* the peers' slots as of the current list ("resolve" changes it) */
+        for (j = 0; j < view->npeers + view->nbackup; j++) {
 
-        ngx_http_upstream_affinity_update_peers(ascf, peers,
-                                                r->connection->log);
+            ps = ngx_array_push(&us->peers);
+            if (ps == NULL) {
+                return NGX_ERROR;
+            }
 
-        ngx_http_upstream_rr_peers_rlock(peers);
+            ps->name = view->names[j];
+            ps->backup = (j >= view->npeers);
 
-        for (list = peers, backup = 0; list; list = list->next, backup++) {
+            /*
+             * The slot the view has, or the one the peer claimed since;
+             * a peer without one is reported as not counted, with zeros,
+             * never with another peer's figures.
+             */
 
-            for (peer = list->peer, j = 0; peer; peer = peer->next, j++) {
+            slot = view->peers[j].slot;
+            affinity_zone_peer_stats(zone, slot, &ps->stats);
 
-                if (backup) {
-                    slot = j < ascf->nbackup ? ascf->backup_slots[j]
-                                             : AFFINITY_NO_SLOT;
-                } else {
-                    slot = j < ascf->npeers ? ascf->peers[j].slot
-                                            : AFFINITY_NO_SLOT;
-                }
-
-                ps = ngx_array_push(&us->peers);
-                if (ps == NULL) {
-                    ngx_http_upstream_rr_peers_unlock(peers);
-                    return NGX_ERROR;
-                }
-
-                ps->name.data = ngx_pstrdup(r->pool, &peer->name);
-                if (ps->name.data == NULL) {
-                    ngx_http_upstream_rr_peers_unlock(peers);
-                    return NGX_ERROR;
-                }
-
-                ps->name.len = peer->name.len;
-                ps->backup = backup;
-
-                /*
-                 * A peer whose slot went to another (or that never had
-                 * one) is reported as not counted, with zeros, not with
-                 * another peer's figures.
-                 */
+            if (ps->stats.id != view->peers[j].id) {
+                ngx_shmtx_lock(&shctx->shpool->mutex);
+                slot = affinity_zone_peer_find(zone, view->peers[j].id);
+                ngx_shmtx_unlock(&shctx->shpool->mutex);
 
                 affinity_zone_peer_stats(zone, slot, &ps->stats);
-
-                ps->counted = ps->stats.id != 0
-                              && ps->stats.id
-                                 == affinity_peer_id((char *) peer->name.data,
-                                                     peer->name.len);
-
-                if (!ps->counted) {
-                    ngx_memzero(&ps->stats, sizeof(affinity_peer_stats_t));
-                }
             }
 
-            if (backup) {
-                break;
+            ps->counted = (ps->stats.id == view->peers[j].id);
+
+            if (!ps->counted) {
+                ngx_memzero(&ps->stats, sizeof(affinity_peer_stats_t));
             }
         }
-
-        ngx_http_upstream_rr_peers_unlock(peers);
     }
 
     return NGX_OK;
@@ -313,6 +279,8 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
 {
     char                                          *text;
     size_t                                         len;
+    json_int_t                                     n;
+    const char                                    *name;
     json_t                                        *root, *all, *u, *list, *p;
     json_t                                        *routes, *totals, *zones;
     ngx_buf_t                                     *b;
@@ -372,10 +340,10 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
         }
 
         for (k = 1; k < AFFINITY_ROUTES; k++) {
-            if (json_object_set_new(totals,
-                                    ngx_http_upstream_affinity_route_names[k],
-                                    json_integer(0)))
-            {
+            name = (const char *)
+                       ngx_http_upstream_affinity_route_names[k].data;
+
+            if (json_object_set_new(totals, name, json_integer(0))) {
                 goto failed;
             }
         }
@@ -402,8 +370,9 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
             }
 
             for (k = 1; k < AFFINITY_ROUTES; k++) {
-                json_int_t  n = (json_int_t) ps[j].stats.routes[k];
-                const char *name = ngx_http_upstream_affinity_route_names[k];
+                n = (json_int_t) ps[j].stats.routes[k];
+                name = (const char *)
+                           ngx_http_upstream_affinity_route_names[k].data;
 
                 if (json_object_set_new(routes, name, json_integer(n))
                     || json_object_set_new(totals, name,
@@ -697,9 +666,9 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
             for (k = 1; k < AFFINITY_ROUTES; k++) {
                 if (ngx_http_upstream_affinity_printf(&t,
                         "nginx_upstream_affinity_routes_total{upstream=\"%V\","
-                        "peer=\"%V\",route=\"%s\"} %uL\n",
+                        "peer=\"%V\",route=\"%V\"} %uL\n",
                         us[i].label, ps[j].label,
-                        ngx_http_upstream_affinity_route_names[k],
+                        &ngx_http_upstream_affinity_route_names[k],
                         ps[j].stats.routes[k])
                     != NGX_OK)
                 {

@@ -42,6 +42,21 @@ my @bad = (
     [ "session_affinity;\n affinity_balance slack=-1;",   qr/invalid slack "slack=-1"/ ],
     [ "session_affinity;\n affinity_balance spread=2;",   qr/invalid parameter "spread=2"/ ],
     [ 'affinity_balance factor=1.5;',        qr/"affinity_balance" in upstream "llm" requires "session_affinity"/ ],
+    # A parameter that takes one value is refused twice, as nginx does.
+    [ 'session_affinity timeout=1m timeout=2m;', qr/duplicate parameter "timeout=2m"/ ],
+    [ 'session_affinity generate generate;',  qr/duplicate parameter "generate"/ ],
+    [ 'session_affinity zone=a:1m zone=b:1m;', qr/duplicate parameter "zone=b:1m"/ ],
+    [ 'session_affinity cookie=c cookie_secure cookie_secure;', qr/duplicate parameter "cookie_secure"/ ],
+    [ 'session_affinity cookie=c cookie_path=/a cookie_path=/b;', qr/duplicate parameter "cookie_path=\/b"/ ],
+    [ "session_affinity;\n affinity_balance factor=2 factor=3;", qr/duplicate parameter "factor=3"/ ],
+    [ "session_affinity;\n affinity_balance slack=1 slack=1;",   qr/duplicate parameter "slack=1"/ ],
+    [ 'prefix_affinity lengths=100 lengths=200;', qr/duplicate parameter "lengths=200"/ ],
+    [ 'prefix_affinity step=1k step=2k;',     qr/duplicate parameter "step=2k"/ ],
+    [ 'prefix_affinity max=8k max=8k;',       qr/duplicate parameter "max=8k"/ ],
+    [ 'prefix_affinity growth=10 growth=20;', qr/duplicate parameter "growth=20"/ ],
+    [ 'prefix_affinity timeout=1m timeout=1m;', qr/duplicate parameter "timeout=1m"/ ],
+    [ 'prefix_affinity step=x;',              qr/invalid step size "step=x"/ ],
+    [ 'prefix_affinity max=0;',               qr/max "max=0" is too small, the minimum is 1/ ],
 );
 
 for my $case (@bad) {

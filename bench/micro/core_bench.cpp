@@ -15,10 +15,9 @@ namespace {
 
 struct Fleet {
     explicit Fleet(size_t npeers, size_t zone_bytes = 8 << 20)
-        : region(std::aligned_alloc(64, zone_bytes)), peers(npeers)
+        : region(std::aligned_alloc(64, zone_bytes)), peers(npeers),
+          states(npeers, AFFINITY_PEER_USABLE)
     {
-        std::vector<affinity_ring_peer_t> ring_peers(npeers);
-
         affinity_zone_attach(region, zone_bytes, AFFINITY_ZONE_SESSIONS, 16,
                              &zone, nullptr, 0);
 
@@ -27,17 +26,16 @@ struct Fleet {
             peers[i].id = affinity_peer_id(name.data(), name.size());
             peers[i].weight = 1;
             peers[i].slot = affinity_zone_peer_slot(zone, peers[i].id, 0);
-            peers[i].state = AFFINITY_PEER_USABLE;
-            ring_peers[i] = {peers[i].id, 1};
         }
 
-        ring = affinity_ring_create(ring_peers.data(), npeers, 160);
+        ring_mem.resize(affinity_ring_size(peers.data(), npeers, 160) / 8 + 1);
+        ring = affinity_ring_build(ring_mem.data(), ring_mem.size() * 8,
+                                   peers.data(), npeers, 160);
         row = affinity_zone_worker_claim(zone, 1, 0, 0);
     }
 
     ~Fleet()
     {
-        affinity_ring_destroy(ring);
         std::free(region);
     }
 
@@ -54,8 +52,8 @@ struct Fleet {
         request.row = row;
 
         affinity_decision_t decision;
-        affinity_route(zone, ring, peers.data(), peers.size(), &balance,
-                       &request, &decision);
+        affinity_route(zone, ring, peers.data(), states.data(), peers.size(),
+                       &balance, &request, &decision);
         affinity_zone_peer_release(zone, row, decision.slot);
         return decision.peer;
     }
@@ -63,8 +61,10 @@ struct Fleet {
     void *region;
     affinity_zone_t *zone = nullptr;
     affinity_ring_t *ring = nullptr;
+    std::vector<uint64_t> ring_mem;     // the ring's memory, as a view's
     uint32_t row = AFFINITY_NO_ROW;     // the worker row, as a worker has
     std::vector<affinity_peer_t> peers;
+    std::vector<uint8_t> states;        // per request, as in get_peer
     affinity_balance_t balance{1.25, 2};
 };
 

@@ -8,7 +8,6 @@
 
 #include <openssl/rand.h>
 
-#include "cookie.h"
 #include "hashing.h"
 #include "json_body.h"
 #include "level_hasher.h"
@@ -21,10 +20,6 @@
 #include "zone.h"
 
 using namespace affinity;
-
-struct affinity_ring_s {
-    Ring ring;
-};
 
 struct affinity_json_s {
     explicit affinity_json_s(size_t retain) noexcept : body(retain) {}
@@ -70,31 +65,24 @@ uint64_t affinity_ring_hash(const void *key, size_t len) noexcept
     return ring_key_hash(key, len);
 }
 
-affinity_ring_t *affinity_ring_create(const affinity_ring_peer_t *peers,
-                                      size_t npeers,
-                                      uint32_t points_per_weight) noexcept
+size_t affinity_ring_size(const affinity_peer_t *peers, size_t npeers,
+                          uint32_t points_per_weight) noexcept
 {
-    static_assert(sizeof(affinity_ring_peer_t) == sizeof(RingPeer),
-                  "ring peers are passed through as they are");
-
-    try {
-        return new affinity_ring_s{
-            Ring(reinterpret_cast<const RingPeer *>(peers), npeers,
-                 points_per_weight)};
-
-    } catch (...) {
-        return nullptr;
-    }
+    return Ring::size(peers, npeers, points_per_weight);
 }
 
-void affinity_ring_destroy(affinity_ring_t *ring) noexcept
+affinity_ring_t *affinity_ring_build(void *mem, size_t size,
+                                     const affinity_peer_t *peers,
+                                     size_t npeers,
+                                     uint32_t points_per_weight) noexcept
 {
-    delete ring;
+    return Ring::build(mem, size, peers, npeers, points_per_weight)
+           ? static_cast<affinity_ring_t *>(mem) : nullptr;
 }
 
 size_t affinity_ring_points(const affinity_ring_t *ring) noexcept
 {
-    return ring ? ring->ring.points() : 0;
+    return ring ? Ring(ring).points() : 0;
 }
 
 size_t affinity_ring_walk(const affinity_ring_t *ring, uint64_t hash,
@@ -106,7 +94,7 @@ size_t affinity_ring_walk(const affinity_ring_t *ring, uint64_t hash,
         return 0;
     }
 
-    ring->ring.walk(hash, [&](uint32_t peer) {
+    Ring(ring).walk(hash, [&](uint32_t peer) {
         out[n++] = peer;
         return n == max;
     });
@@ -189,6 +177,12 @@ uint32_t affinity_zone_peer_slot(affinity_zone_t *zone, uint64_t peer_id,
                                  uint32_t now) noexcept
 {
     return zone_of(zone).claim_slot(peer_id, now);
+}
+
+uint32_t affinity_zone_peer_find(const affinity_zone_t *zone,
+                                 uint64_t peer_id) noexcept
+{
+    return zone_of(zone).find_slot(peer_id);
 }
 
 void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
@@ -283,13 +277,19 @@ int affinity_process_alive(uint64_t pid, uint64_t start) noexcept
 }
 
 int affinity_route(affinity_zone_t *zone, const affinity_ring_t *ring,
-                   const affinity_peer_t *peers, size_t npeers,
-                   const affinity_balance_t *balance,
+                   const affinity_peer_t *peers, const uint8_t *states,
+                   size_t npeers, const affinity_balance_t *balance,
                    const affinity_request_t *request,
                    affinity_decision_t *decision) noexcept
 {
-    return route(zone_of(zone), ring ? &ring->ring : nullptr, peers, npeers,
-                 *balance, *request, *decision);
+    if (ring == nullptr) {
+        return route(zone_of(zone), nullptr, peers, states, npeers,
+                     *balance, *request, *decision);
+    }
+
+    Ring view(ring);
+    return route(zone_of(zone), &view, peers, states, npeers, *balance,
+                 *request, *decision);
 }
 
 int affinity_key_echoable(const char *key, size_t len) noexcept
@@ -300,24 +300,6 @@ int affinity_key_echoable(const char *key, size_t len) noexcept
 int affinity_key_exposable(const char *key, size_t len) noexcept
 {
     return key != nullptr && key_exposable(key, len) ? 1 : 0;
-}
-
-int affinity_cookie_find(const char *line, size_t len, const char *name,
-                         size_t name_len, const char **value,
-                         size_t *value_len) noexcept
-{
-    std::string_view found;
-
-    if (line == nullptr || name == nullptr
-        || !find_cookie(std::string_view(line, len),
-                        std::string_view(name, name_len), found))
-    {
-        return 0;
-    }
-
-    *value = found.data();
-    *value_len = found.size();
-    return 1;
 }
 
 int affinity_uuid_v4(char out[AFFINITY_UUID_LEN]) noexcept

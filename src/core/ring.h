@@ -1,26 +1,45 @@
-// Weighted consistent-hash ring over a fixed peer list.  Built once per
-// upstream at configuration time; read-only afterwards, so lookups need no
-// lock.  Peers are identified by their position in the list given to the
-// constructor.
+// Weighted consistent-hash ring over a fixed peer list, laid out in memory
+// the caller owns (as an nginx worker keeps its peer view in one block):
+// built once per peer list, read-only afterwards, so lookups need no lock.
+// Peers are identified by their position in the list it was built from.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+
+#include "affinity_core.h"
 
 namespace affinity {
 
-struct RingPeer {
-    uint64_t id;        // stable peer id (hash of its address)
-    uint32_t weight;
-};
+constexpr size_t kMaxPeers = AFFINITY_MAX_PEERS;
 
 class Ring {
 public:
-    Ring(const RingPeer *peers, size_t npeers, uint32_t points_per_weight);
+    struct Point {
+        uint64_t hash;
+        uint32_t peer;
+        uint32_t reserved;
+    };
 
-    size_t points() const noexcept { return points_.size(); }
-    size_t peers() const noexcept { return npeers_; }
+    struct Header {
+        uint32_t npeers;
+        uint32_t npoints;
+    };
+
+    // Bytes a ring of these peers takes; 0 if it cannot be built.
+    static size_t size(const affinity_peer_t *peers, size_t npeers,
+                       uint32_t points_per_weight) noexcept;
+
+    // Builds the ring in mem (8-byte aligned, size() bytes).  False on bad
+    // arguments.  No allocation.
+    static bool build(void *mem, size_t size, const affinity_peer_t *peers,
+                      size_t npeers, uint32_t points_per_weight) noexcept;
+
+    explicit Ring(const void *mem) noexcept
+        : header_(static_cast<const Header *>(mem)) {}
+
+    size_t points() const noexcept { return header_->npoints; }
+    size_t peers() const noexcept { return header_->npeers; }
 
     // Calls visit(peer_index) for each distinct peer in ring order, starting
     // at the first point at or after hash, until visit returns true or every
@@ -29,33 +48,37 @@ public:
     int walk(uint64_t hash, Visit visit) const noexcept;
 
 private:
-    struct Point {
-        uint64_t hash;
-        uint32_t peer;
-    };
+    const Point *point_array() const noexcept
+    {
+        return reinterpret_cast<const Point *>(header_ + 1);
+    }
 
     size_t first_at_or_after(uint64_t hash) const noexcept;
 
-    std::vector<Point> points_;
-    size_t npeers_;
+    const Header *header_;
 };
+
+static_assert(sizeof(Ring::Header) % alignof(Ring::Point) == 0,
+              "the points follow the header aligned");
 
 template <typename Visit>
 int Ring::walk(uint64_t hash, Visit visit) const noexcept
 {
-    if (points_.empty()) {
+    size_t n = points();
+    size_t npeers = peers();
+
+    if (n == 0) {
         return -1;
     }
 
     // A peer appears at many points; remember which were offered already.
-    // Rings hold at most kMaxPeers peers (checked by the constructor).
-    uint64_t seen[4] = {0, 0, 0, 0};
+    uint64_t seen[kMaxPeers / 64] = {};
+    const Point *p = point_array();
     size_t distinct = 0;
-    size_t n = points_.size();
     size_t start = first_at_or_after(hash);
 
-    for (size_t step = 0; step < n && distinct < npeers_; step++) {
-        uint32_t peer = points_[(start + step) % n].peer;
+    for (size_t step = 0; step < n && distinct < npeers; step++) {
+        uint32_t peer = p[(start + step) % n].peer;
         uint64_t bit = uint64_t{1} << (peer % 64);
 
         if (seen[peer / 64] & bit) {
@@ -72,7 +95,5 @@ int Ring::walk(uint64_t hash, Visit visit) const noexcept
 
     return -1;
 }
-
-constexpr size_t kMaxPeers = 256;
 
 }  // namespace affinity

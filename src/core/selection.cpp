@@ -7,9 +7,11 @@
 
 namespace affinity {
 
-LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers, size_t npeers,
+LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
+                     const uint8_t *states, size_t npeers,
                      const affinity_balance_t &balance, uint64_t now) noexcept
     : peers_(peers),
+      states_(states),
       npeers_(std::min(npeers, kMaxPeers)),
       factor_(balance.factor),
       slack_(balance.slack)
@@ -34,10 +36,9 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers, size_t npeers,
 
         slots_[i] = slot;
         inflight_[i] = n;
-        short_ids_[i] = short_peer_id(peers[i].id);
 
         // Failed peers carry no new load and do not lower everyone's bound.
-        if (peers[i].state != AFFINITY_PEER_FAILED) {
+        if (states[i] != AFFINITY_PEER_FAILED) {
             total += n;
             weights += std::max<uint32_t>(peers[i].weight, 1);
         }
@@ -96,7 +97,7 @@ int LoadBound::index_of(uint64_t peer_id) const noexcept
 int LoadBound::index_of_short(uint32_t short_id) const noexcept
 {
     for (size_t i = 0; i < npeers_; i++) {
-        if (short_ids_[i] == short_id) {
+        if (short_peer_id(peers_[i].id) == short_id) {
             return static_cast<int>(i);
         }
     }
@@ -162,7 +163,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         return pinned;
     }
 
-    if (pinned < 0 || peers[pinned].state == AFFINITY_PEER_FAILED) {
+    if (pinned < 0 || load.failed(size_t(pinned))) {
         // The pinned peer is gone or failed: its cache is lost to this
         // session anyway, so the session moves for good.
         int i = place(load, ring, request.ring_hash, -1, request.rotate);
@@ -317,13 +318,14 @@ void record_levels(PrefixTable &table, const uint64_t *keys, size_t nkeys,
 }  // namespace
 
 int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
-          size_t npeers, const affinity_balance_t &balance,
+          const uint8_t *states, size_t npeers,
+          const affinity_balance_t &balance,
           const affinity_request_t &request,
           affinity_decision_t &decision) noexcept
 {
     decision = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
 
-    LoadBound load(zone, peers, npeers, balance, request.now);
+    LoadBound load(zone, peers, states, npeers, balance, request.now);
     bool sessions = zone.header().kind
                     == static_cast<uint32_t>(ZoneKind::Sessions);
     bool prefixes = request.prefixes != nullptr && request.nlevels > 0

@@ -19,21 +19,22 @@ public:
     // is not its own (unset, or handed to another peer since the caller
     // looked it up) claims one now, so that no peer is balanced blind
     // while a slot can be had (caller holds the zone lock).
-    LoadBound(Zone zone, const affinity_peer_t *peers, size_t npeers,
-              const affinity_balance_t &balance, uint64_t now) noexcept;
+    LoadBound(Zone zone, const affinity_peer_t *peers, const uint8_t *states,
+              size_t npeers, const affinity_balance_t &balance,
+              uint64_t now) noexcept;
 
     size_t size() const noexcept { return npeers_; }
     bool usable(size_t i) const noexcept
     {
-        return peers_[i].state == AFFINITY_PEER_USABLE;
+        return states_[i] == AFFINITY_PEER_USABLE;
     }
 
     // Whether peer i may serve a session already pinned to it: a draining
     // peer (nginx "drain") keeps its sessions but takes nothing new.
     bool serves_pins(size_t i) const noexcept
     {
-        return peers_[i].state == AFFINITY_PEER_USABLE
-               || peers_[i].state == AFFINITY_PEER_DRAINING;
+        return states_[i] == AFFINITY_PEER_USABLE
+               || states_[i] == AFFINITY_PEER_DRAINING;
     }
 
     // Whether peer i may take one more request without passing its bound:
@@ -59,6 +60,11 @@ public:
     // The counter slot of peer i, or kNoSlot.
     uint32_t slot(size_t i) const noexcept { return slots_[i]; }
 
+    bool failed(size_t i) const noexcept
+    {
+        return states_[i] == AFFINITY_PEER_FAILED;
+    }
+
     // Whether peer a has fewer in-flight requests per weight than peer b.
     bool less_loaded(size_t a, size_t b) const noexcept
     {
@@ -68,10 +74,10 @@ public:
 
 private:
     const affinity_peer_t *peers_;
+    const uint8_t *states_;
     size_t npeers_;
     int64_t inflight_[kMaxPeers];
     uint32_t slots_[kMaxPeers];
-    uint32_t short_ids_[kMaxPeers];     // what prefix entries store
     double share_per_weight_;
     double factor_;
     double slack_;
@@ -79,7 +85,8 @@ private:
 
 // Implements affinity_route(); see affinity_core.h.
 int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
-          size_t npeers, const affinity_balance_t &balance,
+          const uint8_t *states, size_t npeers,
+          const affinity_balance_t &balance,
           const affinity_request_t &request,
           affinity_decision_t &decision) noexcept;
 

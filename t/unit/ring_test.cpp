@@ -16,12 +16,13 @@ using namespace affinity_test;
 
 namespace {
 
-std::vector<affinity_ring_peer_t> ring_peers(const std::vector<uint32_t> &w,
-                                             size_t first_name = 0)
+std::vector<affinity_peer_t> ring_peers(const std::vector<uint32_t> &w,
+                                        size_t first_name = 0)
 {
-    std::vector<affinity_ring_peer_t> peers;
+    std::vector<affinity_peer_t> peers;
     for (size_t i = 0; i < w.size(); i++) {
-        peers.push_back({peer_id_of(peer_name(first_name + i)), w[i]});
+        peers.push_back({peer_id_of(peer_name(first_name + i)), w[i],
+                         AFFINITY_NO_SLOT});
     }
     return peers;
 }
@@ -50,7 +51,7 @@ uint32_t owner(const affinity_ring_t *ring, uint64_t hash)
 }
 
 uint64_t owner_id(const affinity_ring_t *ring,
-                  const std::vector<affinity_ring_peer_t> &peers,
+                  const std::vector<affinity_peer_t> &peers,
                   uint64_t hash)
 {
     uint32_t i = owner(ring, hash);
@@ -78,7 +79,7 @@ TEST(Ring, PointCountFollowsWeights)
 {
     auto peers = ring_peers({1, 2, 3});
     RingPtr ring = make_ring(peers, 10);
-    ASSERT_NE(ring, nullptr);
+    ASSERT_NE(ring.get(), nullptr);
     EXPECT_EQ(affinity_ring_points(ring.get()), (1u + 2u + 3u) * 10u);
 
     EXPECT_EQ(affinity_ring_points(nullptr), 0u);
@@ -93,7 +94,7 @@ TEST(Ring, EvenWithEqualPeers)
 {
     auto peers = ring_peers({1, 1, 1, 1});
     RingPtr ring = make_ring(peers, kDensePoints);
-    ASSERT_NE(ring, nullptr);
+    ASSERT_NE(ring.get(), nullptr);
 
     auto s = shares(ring.get(), peers.size(), random_key_hashes(100000));
 
@@ -108,7 +109,7 @@ TEST(Ring, EvenWithEqualPeersForOtherPeerSets)
     for (size_t set = 1; set <= 5; set++) {
         auto peers = ring_peers({1, 1, 1, 1}, set * 4);
         RingPtr ring = make_ring(peers, kDensePoints);
-        ASSERT_NE(ring, nullptr);
+        ASSERT_NE(ring.get(), nullptr);
 
         auto s = shares(ring.get(), peers.size(),
                         random_key_hashes(100000, uint32_t(set)));
@@ -126,7 +127,7 @@ TEST(Ring, EvenEnoughAtTheModulesDensity)
     for (size_t set = 0; set <= 5; set++) {
         auto peers = ring_peers({1, 1, 1, 1}, set * 4);
         RingPtr ring = make_ring(peers, kPointsPerWeight);
-        ASSERT_NE(ring, nullptr);
+        ASSERT_NE(ring.get(), nullptr);
 
         auto s = shares(ring.get(), peers.size(),
                         random_key_hashes(100000, uint32_t(set + 100)));
@@ -141,7 +142,7 @@ TEST(Ring, RespectsWeights)
 {
     auto peers = ring_peers({1, 1, 2});
     RingPtr ring = make_ring(peers);
-    ASSERT_NE(ring, nullptr);
+    ASSERT_NE(ring.get(), nullptr);
 
     auto s = shares(ring.get(), peers.size(), random_key_hashes(100000));
 
@@ -154,13 +155,13 @@ TEST(Ring, RemovingAPeerMovesOnlyItsKeys)
 {
     auto all = ring_peers({1, 1, 1, 1, 1});
     RingPtr before = make_ring(all);
-    ASSERT_NE(before, nullptr);
+    ASSERT_NE(before.get(), nullptr);
 
     for (size_t removed = 0; removed < all.size(); removed++) {
         auto rest = all;
         rest.erase(rest.begin() + long(removed));
         RingPtr after = make_ring(rest);
-        ASSERT_NE(after, nullptr);
+        ASSERT_NE(after.get(), nullptr);
 
         size_t moved = 0, kept = 0;
 
@@ -192,8 +193,8 @@ TEST(Ring, AddingAPeerMovesKeysOnlyOntoIt)
 
     RingPtr before = make_ring(old_peers);
     RingPtr after = make_ring(new_peers);
-    ASSERT_NE(before, nullptr);
-    ASSERT_NE(after, nullptr);
+    ASSERT_NE(before.get(), nullptr);
+    ASSERT_NE(after.get(), nullptr);
 
     size_t moved = 0;
     auto hashes = random_key_hashes(60000);
@@ -217,13 +218,13 @@ TEST(Ring, AddingAPeerInTheMiddleOfTheListMovesKeysOnlyOntoIt)
     // Positions in the list shift; ids do not.
     auto old_peers = ring_peers({1, 1, 1, 1});
     auto new_peers = old_peers;
-    affinity_ring_peer_t extra{peer_id_of("192.168.1.1:80"), 1};
+    affinity_peer_t extra{peer_id_of("192.168.1.1:80"), 1, AFFINITY_NO_SLOT};
     new_peers.insert(new_peers.begin() + 1, extra);
 
     RingPtr before = make_ring(old_peers);
     RingPtr after = make_ring(new_peers);
-    ASSERT_NE(before, nullptr);
-    ASSERT_NE(after, nullptr);
+    ASSERT_NE(before.get(), nullptr);
+    ASSERT_NE(after.get(), nullptr);
 
     for (uint64_t h : random_key_hashes(20000)) {
         uint64_t was = owner_id(before.get(), old_peers, h);
@@ -238,7 +239,7 @@ TEST(Ring, IndependentOfPeerOrder)
 {
     auto peers = ring_peers({1, 2, 1, 3, 1, 1, 2});
     RingPtr ring = make_ring(peers);
-    ASSERT_NE(ring, nullptr);
+    ASSERT_NE(ring.get(), nullptr);
 
     std::mt19937 rng(7);
     auto hashes = random_key_hashes(20000);
@@ -247,7 +248,7 @@ TEST(Ring, IndependentOfPeerOrder)
         auto shuffled = peers;
         std::shuffle(shuffled.begin(), shuffled.end(), rng);
         RingPtr other = make_ring(shuffled);
-        ASSERT_NE(other, nullptr);
+        ASSERT_NE(other.get(), nullptr);
         EXPECT_EQ(affinity_ring_points(other.get()),
                   affinity_ring_points(ring.get()));
 
@@ -307,7 +308,7 @@ TEST(Ring, WalkOffersEachPeerExactlyOnce)
         }
         auto peers = ring_peers(w);
         RingPtr ring = make_ring(peers, 20);
-        ASSERT_NE(ring, nullptr) << npeers;
+        ASSERT_NE(ring.get(), nullptr) << npeers;
 
         auto hashes = random_key_hashes(50, uint32_t(npeers));
         hashes.push_back(0);
@@ -324,7 +325,7 @@ TEST(Ring, WalkEdgeCases)
 {
     auto peers = ring_peers({1, 1, 1});
     RingPtr ring = make_ring(peers);
-    ASSERT_NE(ring, nullptr);
+    ASSERT_NE(ring.get(), nullptr);
 
     uint32_t out[4] = {9, 9, 9, 9};
     EXPECT_EQ(affinity_ring_walk(ring.get(), 1, out, 0), 0u);
@@ -338,19 +339,37 @@ TEST(Ring, WalkEdgeCases)
 TEST(Ring, BadArgumentsGiveNull)
 {
     auto peers = ring_peers(std::vector<uint32_t>(257, 1));
+    uint64_t mem[64];
 
-    EXPECT_EQ(affinity_ring_create(peers.data(), 0, 160), nullptr);
-    EXPECT_EQ(affinity_ring_create(nullptr, 0, 160), nullptr);
-    EXPECT_EQ(affinity_ring_create(peers.data(), 257, 160), nullptr);
-    EXPECT_EQ(affinity_ring_create(peers.data(), 4, 0), nullptr);
+    EXPECT_EQ(affinity_ring_size(peers.data(), 0, 160), 0u);
+    EXPECT_EQ(affinity_ring_size(nullptr, 0, 160), 0u);
+    EXPECT_EQ(affinity_ring_size(peers.data(), 257, 160), 0u);
+    EXPECT_EQ(affinity_ring_size(peers.data(), 4, 0), 0u);
+    EXPECT_EQ(affinity_ring_build(mem, sizeof(mem), peers.data(), 257, 1),
+              nullptr);
+
+    // Memory too small, or misaligned: refused, nothing written past it.
+    size_t need = affinity_ring_size(peers.data(), 2, 1);
+    ASSERT_GT(need, 0u);
+    ASSERT_LE(need, sizeof(mem) - 8);
+    mem[need / 8] = 0x5a5a5a5a5a5a5a5aULL;
+    EXPECT_EQ(affinity_ring_build(mem, need - 1, peers.data(), 2, 1), nullptr);
+    EXPECT_EQ(affinity_ring_build(reinterpret_cast<char *>(mem) + 4, need,
+                                  peers.data(), 2, 1),
+              nullptr);
+    EXPECT_NE(affinity_ring_build(mem, need, peers.data(), 2, 1), nullptr);
+    EXPECT_EQ(mem[need / 8], 0x5a5a5a5a5a5a5a5aULL);
 
     // The limits themselves are fine.
-    RingPtr max_ring(affinity_ring_create(peers.data(), AFFINITY_MAX_PEERS, 1));
-    ASSERT_NE(max_ring, nullptr);
+    RingPtr max_ring = make_ring(
+        std::vector<affinity_peer_t>(peers.begin(),
+                                     peers.begin() + AFFINITY_MAX_PEERS),
+        1);
+    ASSERT_NE(max_ring.get(), nullptr);
     EXPECT_EQ(affinity_ring_points(max_ring.get()), size_t{AFFINITY_MAX_PEERS});
 
-    RingPtr one(affinity_ring_create(peers.data(), 1, 1));
-    ASSERT_NE(one, nullptr);
+    RingPtr one = make_ring({peers[0]}, 1);
+    ASSERT_NE(one.get(), nullptr);
     EXPECT_EQ(owner(one.get(), 42), 0u);
 }
 

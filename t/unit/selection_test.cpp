@@ -52,7 +52,7 @@ bool would_accept(const Upstream &up, size_t i)
     int64_t total = 0;
     uint64_t weights = 0;
     for (size_t j = 0; j < up.size(); j++) {
-        if (up.peers()[j].state != AFFINITY_PEER_FAILED) {
+        if (up.states()[j] != AFFINITY_PEER_FAILED) {
             total += up.inflight(j);
             weights += up.peers()[j].weight;
         }
@@ -678,11 +678,8 @@ TEST(Selection, PinsSurviveAReorderedPeerList)
 
     // Same servers, written in reverse order.
     std::vector<affinity_peer_t> peers(up.peers().rbegin(), up.peers().rend());
-    std::vector<affinity_ring_peer_t> rp;
-    for (auto &p : peers) {
-        rp.push_back({p.id, p.weight});
-    }
-    RingPtr ring = make_ring(rp);
+    std::vector<uint8_t> states(peers.size(), AFFINITY_PEER_USABLE);
+    RingPtr ring = make_ring(peers);
     affinity_balance_t balance{1.25, 2};
 
     for (size_t k = 0; k < pin_id.size(); k++) {
@@ -694,8 +691,9 @@ TEST(Selection, PinsSurviveAReorderedPeerList)
         req.now = 1000;
         req.timeout = 3600;
         affinity_decision_t d{};
-        ASSERT_EQ(affinity_route(z.get(), ring.get(), peers.data(), peers.size(),
-                                 &balance, &req, &d),
+        ASSERT_EQ(affinity_route(z.get(), ring.get(), peers.data(),
+                                 states.data(), peers.size(), &balance, &req,
+                                 &d),
                   0);
         EXPECT_EQ(d.route, kHit);
         EXPECT_EQ(peers[size_t(d.peer)].id, pin_id[k]);
@@ -860,9 +858,10 @@ TEST(Selection, NoPeersAtAll)
     req.has_key = 1;
     req.key_hash = 99;
     req.ring_hash = 99;
-    affinity_decision_t d{7, 7, 7};
+    affinity_decision_t d{7, 7, 7, 7};
 
-    EXPECT_EQ(affinity_route(z.get(), nullptr, nullptr, 0, &balance, &req, &d),
+    EXPECT_EQ(affinity_route(z.get(), nullptr, nullptr, nullptr, 0, &balance,
+                             &req, &d),
               -1);
     EXPECT_EQ(d.peer, -1);
     EXPECT_EQ(z.info().used, 0u);
@@ -886,14 +885,16 @@ TEST(Selection, WithoutARingKeysGoToTheLeastLoaded)
     req.timeout = 100;
     affinity_decision_t d{};
 
-    ASSERT_EQ(affinity_route(z.get(), nullptr, up.peers().data(), up.size(),
-                             &balance, &req, &d),
+    ASSERT_EQ(affinity_route(z.get(), nullptr, up.peers().data(),
+                             up.states().data(), up.size(), &balance, &req,
+                             &d),
               0);
     EXPECT_EQ(d.route, kNew);
     EXPECT_EQ(d.peer, 1);
 
-    ASSERT_EQ(affinity_route(z.get(), nullptr, up.peers().data(), up.size(),
-                             &balance, &req, &d),
+    ASSERT_EQ(affinity_route(z.get(), nullptr, up.peers().data(),
+                             up.states().data(), up.size(), &balance, &req,
+                             &d),
               0);
     EXPECT_EQ(d.route, kHit);
     EXPECT_EQ(d.peer, 1);

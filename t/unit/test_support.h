@@ -91,19 +91,30 @@ inline uint64_t peer_id_of(const std::string &name)
     return affinity_peer_id(name.data(), name.size());
 }
 
-struct RingDeleter {
-    void operator()(affinity_ring_t *r) const noexcept
+// A ring in memory of its own, as the module keeps one in its peer view.
+// get() is NULL when the ring could not be built.
+class RingPtr {
+public:
+    RingPtr() = default;
+
+    RingPtr(const std::vector<affinity_peer_t> &peers, uint32_t points)
+        : mem_(affinity_ring_size(peers.data(), peers.size(), points) / 8 + 1)
     {
-        affinity_ring_destroy(r);
+        ring_ = affinity_ring_build(mem_.data(), mem_.size() * 8,
+                                    peers.data(), peers.size(), points);
     }
+
+    affinity_ring_t *get() const noexcept { return ring_; }
+
+private:
+    std::vector<uint64_t> mem_;     // moves keep its data where it is
+    affinity_ring_t *ring_ = nullptr;
 };
 
-using RingPtr = std::unique_ptr<affinity_ring_t, RingDeleter>;
-
-inline RingPtr make_ring(const std::vector<affinity_ring_peer_t> &peers,
+inline RingPtr make_ring(const std::vector<affinity_peer_t> &peers,
                          uint32_t points = kPointsPerWeight)
 {
-    return RingPtr(affinity_ring_create(peers.data(), peers.size(), points));
+    return RingPtr(peers, points);
 }
 
 // The ring density the nginx module picks for an upstream: 65536 points
@@ -121,21 +132,18 @@ public:
              uint32_t points_per_weight = kPointsPerWeight)
         : zone_(zone)
     {
-        std::vector<affinity_ring_peer_t> ring_peers;
-
         for (size_t i = 0; i < weights.size(); i++) {
             affinity_peer_t p{};
             p.id = peer_id_of(peer_name(i));
             p.weight = weights[i];
             p.slot = affinity_zone_peer_slot(zone, p.id, 0);
-            p.state = AFFINITY_PEER_USABLE;
             EXPECT_NE(p.slot, AFFINITY_NO_SLOT);
             peers_.push_back(p);
-            ring_peers.push_back({p.id, p.weight});
+            states_.push_back(AFFINITY_PEER_USABLE);
         }
 
-        ring_ = make_ring(ring_peers, points_per_weight);
-        EXPECT_NE(ring_, nullptr);
+        ring_ = make_ring(peers_, points_per_weight);
+        EXPECT_NE(ring_.get(), nullptr);
     }
 
     size_t size() const noexcept { return peers_.size(); }
@@ -145,8 +153,10 @@ public:
 
     void set_state(size_t i, affinity_peer_state_e s)
     {
-        peers_[i].state = s;
+        states_[i] = uint8_t(s);
     }
+
+    const std::vector<uint8_t> &states() const { return states_; }
 
     affinity_peer_stats_t stats(size_t i) const
     {
@@ -211,6 +221,7 @@ public:
 private:
     affinity_zone_t *zone_;
     std::vector<affinity_peer_t> peers_;
+    std::vector<uint8_t> states_;
     RingPtr ring_;
 };
 
@@ -305,10 +316,11 @@ private:
         affinity_request_t request = r;
         request.row = upstream_.row;
         out.rc = affinity_route(zone_, upstream_.ring(),
-                                upstream_.peers().data(), upstream_.size(),
+                                upstream_.peers().data(),
+                                upstream_.states().data(), upstream_.size(),
                                 &balance_, &request, &out.decision);
 
-        // As the module does: a slot claimed for the peer becomes its own.
+        // Requests end by peer (release()): keep the slot this one counts in.
         if (out.rc == 0) {
             upstream_.peer(size_t(out.decision.peer)).slot = out.decision.slot;
         }

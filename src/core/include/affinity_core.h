@@ -52,24 +52,39 @@ AFFINITY_API uint64_t affinity_ring_hash(const void *key, size_t len)
     AFFINITY_NOEXCEPT;
 
 
+/* ---- peers ----------------------------------------------------------- */
+
+/* The most peers an upstream may have for the balancer. */
+#define AFFINITY_MAX_PEERS  256
+
+/* A peer as the balancer knows it, in the order of the upstream's list. */
+typedef struct {
+    uint64_t    id;         /* affinity_peer_id() */
+    uint32_t    weight;     /* nginx "weight=", >= 1 */
+    uint32_t    slot;       /* its counter slot in the zone when the list
+                               was built, or AFFINITY_NO_SLOT; routing
+                               checks it and claims another if it went to
+                               another peer since */
+} affinity_peer_t;
+
+
 /* ---- consistent-hash ring --------------------------------------------- */
 
 typedef struct affinity_ring_s  affinity_ring_t;
 
-typedef struct {
-    uint64_t    id;         /* affinity_peer_id() of the peer */
-    uint32_t    weight;     /* nginx "weight=", >= 1 */
-} affinity_ring_peer_t;
-
 /*
- * Builds a weighted ring: each peer gets points_per_weight * weight points.
- * Peer indexes returned by the ring are positions in the array given here.
- * Returns NULL on allocation failure or bad arguments.  Not for the hot path.
+ * A weighted ring: each peer gets points_per_weight * weight points, laid
+ * out in memory the caller provides.  affinity_ring_size() tells how many
+ * bytes (0 on bad arguments: no peers, more than AFFINITY_MAX_PEERS, no
+ * points); affinity_ring_build() fills mem (8-byte aligned, at least that
+ * size) and returns it as the ring, or NULL on bad arguments.  Peer indexes
+ * returned by the ring are positions in the array given here.  No
+ * allocation; not for the hot path.
  */
-AFFINITY_API affinity_ring_t *affinity_ring_create(
-    const affinity_ring_peer_t *peers, size_t npeers,
-    uint32_t points_per_weight) AFFINITY_NOEXCEPT;
-AFFINITY_API void affinity_ring_destroy(affinity_ring_t *ring)
+AFFINITY_API size_t affinity_ring_size(const affinity_peer_t *peers,
+    size_t npeers, uint32_t points_per_weight) AFFINITY_NOEXCEPT;
+AFFINITY_API affinity_ring_t *affinity_ring_build(void *mem, size_t size,
+    const affinity_peer_t *peers, size_t npeers, uint32_t points_per_weight)
     AFFINITY_NOEXCEPT;
 AFFINITY_API size_t affinity_ring_points(const affinity_ring_t *ring)
     AFFINITY_NOEXCEPT;
@@ -158,6 +173,11 @@ AFFINITY_API uint64_t affinity_zone_key_hash(const affinity_zone_t *zone,
  */
 AFFINITY_API uint32_t affinity_zone_peer_slot(affinity_zone_t *zone,
     uint64_t peer_id, uint32_t now) AFFINITY_NOEXCEPT;
+
+/* The counter slot of a peer id, or AFFINITY_NO_SLOT if it has none.
+ * Caller holds the zone lock. */
+AFFINITY_API uint32_t affinity_zone_peer_find(const affinity_zone_t *zone,
+    uint64_t peer_id) AFFINITY_NOEXCEPT;
 
 /* affinity_route_e values, for per-outcome counters */
 #define AFFINITY_ROUTES  8
@@ -260,13 +280,6 @@ typedef enum {
 } affinity_peer_state_e;
 
 typedef struct {
-    uint64_t    id;         /* affinity_peer_id() */
-    uint32_t    weight;
-    uint32_t    slot;       /* counter slot in the zone, or AFFINITY_NO_SLOT */
-    uint32_t    state;      /* affinity_peer_state_e */
-} affinity_peer_t;
-
-typedef struct {
     double      factor;     /* bound = max(factor * mean, mean + slack) */
     double      slack;
 } affinity_balance_t;
@@ -313,9 +326,10 @@ typedef struct {
 } affinity_decision_t;
 
 /*
- * Chooses a peer for a request among peers[0..npeers) and counts it in the
- * chosen peer's in-flight counter in zone (the zone holding the counters,
- * and the session table when it is a session zone).
+ * Chooses a peer for a request among peers[0..npeers), whose states for
+ * this request are states[0..npeers) (affinity_peer_state_e), and counts it
+ * in the chosen peer's in-flight counter in zone (the zone holding the
+ * counters, and the session table when it is a session zone).
  *
  * With a session key: the pinned peer while it is usable and under the load
  * bound; a spill to the next peer on the ring (remembered) when it is merely
@@ -329,20 +343,19 @@ typedef struct {
  * bound is soft: when every usable peer is over it, the least loaded one is
  * chosen, so a request is never refused for load.
  *
- * A peer whose slot (peers[i].slot) is not its own, or unset, gets one
- * claimed here; decision->slot is the slot the request was counted in, and
- * the slot to give to peers[i].slot from now on.
+ * A peer whose slot (peers[i].slot) is not its own, or unset, is looked up
+ * or gets one claimed here; decision->slot is the slot the request was
+ * counted in (to release it).
  *
  * Caller holds the lock of zone and of request->prefixes.  No allocation;
  * at most 256 peers are considered.  Returns 0, or -1 when no peer is
  * usable (decision->peer is then -1 and nothing is counted).
  */
 AFFINITY_API int affinity_route(affinity_zone_t *zone,
-    const affinity_ring_t *ring, const affinity_peer_t *peers, size_t npeers,
-    const affinity_balance_t *balance, const affinity_request_t *request,
-    affinity_decision_t *decision) AFFINITY_NOEXCEPT;
-
-#define AFFINITY_MAX_PEERS  256
+    const affinity_ring_t *ring, const affinity_peer_t *peers,
+    const uint8_t *states, size_t npeers, const affinity_balance_t *balance,
+    const affinity_request_t *request, affinity_decision_t *decision)
+    AFFINITY_NOEXCEPT;
 
 
 /* ---- session keys ----------------------------------------------------- */
@@ -365,16 +378,6 @@ AFFINITY_API int affinity_key_echoable(const char *key, size_t len)
  */
 AFFINITY_API int affinity_key_exposable(const char *key, size_t len)
     AFFINITY_NOEXCEPT;
-
-/*
- * The value of the first cookie called name in one Cookie header line
- * (RFC 6265: "name=value" pairs separated by ';', spaces around them
- * ignored), as sent.  Returns 1 and sets *value (pointing into line) and
- * *value_len, or 0 when the line has no such cookie.
- */
-AFFINITY_API int affinity_cookie_find(const char *line, size_t len,
-    const char *name, size_t name_len, const char **value,
-    size_t *value_len) AFFINITY_NOEXCEPT;
 
 /* Writes a random UUID v4 (36 characters, no NUL) from OpenSSL RAND_bytes.
  * Returns 0, or -1 if the random generator failed. */
