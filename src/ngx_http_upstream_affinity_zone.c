@@ -14,8 +14,12 @@
 #include "ngx_http_upstream_affinity_module.h"
 
 
+/*
+ * The default zone size, and the smallest: the core's own minimum and
+ * nginx's slab pool with it, rounded up to a size users write.
+ */
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SIZE    (8 * 1024 * 1024)
-#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN     (128 * 1024)
+#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN     (2 * AFFINITY_ZONE_MIN_SIZE)
 
 /* bytes before the table in a zone's allocation: its size, a cache line */
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64

@@ -2,11 +2,7 @@
 // between the POD structs and the C++ pieces, and keep exceptions inside.
 #include "affinity_core.h"
 
-#include <cstdio>
-#include <cstring>
 #include <new>
-
-#include <openssl/rand.h>
 
 #include "hashing.h"
 #include "json_body.h"
@@ -37,13 +33,6 @@ Zone zone_of(affinity_zone_t *zone) noexcept
 Zone zone_of(const affinity_zone_t *zone) noexcept
 {
     return Zone(const_cast<affinity_zone_t *>(zone));
-}
-
-void set_error(char *err, size_t err_len, const char *what)
-{
-    if (err && err_len) {
-        std::snprintf(err, err_len, "%s", what);
-    }
 }
 
 }  // namespace
@@ -107,39 +96,11 @@ affinity_attach_e affinity_zone_attach(void *region, size_t size,
                                        uint32_t rows, affinity_zone_t **zone,
                                        char *err, size_t err_len) noexcept
 {
-    *zone = nullptr;
+    affinity_attach_e rc = Zone::attach(region, size, kind, rows, err,
+                                        err_len);
 
-    if (region == nullptr || reinterpret_cast<uintptr_t>(region) % 64 != 0
-        || size < AFFINITY_ZONE_MIN_SIZE)
-    {
-        set_error(err, err_len, "the zone is too small or misaligned");
-        return AFFINITY_ATTACH_TOO_SMALL;
-    }
-
-    const ZoneHeader *h = static_cast<const ZoneHeader *>(region);
-    affinity_attach_e rc;
-
-    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kZoneMagic) {
-        rc = Zone::validate(region, size, kind, err, err_len);
-
-    } else {
-        uint64_t seed;
-
-        if (RAND_bytes(reinterpret_cast<unsigned char *>(&seed),
-                       sizeof(seed))
-            != 1)
-        {
-            // Any seed works for correctness; a random one only makes the
-            // bucket of a key unpredictable to clients.
-            seed = reinterpret_cast<uintptr_t>(region) ^ kZoneMagic;
-        }
-
-        rc = Zone::initialize(region, size, kind, rows, seed, err, err_len);
-    }
-
-    if (rc == AFFINITY_ATTACH_CREATED || rc == AFFINITY_ATTACH_REUSED) {
-        *zone = static_cast<affinity_zone_t *>(region);
-    }
+    *zone = (rc == AFFINITY_ATTACH_CREATED || rc == AFFINITY_ATTACH_REUSED)
+            ? static_cast<affinity_zone_t *>(region) : nullptr;
 
     return rc;
 }

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <openssl/rand.h>
+
 #include "hashing.h"
 #include "prefix_table.h"
 #include "session_table.h"
@@ -63,6 +65,36 @@ Layout layout_for(size_t size, uint32_t rows) noexcept
 }
 
 }  // namespace
+
+affinity_attach_e Zone::attach(void *region, size_t size, uint32_t kind,
+                                 uint32_t rows, char *err,
+                                 size_t err_len) noexcept
+{
+    if (region == nullptr || reinterpret_cast<uintptr_t>(region) % 64 != 0
+        || size < AFFINITY_ZONE_MIN_SIZE)
+    {
+        set_error(err, err_len, "the zone is too small or misaligned");
+        return AFFINITY_ATTACH_TOO_SMALL;
+    }
+
+    const ZoneHeader *h = static_cast<const ZoneHeader *>(region);
+
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kZoneMagic) {
+        return validate(region, size, kind, err, err_len);
+    }
+
+    uint64_t seed;
+
+    if (RAND_bytes(reinterpret_cast<unsigned char *>(&seed), sizeof(seed))
+        != 1)
+    {
+        // Any seed works for correctness; a random one only makes the
+        // bucket of a key unpredictable to clients.
+        seed = reinterpret_cast<uintptr_t>(region) ^ kZoneMagic;
+    }
+
+    return initialize(region, size, kind, rows, seed, err, err_len);
+}
 
 affinity_attach_e Zone::initialize(void *region, size_t size, uint32_t kind,
                                    uint32_t rows, uint64_t seed, char *err,

@@ -24,7 +24,7 @@ namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
 constexpr uint32_t kLayoutVersion = 3;
-constexpr uint32_t kPeerSlots = 256;
+constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
 constexpr uint32_t kMinWorkerRows = 4;
@@ -35,7 +35,8 @@ constexpr uint32_t kNoRow = AFFINITY_NO_ROW;
 // keeps its counters, one that left frees its slot within this time.
 constexpr uint64_t kSlotReclaimIdle = 60;
 
-static_assert(kPeerSlots == AFFINITY_PEER_SLOTS, "one peer slot count");
+// A slot per peer an upstream may have.
+static_assert(kPeerSlots >= AFFINITY_MAX_PEERS, "a slot for every peer");
 
 enum class ZoneKind : uint32_t { Sessions = 1 };
 
@@ -117,15 +118,12 @@ public:
     explicit Zone(void *region) noexcept
         : header_(static_cast<ZoneHeader *>(region)) {}
 
-    // Lays a new zone out in a region (rows: worker rows wanted, fewer if
-    // the region is small), or checks the one an earlier cycle left.
-    static affinity_attach_e initialize(void *region, size_t size,
-                                        uint32_t kind, uint32_t rows,
-                                        uint64_t seed, char *err,
-                                        size_t err_len) noexcept;
-    static affinity_attach_e validate(const void *region, size_t size,
-                                      uint32_t kind, char *err,
-                                      size_t err_len) noexcept;
+    // Implements affinity_zone_attach(): lays a new zone out in a region
+    // (rows: worker rows wanted, fewer if the region is small), or checks
+    // the one an earlier cycle left there.
+    static affinity_attach_e attach(void *region, size_t size, uint32_t kind,
+                                    uint32_t rows, char *err,
+                                    size_t err_len) noexcept;
 
     ZoneHeader &header() const noexcept { return *header_; }
 
@@ -191,6 +189,14 @@ public:
     uint64_t key_hash(const void *key, size_t len) const noexcept;
 
 private:
+    static affinity_attach_e initialize(void *region, size_t size,
+                                        uint32_t kind, uint32_t rows,
+                                        uint64_t seed, char *err,
+                                        size_t err_len) noexcept;
+    static affinity_attach_e validate(const void *region, size_t size,
+                                      uint32_t kind, char *err,
+                                      size_t err_len) noexcept;
+
     template <typename T>
     T *at(uint64_t offset) const noexcept
     {
