@@ -90,8 +90,8 @@ void check_set_cookie(const char *key, size_t len)
     CHECK(semi == sizeof(kName) + len);     // the key holds no ';'
 
     // Sent back by the client, nothing in the key ends its pair early or
-    // is trimmed from it: nginx splits a Cookie line at ';' (and, before
-    // 1.23, at ','), and skips spaces and tabs around a pair.
+    // is skipped: nginx's $cookie_NAME ends a value at ';', moves to the
+    // next pair at ';' or ',', and skips spaces around a pair.
     for (size_t i = 0; i < len; i++) {
         CHECK(key[i] != ';' && key[i] != ',' && key[i] != ' '
               && key[i] != '\t');
