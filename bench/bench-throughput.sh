@@ -21,6 +21,8 @@ port="${BENCH_PORT:-19080}"
 
 mkdir -p "$dir/tmp" "$(dirname "$out")"
 b=($((port + 1)) $((port + 2)) $((port + 3)) $((port + 4)))
+servers="server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
+        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};"
 
 cat > "$dir/nginx.conf" <<CONF
 load_module $module;
@@ -37,29 +39,25 @@ http {
     log_format port '\$server_port';
 
     upstream affinity {
-        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
-        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        $servers
         session_affinity header=X-Session-ID zone=bench_sessions:8m;
         keepalive 64;
     }
 
     upstream chash {
-        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
-        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        $servers
         hash \$http_x_session_id consistent;
         keepalive 64;
     }
 
     upstream prefix {
-        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
-        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        $servers
         prefix_affinity zone=bench_prefixes:16m;
         keepalive 64;
     }
 
     upstream bodyhash {
-        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
-        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        $servers
         hash \$request_body consistent;
         keepalive 64;
     }
