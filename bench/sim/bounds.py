@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Offline figures for a trace on the modelled fleet: what an unbounded
+"""Offline figures for a workload on the modelled fleet: what an unbounded
 cache could reuse, what a router that knows every replica's cache could
 reach while keeping load balanced, and what simple policies get, all with
 the replica model the mock backend implements (model.py), so that the
@@ -7,14 +7,26 @@ numbers are directly comparable with a replay against the mock.
 
     /usr/bin/python3 bench/sim/bounds.py [--trace PATH] [--limit N] \\
         [--replicas 4] [--factor 1.25] [--cache-tokens 262144] ...
+    /usr/bin/python3 bench/sim/bounds.py --workload chat --seed 2 \\
+        --size quick --profile tight --sessions both
 
-prints one JSON document.  Figures are in trace time: TTFTs are trace
-seconds, as the replay tool reports them after scaling by its speed.
+prints one JSON document.  Workloads are workloads.py's (the Mooncake
+conversation trace by default, whole unless --limit, --start or --size
+cut a slice); --profile takes a fleet profile of profiles.py (replicas,
+running slots, cache size, arrival rate multiplier), whose values the
+other options override.  Figures are in profile time: arrivals at the
+profile's rate, TTFTs in the seconds of the model, as the replay tool
+reports them after scaling by its speed.  With --sessions both, policies
+that read the session id are simulated with and without it (by_sessions);
+moves are counted by trace.session_moves.
 
 Prompts.  A trace record becomes the chat request that trace.chat_body()
 sends; the mock hashes role + "\\n" + content + "\\n" of it
 (trace.chat_prompt_text), so that is the text whose model.block_chain we
 compute, and prompt tokens are model.prompt_tokens of it (input_length + 2).
+A generated request's text is the mock's too (chat_prompt_pieces: its
+tools, then its messages); its chain is memoized per piece (PieceChains),
+so a turn hashes only the messages its session's previous turn lacked.
 
 Speed.  The full conversation trace has ~9M model blocks of 16 tokens
 (64 characters); building 48 KB prompts and hashing them from scratch for
@@ -61,7 +73,7 @@ from pathlib import Path
 if __package__ in (None, ''):       # run as a file: bench/sim/bounds.py
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.sim import model, trace  # noqa: E402
+from bench.sim import model, profiles, trace, workloads  # noqa: E402
 from bench.sim.fleet import (DEFAULT_FACTOR, DEFAULT_SLACK,  # noqa: E402
                              Fleet)
 
@@ -162,13 +174,16 @@ class ChainBuilder:
 
 @dataclass(slots=True)
 class SimRequest:
-    """One trace record as the simulator needs it."""
+    """One request as the simulator needs it."""
     index: int
-    arrival: float
+    arrival: float          # profile seconds
     prompt_tokens: int
     output_tokens: int
-    session: str
+    session: str            # the workload's session (moves are counted by it)
     packed: tuple           # of packed chain parts
+    key: str = None         # the session id sent (X-Session-ID), or None
+    source: object = None   # the workloads.Request, for its body
+    memo: dict = None       # what policies derive from it once (levels)
 
     def chain(self):
         return unpack_chain(self.packed)
@@ -181,13 +196,106 @@ def prepare_requests(records, start=0, builder=None):
     arrivals = trace.arrival_seconds(records)
     requests = []
     for i, (record, arrival) in enumerate(zip(records, arrivals)):
-        text_chars = record['input_length'] * model.CHARS_PER_TOKEN \
-            + len(builder.head) + len(builder.tail)
-        tokens = -(-text_chars // model.CHARS_PER_TOKEN)   # prompt_tokens()
+        session = trace.session_id(record, start + i)
         requests.append(SimRequest(
-            start + i, arrival, tokens, record['output_length'],
-            trace.session_id(record, start + i), builder.packed(record)))
+            start + i, arrival, _record_tokens(record, builder),
+            record['output_length'], session, builder.packed(record),
+            session))
     return requests
+
+
+def _record_tokens(record, builder):
+    """model.prompt_tokens() of the mock's prompt text of a record."""
+    text_chars = record['input_length'] * model.CHARS_PER_TOKEN \
+        + len(builder.head) + len(builder.tail)
+    return -(-text_chars // model.CHARS_PER_TOKEN)
+
+
+class PieceChains:
+    """Model block chains of prompt texts given in pieces (one per tool and
+    message, mock_backend.chat_prompt_pieces), memoized per piece: the
+    hashing state after a prefix of pieces (the chain's parts, its last
+    hash, the bytes of the partial block after it) is computed once, so a
+    conversation's turn hashes only the messages its previous turn did not
+    have.  packed(pieces) is checked against model.block_chain by the
+    tests."""
+
+    def __init__(self):
+        # state: (parts, last hash, pending bytes); 0 is the empty text
+        self.states = [((), b'', b'')]
+        self.next = {}
+
+    def packed(self, pieces):
+        """The chain of ''.join(pieces) as a tuple of packed parts."""
+        state = 0
+        for piece in pieces:
+            key = (state, piece)
+            following = self.next.get(key)
+            if following is None:
+                following = self._extend(state, piece)
+                self.next[key] = following
+            state = following
+        return self.states[state][0]
+
+    def _extend(self, state, piece):
+        parts, prev, pending = self.states[state]
+        data = pending + piece.encode('utf-8')
+        full = len(data) - len(data) % model.BLOCK_CHARS
+        if full:
+            part = chain_continue(prev, data[:full])
+            parts = parts + (part,)
+            prev = part[-DIGEST_SIZE:]
+        self.states.append((parts, prev, data[full:]))
+        return len(self.states) - 1
+
+
+def prepare_workload(workload, rate_multiplier=1.0, sessions=True,
+                     builder=None, pieces=None):
+    """SimRequests for the requests of a workloads.Workload, arriving at
+    rate_multiplier times its rate; with sessions, each carries its session
+    id as the key a session-affinity router reads."""
+    builder = builder or ChainBuilder()
+    pieces = pieces or PieceChains()
+    requests = []
+    for req in workload.requests:
+        if req.record is not None:
+            packed = builder.packed(req.record)
+            tokens = _record_tokens(req.record, builder)
+        else:
+            texts = req.prompt_pieces()
+            packed = pieces.packed(texts)
+            # model.prompt_tokens() of the text the pieces make
+            tokens = max(1, -(-sum(map(len, texts)) // model.CHARS_PER_TOKEN))
+        requests.append(SimRequest(
+            req.index, req.arrival / rate_multiplier, tokens,
+            req.output_tokens, req.session, packed,
+            req.session if sessions else None, req, {}))
+    return requests
+
+
+def with_sessions(requests, sessions):
+    """The same requests with their session id sent or not (the chains are
+    shared, the policies' memos too)."""
+    return [SimRequest(r.index, r.arrival, r.prompt_tokens, r.output_tokens,
+                       r.session, r.packed, r.session if sessions else None,
+                       r.source, r.memo)
+            for r in requests]
+
+
+def distinct_blocks(requests):
+    """How many distinct model blocks the prompts of requests hold (the
+    tight profile sizes its caches by it).  Parts shared between requests
+    (memoized segments and messages) are read once."""
+    seen_parts = set()
+    blocks = set()
+    for req in requests:
+        for part in req.packed:
+            if id(part) in seen_parts:
+                continue
+            seen_parts.add(id(part))
+            blocks.update(part[i:i + DIGEST_SIZE]
+                          for i in range(0, len(part), DIGEST_SIZE))
+    return len(blocks)
 
 
 # --- the unbounded shared cache ----------------------------------------
@@ -248,14 +356,16 @@ class HashRing:
 
 class Job:
     """A request in the simulated fleet and what happened to it."""
-    __slots__ = ('req', 'chain', 'replica', 'cached_tokens', 'ttft')
+    __slots__ = ('req', 'chain', 'replica', 'cached_tokens', 'ttft',
+                 'token')
 
-    def __init__(self, req, chain, replica):
+    def __init__(self, req, chain, replica, token=None):
         self.req = req
         self.chain = chain
         self.replica = replica
         self.cached_tokens = 0
         self.ttft = None
+        self.token = token      # the policy's, given back when it ends
 
 
 # Event kinds, in the order they are handled at equal times.
@@ -270,16 +380,24 @@ class Simulation:
         self.fleet = fleet
         self.events = []
         self.seq = 0
+        self.policy = None
 
     def run(self, requests, policy):
         """Routes and serves requests (in arrival order, ties in list
-        order); returns the finished Jobs in that order."""
+        order); returns the finished Jobs in that order.  A policy's
+        choose() returns a replica, or (replica, token) when it wants
+        release(token) called as the request ends (the module's in-flight
+        counters)."""
+        self.policy = policy
         jobs = []
         for req in sorted(requests, key=lambda r: r.arrival):
             self._advance(req.arrival)
             chain = req.chain()
             r = policy.choose(req, chain, self.fleet)
-            job = Job(req, chain, r)
+            token = None
+            if isinstance(r, tuple):
+                r, token = r
+            job = Job(req, chain, r, token)
             jobs.append(job)
             self._arrive(job, req.arrival)
         self._advance(float('inf'))
@@ -324,6 +442,8 @@ class Simulation:
             self._start_prefill(rep, following, now)
 
     def _finish(self, job, now):
+        if job.token is not None:
+            self.policy.release(job.token)
         rep = self.fleet.replicas[job.replica]
         admitted = rep.admission.release()
         if admitted is not None:
@@ -362,7 +482,8 @@ class LeastLoaded:
 
 
 class ConsistentHash:
-    """Consistent hashing of the session id.  Unbounded: the key's replica
+    """Consistent hashing of the session id (an empty key without one, as
+    nginx hashes an absent header).  Unbounded: the key's replica
     on the ring.  Bounded (consistent hashing with bounded loads): the
     first replica clockwise that is under the load bound, else the least
     loaded."""
@@ -377,7 +498,7 @@ class ConsistentHash:
         self.moved = 0
 
     def choose(self, req, chain, fleet):
-        walk = self.ring.walk(req.session)
+        walk = self.ring.walk(req.key or '')
         home = next(walk)
         if not self.bounded or fleet.under_bound(home, self.factor,
                                                  self.slack):
@@ -402,7 +523,8 @@ class SessionAffinity:
     With follow=True the pin moves to the replica that took the spill (it
     now holds the whole conversation) and the old pin becomes the preferred
     replica for the next spill: the alternative the module's design asks
-    to measure."""
+    to measure.  A request without a session id goes to the least loaded
+    replica."""
     name = 'affinity'
 
     def __init__(self, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
@@ -418,27 +540,29 @@ class SessionAffinity:
     def choose(self, req, chain, fleet):
         def under(r):
             return fleet.under_bound(r, self.factor, self.slack)
-        pin = self.pins.get(req.session)
+        key = req.key
+        if key is None:
+            return fleet.least_loaded(self.candidates)
+        pin = self.pins.get(key)
         if pin is None:
-            pin = next((r for r in self.ring.walk(req.session) if under(r)),
-                       None)
+            pin = next((r for r in self.ring.walk(key) if under(r)), None)
             if pin is None:
                 pin = fleet.least_loaded(self.candidates)
-            self.pins[req.session] = pin
+            self.pins[key] = pin
             return pin
         if under(pin):
             return pin
         self.spills += 1
-        peer = self.spill_peer.get(req.session)
+        peer = self.spill_peer.get(key)
         if peer is None or not under(peer):
-            peer = next((r for r in self.ring.walk(req.session)
+            peer = next((r for r in self.ring.walk(key)
                          if r != pin and under(r)), None)
             if peer is None:
                 return fleet.least_loaded(self.candidates)
-            self.spill_peer[req.session] = peer
+            self.spill_peer[key] = peer
         if self.follow:
-            self.spill_peer[req.session] = pin
-            self.pins[req.session] = peer
+            self.spill_peer[key] = pin
+            self.pins[key] = peer
         return peer
 
     def stats(self):
@@ -476,6 +600,15 @@ class PrefixOracle:
 
 POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
             'chash_session_bounded', 'affinity', 'affinity_follow')
+
+# Policies whose routing reads the session id: simulated once per sessions
+# mode.  The others are simulated once and reported for both.
+KEYED_POLICIES = ('chash_session', 'chash_session_bounded', 'affinity',
+                  'affinity_follow')
+# Keyed policies that mean nothing without a session id (a hash of an
+# absent header sends everything to one replica): not simulated then.
+NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
+             'affinity_follow')
 
 
 def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
@@ -521,6 +654,8 @@ def summarize(jobs, fleet):
     peaks = [rep.peak_inflight for rep in fleet.replicas]
     ttft = {k: _round(v) for k, v in trace.percentiles(ttfts).items()}
     ttft['mean'] = _round(sum(ttfts) / len(ttfts)) if ttfts else None
+    moves = trace.session_moves((j.req.session, j.req.arrival, j.replica)
+                                for j in jobs)
     return {
         'requests': len(jobs),
         'prompt_tokens': prompt,
@@ -533,6 +668,9 @@ def summarize(jobs, fleet):
         'peak_inflight': peaks,
         'peak_inflight_max': max(peaks),
         'peak_inflight_mean': sum(peaks) / len(peaks),
+        'session_moves': moves,
+        'moves_per_min': moves['moves_per_min'],
+        'moved_session_share_per_min': moves['moved_session_share_per_min'],
     }
 
 
@@ -544,23 +682,20 @@ def _round(value, digits=6):
 # --- command line ----------------------------------------------------------
 
 def parse_args(argv=None):
-    defaults = model.ReplicaParams()
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     trace.add_trace_arguments(p, 'use')
-    p.add_argument('--replicas', type=int, default=4)
+    workloads.add_workload_arguments(p)
+    profiles.add_profile_arguments(p)
+    p.add_argument('--sessions', choices=('on', 'off', 'both'),
+                   default='on',
+                   help='whether requests carry their session id '
+                        '(default %(default)s)')
     p.add_argument('--factor', type=float, default=DEFAULT_FACTOR,
                    help='load bound factor (default %(default)s)')
     p.add_argument('--slack', type=float, default=DEFAULT_SLACK,
                    help='load bound slack in requests (default %(default)s)')
     p.add_argument('--ring-points', type=int, default=RING_POINTS,
                    help='consistent-hash points per replica')
-    p.add_argument('--max-running', type=int, default=defaults.max_running)
-    p.add_argument('--prefill-ms-per-token', type=float,
-                   default=defaults.prefill_ms_per_token)
-    p.add_argument('--decode-ms-per-token', type=float,
-                   default=defaults.decode_ms_per_token)
-    p.add_argument('--cache-tokens', type=int, default=defaults.cache_tokens,
-                   help='prefix cache capacity per replica, in tokens')
     p.add_argument('--policies', default=','.join(POLICIES),
                    help='comma-separated, from: %s' % ', '.join(
                        POLICIES))
@@ -569,17 +704,11 @@ def parse_args(argv=None):
     unknown = set(args.policies.split(',')) - set(POLICIES)
     if unknown:
         p.error('unknown policies: %s' % ', '.join(sorted(unknown)))
+    try:
+        args.fleet_profile = profiles.from_args(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
-
-
-def replica_params(args):
-    """Replica parameters in trace time (time_scale 1)."""
-    return model.ReplicaParams(
-        max_running=args.max_running,
-        prefill_ms_per_token=args.prefill_ms_per_token,
-        decode_ms_per_token=args.decode_ms_per_token,
-        cache_tokens=args.cache_tokens,
-        time_scale=1.0)
 
 
 def timed(runtimes, name, fn, *a, **kw):
@@ -590,35 +719,77 @@ def timed(runtimes, name, fn, *a, **kw):
     return result
 
 
+def offered_load(requests, profile, params):
+    """What the workload asks of the fleet at the profile's rate, against
+    what the fleet can do while the requests arrive: decode seconds over
+    running-slot seconds (a lower bound of the slots' load: prefill and
+    the wait for the lane hold a slot too), and prefill seconds with
+    nothing cached over prefill-lane seconds."""
+    if len(requests) < 2:
+        return {'slots': None, 'prefill_lanes_uncached': None}
+    span = max(r.arrival for r in requests) - min(r.arrival for r in requests)
+    if span <= 0:
+        return {'slots': None, 'prefill_lanes_uncached': None}
+    decode = sum(params.decode_seconds(r.output_tokens) for r in requests)
+    prefill = sum(params.prefill_seconds(r.prompt_tokens) for r in requests)
+    return {'slots': round(decode / (span * profile.replicas
+                                     * profile.max_running), 3),
+            'prefill_lanes_uncached': round(prefill / (span
+                                                       * profile.replicas), 3)}
+
+
 def compute(args):
     """The result document."""
     runtimes = {}
-    records = timed(runtimes, 'load', trace.load_trace, args.trace,
-                    args.limit, args.start)
-    requests = timed(runtimes, 'chains', prepare_requests, records,
-                     args.start)
-    params = replica_params(args)
+    profile = args.fleet_profile
+    workload = timed(runtimes, 'load', workloads.from_args, args)
+    requests = timed(runtimes, 'chains', prepare_workload, workload,
+                     profile.rate_multiplier)
+    blocks = timed(runtimes, 'distinct_blocks', distinct_blocks, requests)
+    params = profile.replica_params(blocks)
+    described = profile.describe()
+    described.update(distinct_blocks=blocks,
+                     replica_cache_tokens=params.cache_tokens)
     doc = {
-        'trace': Path(args.trace).name,
-        'records': len(records),
-        'start': args.start,
-        'replicas': args.replicas,
+        'workload': workload.summary(),
+        'trace': Path(args.trace).name
+        if workload.name == 'conversation' else None,
+        'records': len(requests),
+        'start': workload.params.get('start', 0),
+        'replicas': profile.replicas,
         'factor': args.factor,
         'slack': args.slack,
+        'profile': described,
         'params': asdict(params),
+        'offered_load': offered_load(requests, profile, params),
         'infinite_cache': timed(runtimes, 'infinite_cache',
                                 infinite_cache, requests),
     }
     doc['infinite_cache_hit_ratio'] = doc['infinite_cache']['hit_ratio']
-    doc['policies'] = {}
-    for name in args.policies.split(','):
-        summary, _ = timed(runtimes, name, simulate, requests, name,
-                           args.replicas, params, args.factor, args.slack,
-                           args.ring_points)
-        if name == 'oracle':
-            doc['oracle'] = summary
-        else:
-            doc['policies'][name] = summary
+    modes = ['on', 'off'] if args.sessions == 'both' else [args.sessions]
+    names = args.policies.split(',')
+    by_sessions = {}
+    for mode in modes:
+        sent = requests if mode == 'on' else with_sessions(requests, False)
+        results = {}
+        for name in names:
+            if mode == 'off' and name in NEEDS_KEY:
+                results[name] = None        # no key: not applicable
+                continue
+            if mode != modes[0] and name not in KEYED_POLICIES:
+                results[name] = by_sessions[modes[0]][name]
+                continue
+            summary, _ = timed(runtimes, '%s/%s' % (name, mode), simulate,
+                               sent, name, profile.replicas, params,
+                               args.factor, args.slack, args.ring_points)
+            results[name] = summary
+        by_sessions[mode] = results
+    first = by_sessions[modes[0]]
+    doc['sessions'] = modes
+    if 'oracle' in first:
+        doc['oracle'] = first['oracle']
+    doc['policies'] = {k: v for k, v in first.items() if k != 'oracle'}
+    doc['by_sessions'] = by_sessions
     doc['runtime_s'] = runtimes
     return doc
 

@@ -99,9 +99,9 @@ def content_text(content):
     return ''.join(texts)
 
 
-def messages_text(messages):
-    """role + newline + text + newline for each message, concatenated, so
-    that a conversation's next turn extends the previous turn's prompt."""
+def message_pieces(messages):
+    """role + newline + text + newline for each message, so that a
+    conversation's next turn extends the previous turn's prompt."""
     pieces = []
     for message in messages:
         if not isinstance(message, dict):
@@ -110,15 +110,46 @@ def messages_text(messages):
         if not isinstance(role, str):
             raise BadRequest('message role must be a string')
         pieces.append(role + '\n' + content_text(message.get('content')) + '\n')
-    return ''.join(pieces)
+    return pieces
 
 
-def chat_prompt(body):
-    """Prompt text of a /v1/chat/completions body."""
+def messages_text(messages):
+    """The text of chat messages (message_pieces() concatenated)."""
+    return ''.join(message_pieces(messages))
+
+
+def tool_pieces(tools):
+    """"tool" + newline + compact JSON + newline for each tool definition of
+    a chat body: chat templates render the tools before the conversation,
+    so they are part of the prompt, and of its cached prefix."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
+    pieces = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            raise BadRequest('each tool must be an object')
+        pieces.append('tool\n' + json.dumps(tool, separators=JSON_SEPARATORS)
+                      + '\n')
+    return pieces
+
+
+def chat_prompt_pieces(body):
+    """The prompt text of a /v1/chat/completions body in pieces, one per
+    tool and one per message, in order: what the offline simulator hashes
+    (bench/sim/bounds.py), piece by piece, so that the chains of a
+    conversation's turns are computed once for their common messages."""
     messages = body.get('messages')
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
-    return messages_text(messages)
+    return tool_pieces(body.get('tools')) + message_pieces(messages)
+
+
+def chat_prompt(body):
+    """Prompt text of a /v1/chat/completions body: its tools, then its
+    messages."""
+    return ''.join(chat_prompt_pieces(body))
 
 
 def completion_prompt(body):

@@ -222,3 +222,67 @@ def max_mean(values):
     if not values:
         return {'max': None, 'mean': None}
     return {'max': max(values), 'mean': sum(values) / len(values)}
+
+
+def session_moves(events, window=60.0):
+    """How often sessions changed replica: the one definition the offline
+    simulator (bounds.py) and the replay (replay.py) report.
+
+    events: (session, time, replica) of each request served, in any order;
+    time in seconds (profile time: the simulator's, or the replay's wall
+    time multiplied by its speed).  A session's requests are taken in time
+    order (ties in the order given); each one after the first *moves* when
+    its replica differs from that of the request before it.
+
+    The run is cut into windows of `window` seconds (a minute: the figures
+    are per minute only then) from its first request;
+    a session is *active* in a window when one of its requests arrives in
+    it.  With A the sum over windows of the sessions active in each (the
+    run's length in minutes times the mean number of sessions active):
+
+    - moves_per_min: moves / A, moves per active session per minute;
+    - moved_session_share_per_min: (sum over windows of the sessions that
+      moved at least once in the window) / A, the share of active sessions
+      that moved in a minute.
+
+    Also returned: the totals (moves, sessions, sessions_moved: that moved
+    at least once in the run), the windows and active_session_windows (A).
+    """
+    by_session = {}
+    first = None
+    last = None
+    for order, (session, time, replica) in enumerate(events):
+        by_session.setdefault(session, []).append((time, order, replica))
+        first = time if first is None else min(first, time)
+        last = time if last is None else max(last, time)
+    if first is None:
+        return {'moves': 0, 'sessions': 0, 'sessions_moved': 0,
+                'windows': 0, 'active_session_windows': 0,
+                'moves_per_min': None, 'moved_session_share_per_min': None}
+    active = set()
+    moved = set()
+    moves = 0
+    sessions_moved = 0
+    for session, requests in by_session.items():
+        requests.sort()
+        previous = None
+        has_moved = False
+        for time, _, replica in requests:
+            w = int((time - first) // window)
+            active.add((session, w))
+            if previous is not None and replica != previous:
+                moves += 1
+                moved.add((session, w))
+                has_moved = True
+            previous = replica
+        sessions_moved += has_moved
+    a = len(active)
+    return {
+        'moves': moves,
+        'sessions': len(by_session),
+        'sessions_moved': sessions_moved,
+        'windows': int((last - first) // window) + 1,
+        'active_session_windows': a,
+        'moves_per_min': moves / a,
+        'moved_session_share_per_min': len(moved) / a,
+    }
