@@ -67,13 +67,4 @@ bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
     return existed;
 }
 
-void PrefixTable::add_fork(uint64_t key) noexcept
-{
-    PrefixEntry *entry = find(key);
-
-    if (entry && entry->forks < UINT16_MAX) {
-        entry->forks++;
-    }
-}
-
 }  // namespace affinity

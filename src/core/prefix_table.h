@@ -22,13 +22,8 @@ struct PrefixEntry {
     uint64_t key;                   // seeded level hash; 0 = empty
     uint32_t peers[kPrefixPeers];   // low 32 bits of peer ids, 0 = none
     uint32_t last_used;             // seconds
-    uint16_t forks;                 // distinct continuations seen
-    uint16_t reserved;
+    uint32_t reserved;
 };
-
-// A prefix that this many different prompts continued is shared (a system
-// prompt, a few-shot preamble): it is no conversation's own.
-constexpr uint16_t kSharedForks = 2;
 
 constexpr uint32_t kPrefixWays = 8;
 
@@ -60,9 +55,6 @@ public:
     // recently used entry evicted, if needed.  Returns whether the entry
     // existed.
     bool record(uint64_t key, uint64_t peer_id) noexcept;
-
-    // Counts one more distinct continuation of the prefix of key.
-    void add_fork(uint64_t key) noexcept;
 
 private:
     size_t expire(PrefixBucket &bucket) noexcept;

@@ -122,6 +122,23 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                  const affinity_request_t &request,
                  affinity_decision_t &decision) noexcept;
 
+// A session's placement when it has no usable pin, or a spill away from a
+// pin over the bound: by its prompt when the prefix index is there (the
+// peers that hold the longest part of it, which after a spill is where the
+// conversation went), else by its ring position with bounded load.
+int place_session(const LoadBound &load, const Ring *ring,
+                  const affinity_request_t &request, PrefixTable *prefixes,
+                  const uint64_t *keys, affinity_decision_t &by_prompt)
+    noexcept
+{
+    if (prefixes) {
+        return route_prefix(*prefixes, keys, ring, load, request, by_prompt);
+    }
+
+    by_prompt = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
+    return place(load, ring, request.ring_hash, -1, request.rotate);
+}
+
 // A new session is placed by its prompt when the prefix index knows it
 // (prefixes is set): a generated id, or a client that changed its id,
 // still lands where the prompt's prefix is cached.
@@ -133,23 +150,15 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 {
     SessionTable table(zone, request.now, request.timeout);
     SessionEntry *entry = table.find(request.key_hash);
+    affinity_decision_t by_prompt;
 
     if (entry == nullptr) {
-        int i;
-        uint32_t prefix_len = 0;
-
-        if (prefixes) {
-            affinity_decision_t by_prompt;
-            i = route_prefix(*prefixes, keys, ring, load, request, by_prompt);
-            prefix_len = by_prompt.prefix_len;
-
-        } else {
-            i = place(load, ring, request.ring_hash, -1, request.rotate);
-        }
+        int i = place_session(load, ring, request, prefixes, keys, by_prompt);
 
         if (i >= 0) {
             table.repin(table.insert(request.key_hash), peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_NEW, prefix_len, kNoSlot};
+            decision = {i, AFFINITY_ROUTE_SESSION_NEW, by_prompt.prefix_len,
+                        kNoSlot};
         }
 
         return i;
@@ -165,99 +174,92 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 
     if (pinned < 0 || load.failed(size_t(pinned))) {
         // The pinned peer is gone or failed: its cache is lost to this
-        // session anyway, so the session moves for good.
-        int i = place(load, ring, request.ring_hash, -1, request.rotate);
+        // session anyway, so the session moves for good, to where the
+        // longest part of its conversation is held if one is known.
+        int i = place_session(load, ring, request, prefixes, keys, by_prompt);
 
         if (i >= 0) {
             table.repin(entry, peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, 0, kNoSlot};
+            entry->spill = 0;
+            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, by_prompt.prefix_len,
+                        kNoSlot};
         }
 
         return i;
     }
 
-    // The pinned peer is only busy or over the bound.  The request goes to
-    // the peer that took the session's last spill if it can (its cache is
-    // warm for this session too), else to the next peer on the ring.  That
-    // peer then holds the whole conversation, the old pin all but this
-    // turn: the pin follows the request and the old pin is remembered for
-    // the next spill.  Measured on the Mooncake trace against keeping the
-    // pin: 0.301 against 0.292 cache hit ratio, same peak load (README).
-    int spill = entry->spill ? load.index_of(entry->spill) : -1;
+    // The pinned peer is only busy or over the bound: overload is
+    // transient, and a moved conversation would recompute its whole
+    // history elsewhere for every later turn, so the pin stays and this
+    // one request spills.  With the prefix index the spill goes to the
+    // least loaded peer holding the longest part of the prompt (often the
+    // peer of an earlier spill); without it, to the peer of the last spill
+    // if it has room (its cache is warm for this session too), else to the
+    // next peer on the ring.
     int i = -1;
 
-    if (spill >= 0 && spill != pinned && load.usable(spill)
-        && load.accepts(spill))
-    {
-        i = spill;
+    if (prefixes) {
+        i = route_prefix(*prefixes, keys, ring, load, request, by_prompt);
 
-    } else {
-        i = ring ? load.first_on_ring(*ring, request.ring_hash, pinned) : -1;
-
-        if (i < 0 && load.serves_pins(pinned)) {
-            // Everyone is over the bound: stay where the cache is.
-            decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
-            return pinned;
-        }
-
-        if (i < 0) {
-            i = load.least_loaded(pinned, request.rotate);
+        if (by_prompt.route != AFFINITY_ROUTE_PREFIX_HIT) {
+            i = -1;
+            by_prompt.prefix_len = 0;
         }
     }
 
+    if (i < 0) {
+        int spill = entry->spill ? load.index_of(entry->spill) : -1;
+
+        if (spill >= 0 && spill != pinned && load.usable(spill)
+            && load.accepts(spill))
+        {
+            i = spill;
+
+        } else if (ring) {
+            i = load.first_on_ring(*ring, request.ring_hash, pinned);
+        }
+    }
+
+    if (i < 0 && load.serves_pins(pinned)) {
+        // Everyone is over the bound: stay where the cache is.
+        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
+        return pinned;
+    }
+
+    if (i < 0) {
+        i = load.least_loaded(pinned, request.rotate);
+    }
+
     if (i >= 0) {
-        uint64_t previous = entry->peer;
-        table.repin(entry, peers[i].id);
-        entry->spill = previous;
-        decision = {i, AFFINITY_ROUTE_SESSION_SPILL, 0, kNoSlot};
+        entry->spill = peers[i].id;
+        decision = {i, AFFINITY_ROUTE_SESSION_SPILL, by_prompt.prefix_len,
+                    kNoSlot};
     }
 
     return i;
 }
 
-// Routes by the longest level of the prompt found in the index.
-//
-// A private prefix (one continued by fewer than kSharedForks prompts: the
-// previous turn of this conversation) goes to the least loaded of the peers
-// that recently served it, if one is under the bound; else shorter levels
-// are tried.  A shared prefix (a system prompt many conversations start
-// with) says little about where this prompt belongs, and following it would
-// pile every new conversation onto one peer: the prompt is placed on the
-// ring by its own longest level, with bounded load, like a cold one.
+// Routes by the longest level of the prompt that a usable peer under the
+// load bound is known to hold: the least loaded of that level's recent
+// peers gets it.  This is the choice of a router that could see every
+// cache (the longest cached prefix, ties to the least loaded) with the
+// index standing in for the caches.  A prefix many prompts share (a system
+// prompt, a long document, tool schemas) is followed like a conversation's
+// own: placing its prompts as if new would copy it into every cache.  The
+// bound spreads it instead: when its peers are full, a shorter level's
+// peers are tried, then the ring, and the peer that takes it becomes one
+// more holder of the hot prefix.  No level held under the bound: the
+// prompt is placed on the ring by its own longest level.
 int route_prefix(PrefixTable &table, const uint64_t *keys,
                  const Ring *ring, const LoadBound &load,
                  const affinity_request_t &request,
                  affinity_decision_t &decision) noexcept
 {
-    uint64_t own = request.levels[request.nlevels - 1].hash;
-
     for (size_t j = request.nlevels; j-- > 0;) {
         PrefixEntry *entry = table.find(keys[j]);
 
         if (entry == nullptr) {
             continue;
-        }
-
-        if (entry->forks >= kSharedForks) {
-            int i = place(load, ring, own, -1, request.rotate);
-
-            if (i < 0) {
-                return i;
-            }
-
-            // The shared prefix is likely cached there too.
-            bool holds = false;
-            for (uint32_t id : entry->peers) {
-                holds |= id != 0 && load.index_of_short(id) == i;
-            }
-
-            decision = {i, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};
-
-            if (holds) {
-                decision.route = AFFINITY_ROUTE_PREFIX_HIT;
-                decision.prefix_len = request.levels[j].length;
-            }
-            return i;
         }
 
         int best = -1;
@@ -283,6 +285,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         }
     }
 
+    uint64_t own = request.levels[request.nlevels - 1].hash;
     int i = place(load, ring, own, -1, request.rotate);
 
     if (i >= 0) {
@@ -292,26 +295,13 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
     return i;
 }
 
-// Records every level of the prompt for the peer that got it, and counts a
-// continuation of the longest level that was already known: that is where
-// this prompt branches off what was seen before.
+// Records every level of the prompt for the peer that got it: later prompts
+// that extend any part of it will find it there.
 void record_levels(PrefixTable &table, const uint64_t *keys, size_t nkeys,
                    uint64_t peer_id) noexcept
 {
-    size_t branch = SIZE_MAX;
-    bool known = false;
-
     for (size_t j = 0; j < nkeys; j++) {
-        bool existed = table.record(keys[j], peer_id);
-
-        if (known && !existed) {
-            branch = j - 1;
-        }
-        known = existed;
-    }
-
-    if (branch != SIZE_MAX) {
-        table.add_fork(keys[branch]);
+        table.record(keys[j], peer_id);
     }
 }
 

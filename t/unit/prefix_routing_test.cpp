@@ -1,17 +1,15 @@
 // Routing by prompt prefix: affinity_route() with request.prefixes set to a
 // prefix index zone and the levels of affinity_json_prompt(), and the
-// PrefixTable class behind it (recent peers of a level, forks, LRU, idle
-// expiry).
+// PrefixTable class behind it (recent peers of a level, LRU, idle expiry).
 //
 // How a keyless request with levels is routed (selection.cpp,
-// route_prefix()): the longest level found in the index decides.  If that
-// level is private (continued by fewer than 2 different prompts: a
-// conversation's previous turn), the least loaded of its recent peers under
-// the load bound gets the request (PREFIX_HIT), else shorter levels are
-// tried.  If it is shared (a system prompt), or no level is known, the
-// request is placed on the ring by its own longest level with bounded load
-// (PREFIX_NEW, or PREFIX_HIT when that peer also served the shared prefix).
-// In every case all levels are then recorded for the chosen peer.
+// route_prefix()): the longest level that one of its recent peers under the
+// load bound holds decides, and the least loaded of those peers gets the
+// request (PREFIX_HIT), whether the level is a conversation's own or shared
+// by many prompts.  When no level's peer is under the bound the request is
+// placed on the ring by its own longest level with bounded load
+// (PREFIX_NEW).  In every case all levels are then recorded for the chosen
+// peer, so a hot prefix gains holders as the bound spreads its prompts.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -160,6 +158,8 @@ private:
 // prefix zone.
 class Fleet {
 public:
+    static constexpr size_t kMaxTestPeers = 16;
+
     explicit Fleet(size_t npeers = 4, bool counters_in_prefix_zone = false)
         : prefixes_(1 << 20, AFFINITY_ZONE_PREFIXES),
           counters_(counters_in_prefix_zone ? prefixes_.get()
@@ -200,6 +200,21 @@ public:
         uint32_t peer = UINT32_MAX;
         EXPECT_EQ(affinity_ring_walk(upstream_.ring(), hash, &peer, 1), 1u);
         return int(peer);
+    }
+
+    // The first peer on the ring from hash that would take one more
+    // request under the bound (as counted before the request).
+    int ring_first_accepting(uint64_t hash) const
+    {
+        uint32_t walk[kMaxTestPeers];
+        size_t n = affinity_ring_walk(upstream_.ring(), hash, walk,
+                                      kMaxTestPeers);
+        for (size_t k = 0; k < n; k++) {
+            if (would_accept(upstream_, walk[k])) {
+                return int(walk[k]);
+            }
+        }
+        return -1;
     }
 
     // The index entry of a level, through the PrefixTable class.
@@ -380,7 +395,10 @@ TEST(PrefixRoute, OverloadedPeerIsAvoidedAndTheNewPeerRecorded)
 TEST(PrefixRoute, ConversationsSpreadOverThePeersAndStayOnTheirPeer)
 {
     // 300 conversations that share a 2,000-character system prompt, each
-    // turn adding about 300 characters, routed one request at a time.
+    // turn adding about 300 characters.  Their first turns are in flight
+    // together, so the bound spreads them although every one of them
+    // follows the shared prompt while its peers have room; later turns,
+    // one at a time, go to their conversation's peer.
     Fleet f;
     const std::string system = words(424242, 2000);
     const size_t nconv = 300, nturns = 4;
@@ -392,16 +410,25 @@ TEST(PrefixRoute, ConversationsSpreadOverThePeersAndStayOnTheirPeer)
     std::vector<int> peer_of(nconv, -1);
     std::map<uint32_t, size_t> routes;
 
-    for (size_t turn = 1; turn <= nturns; turn++) {
+    for (size_t i = 0; i < nconv; i++) {
+        Routed r = f.send(convs[i].body(1), false);
+        routes[r.decision.route]++;
+        peer_of[i] = r.decision.peer;
+        if (r.decision.route == kPrefixHit) {
+            EXPECT_GE(r.decision.prefix_len, 1000u);
+        }
+    }
+    f.up().release_all();
+
+    // The first one found nothing; nearly all others found the system
+    // prompt on one of its peers.
+    EXPECT_GE(routes[kPrefixHit], nconv * 9 / 10);
+
+    for (size_t turn = 2; turn <= nturns; turn++) {
         for (size_t i = 0; i < nconv; i++) {
             f.router().now++;
             Routed r = f.send(convs[i].body(turn));
             routes[r.decision.route]++;
-
-            if (turn == 1) {
-                peer_of[i] = r.decision.peer;
-                continue;
-            }
             EXPECT_EQ(r.decision.route, kPrefixHit)
                 << "conversation " << i << " turn " << turn << ": "
                 << route_name(r.decision.route);
@@ -428,9 +455,8 @@ TEST(PrefixRoute, ConversationsSpreadOverThePeersAndStayOnTheirPeer)
     }
     EXPECT_EQ(routes[kPrefixHit] + routes[kPrefixNew], nconv * nturns);
 
-    // The system prompt is shared: its longest level was continued by many
-    // conversations.  A conversation's own levels are continued by its next
-    // turn only.
+    // The system prompt gained holders as the bound spread it; each
+    // conversation's own levels are held by its peer only.
     const uint32_t shared_len =
         canonical_length(chat({{"system", system}}));
     std::vector<affinity_level_t> l1 = levels_of(convs[0].body(1));
@@ -441,84 +467,73 @@ TEST(PrefixRoute, ConversationsSpreadOverThePeersAndStayOnTheirPeer)
         }
     }
     ASSERT_NE(shared, nullptr);
-    affinity::PrefixEntry *e = f.entry(*shared);
-    ASSERT_NE(e, nullptr);
-    EXPECT_GE(e->forks, 2u);
+    EXPECT_GE(f.peers_of(*shared).size(), 2u);
 
     for (size_t i = 0; i < nconv; i++) {
         for (size_t turn = 1; turn < nturns; turn++) {
             std::vector<affinity_level_t> l = levels_of(convs[i].body(turn));
             ASSERT_GT(l.back().length, shared_len);
-            affinity::PrefixEntry *own = f.entry(l.back());
-            ASSERT_NE(own, nullptr) << "conversation " << i << " turn " << turn;
-            EXPECT_LE(own->forks, 1u) << "conversation " << i << " turn "
-                                      << turn;
-            EXPECT_EQ(f.peers_of(l.back()), (std::vector<int>{peer_of[i]}));
+            EXPECT_EQ(f.peers_of(l.back()), (std::vector<int>{peer_of[i]}))
+                << "conversation " << i << " turn " << turn;
         }
     }
 }
 
-TEST(PrefixRoute, SharedPrefixCountsForks)
+TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
 {
-    // Conversations branch off a system prompt: the branch point counts one
-    // fork per new continuation, a level inside it none.
-    Fleet f;
-    const std::string system = words(5, 1200);
-    std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
-    ASSERT_EQ(lengths_of_levels(sys), (std::vector<uint32_t>{100, 500, 1000}));
-
-    for (uint32_t i = 0; i < 5; i++) {
-        f.send(Conversation(100 + i, system).body(1));
-        affinity::PrefixEntry *e = f.entry(sys.back());
-        ASSERT_NE(e, nullptr);
-        EXPECT_EQ(e->forks, i) << "after " << i + 1 << " conversations";
-        ASSERT_NE(f.entry(sys.front()), nullptr);
-        EXPECT_EQ(f.entry(sys.front())->forks, 0u);
-    }
-
-    // The same prompt again is no new continuation.
-    f.send(Conversation(100, system).body(1));
-    EXPECT_EQ(f.entry(sys.back())->forks, 4u);
-}
-
-TEST(PrefixRoute, SharedPrefixIsNotFollowed)
-{
-    // The first conversations on a new system prompt follow it to its peer;
-    // once it is shared (2 forks), new conversations are placed by their
-    // own longest level.
+    // One at a time, conversations on a new system prompt all follow it to
+    // the peer that holds it: its cache serves them all.
     Fleet f;
     const std::string system = words(6, 1200);
+    std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
+    ASSERT_EQ(sys.back().length, 1000u);
 
     Routed c0 = f.send(Conversation(200, system).body(1));
     EXPECT_EQ(c0.decision.route, kPrefixNew);
-    for (uint32_t i = 1; i <= 2; i++) {
+    const int holder = c0.decision.peer;
+    for (uint32_t i = 1; i < 20; i++) {
         Routed r = f.send(Conversation(200 + i, system).body(1));
         EXPECT_EQ(r.decision.route, kPrefixHit);
-        EXPECT_EQ(r.decision.peer, c0.decision.peer);
+        EXPECT_EQ(r.decision.peer, holder);
         EXPECT_EQ(r.decision.prefix_len, 1000u);
     }
-    // (A HIT when the ring peer is one of the recent peers of the shared
-    // level: the shared prefix is likely in its cache.)
-    std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
-    ASSERT_EQ(sys.back().length, 1000u);
-    std::set<int> peers;
-    for (uint32_t i = 3; i < 40; i++) {
+    EXPECT_EQ(f.peers_of(sys.back()), (std::vector<int>{holder}));
+
+    // In flight together, they fill the holder up to the bound; the next
+    // goes to its own ring position and becomes a holder too, and later
+    // ones go to the least loaded holder with room.
+    std::set<int> used;
+    for (uint32_t i = 20; i < 60; i++) {
         std::vector<affinity_level_t> l =
             levels_of(Conversation(200 + i, system).body(1));
         std::vector<int> holders = f.peers_of(sys.back());
-        Routed r = f.send(l);
-        int ring = f.ring_first(l.back().hash);
-        EXPECT_EQ(r.decision.peer, ring) << "conversation " << i;
-        peers.insert(r.decision.peer);
-        if (std::find(holders.begin(), holders.end(), ring) != holders.end()) {
-            EXPECT_EQ(r.decision.route, kPrefixHit);
+        int least = -1;
+        for (int h : holders) {
+            if (would_accept(f.up(), size_t(h))
+                && (least < 0 || f.up().inflight(size_t(h))
+                                     < f.up().inflight(size_t(least))))
+            {
+                least = h;
+            }
+        }
+
+        const int ring = f.ring_first_accepting(l.back().hash);
+        Routed r = f.send(l, false);
+        used.insert(r.decision.peer);
+        expect_within_bound(f.up(), "after a placement");
+        if (least >= 0) {
+            EXPECT_EQ(r.decision.route, kPrefixHit) << "conversation " << i;
             EXPECT_EQ(r.decision.prefix_len, 1000u);
+            EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)),
+                      f.up().inflight(size_t(least)))
+                << "conversation " << i << ": not the least loaded holder";
         } else {
-            EXPECT_EQ(r.decision.route, kPrefixNew);
-            EXPECT_EQ(r.decision.prefix_len, 0u);
+            EXPECT_EQ(r.decision.route, kPrefixNew) << "conversation " << i;
+            EXPECT_EQ(r.decision.peer, ring);
         }
     }
-    EXPECT_EQ(peers.size(), 4u);
+    EXPECT_GE(used.size(), 2u);
+    EXPECT_GE(f.peers_of(sys.back()).size(), 2u);
 }
 
 TEST(PrefixRoute, FailedPeerIsNeverChosen)
@@ -868,30 +883,6 @@ TEST_F(PrefixTableTest, KeepsFourPeersMostRecentFirst)
     t.record(k2, 0x0000000100000000ULL);
     EXPECT_EQ(peers(t.find(k2)), (std::vector<uint32_t>{1, 0x12345678u}));
     EXPECT_EQ(affinity::short_peer_id(0x0000000100000000ULL), 1u);
-}
-
-TEST_F(PrefixTableTest, ForksAreCounted)
-{
-    affinity::PrefixTable t = table(1000);
-    const uint64_t k = 77;
-
-    // Not on a missing entry.
-    t.add_fork(k);
-    EXPECT_EQ(zone_.info().used, 0u);
-
-    t.record(k, 1);
-    EXPECT_EQ(t.find(k)->forks, 0u);
-    t.add_fork(k);
-    t.add_fork(k);
-    EXPECT_EQ(t.find(k)->forks, 2u);
-    // A new peer does not reset them.
-    t.record(k, 2);
-    EXPECT_EQ(t.find(k)->forks, 2u);
-
-    for (int i = 0; i < 70000; i++) {
-        t.add_fork(k);
-    }
-    EXPECT_EQ(t.find(k)->forks, UINT16_MAX);
 }
 
 TEST_F(PrefixTableTest, KeysDependOnTheZoneSeed)

@@ -37,43 +37,6 @@ constexpr uint32_t kMoved = AFFINITY_ROUTE_SESSION_MOVED;
 constexpr uint32_t kSpill = AFFINITY_ROUTE_SESSION_SPILL;
 constexpr uint32_t kFallback = AFFINITY_ROUTE_FALLBACK;
 
-constexpr double kFactor = 1.25;
-constexpr double kSlack = 2.0;
-
-double bound_for(double share)
-{
-    return std::max(kFactor * share, share + kSlack);
-}
-
-// Whether peer i would take one more request (the documented bound), from
-// the counters as they are now.
-bool would_accept(const Upstream &up, size_t i)
-{
-    int64_t total = 0;
-    uint64_t weights = 0;
-    for (size_t j = 0; j < up.size(); j++) {
-        if (up.states()[j] != AFFINITY_PEER_FAILED) {
-            total += up.inflight(j);
-            weights += up.peers()[j].weight;
-        }
-    }
-    double share = double(total + 1) * up.peers()[i].weight / double(weights);
-    return double(up.inflight(i) + 1) <= bound_for(share) + 1e-9;
-}
-
-void expect_within_bound(const Upstream &up, const char *when)
-{
-    int64_t total = up.total_inflight();
-    double mean = double(total) / double(up.size());
-    double bound = bound_for(mean);
-
-    for (size_t i = 0; i < up.size(); i++) {
-        EXPECT_LE(double(up.inflight(i)), bound + 1e-9)
-            << when << ": peer " << i << " has " << up.inflight(i)
-            << " in flight, total " << total;
-    }
-}
-
 TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
 {
     TestZone z;
@@ -83,12 +46,12 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.rc, 0);
     ASSERT_EQ(first.decision.route, kNew);
-    int current = first.decision.peer;
+    const int pinned = first.decision.peer;
 
     std::map<uint32_t, size_t> routes;
 
     // 400 concurrent requests of one session, none finished.  A hit goes to
-    // the current pin; a spill goes elsewhere and the pin follows it.
+    // the pin; a spill goes elsewhere and the pin stays.
     for (int n = 1; n < 400; n++) {
         Routed r = router.route_key("hot");
         ASSERT_EQ(r.rc, 0);
@@ -98,10 +61,9 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
         ASSERT_TRUE(r.decision.route == kHit || r.decision.route == kSpill)
             << route_name(r.decision.route);
         if (r.decision.route == kHit) {
-            EXPECT_EQ(r.decision.peer, current);
+            EXPECT_EQ(r.decision.peer, pinned);
         } else {
-            EXPECT_NE(r.decision.peer, current);
-            current = r.decision.peer;
+            EXPECT_NE(r.decision.peer, pinned);
         }
 
         expect_within_bound(up, "after a placement");
@@ -119,16 +81,16 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
         EXPECT_GT(up.inflight(i), 0) << i;
     }
 
-    // One session, one pin, where the last spill went.
+    // One session, one pin, where it was placed.
     EXPECT_EQ(z.info().used, 1u);
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(size_t(current)).pins, 1);
+    EXPECT_EQ(up.stats(size_t(pinned)).pins, 1);
 
-    // Once the load is gone the session stays on its current peer.
+    // Once the load is gone the session is served by its pin again.
     up.release_all();
     Routed after = router.route_key("hot");
     EXPECT_EQ(after.decision.route, kHit);
-    EXPECT_EQ(after.decision.peer, current);
+    EXPECT_EQ(after.decision.peer, pinned);
 }
 
 TEST(BoundedLoad, BoundHoldsWithBackgroundLoadAndManyKeys)
@@ -225,11 +187,11 @@ TEST(BoundedLoad, FailedPeersLoadDoesNotRaiseTheBound)
     EXPECT_EQ(up.stats(failed).pins, 0);
 }
 
-TEST(BoundedLoad, SpillsPreferThePreviousPin)
+TEST(BoundedLoad, SpillsReturnToThePeerOfTheLastSpill)
 {
-    // When the pin spills, the pin follows the request and the old pin is
-    // remembered: the next spill goes back to it when it has room (its
-    // cache holds all of the session but the latest turns).
+    // A pin over the bound keeps its session; the request spills, and the
+    // peer that took it is remembered: the next spill goes back to it when
+    // it has room (its cache holds the session up to that spill).
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
     Router router(z.get(), up, {kFactor, kSlack});
@@ -237,13 +199,13 @@ TEST(BoundedLoad, SpillsPreferThePreviousPin)
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.decision.route, kNew);
 
-    int current = first.decision.peer;
-    int previous = -1;
+    const int pinned = first.decision.peer;
+    int last_spill = -1;
     size_t spills = 0, back = 0;
 
     for (int n = 1; n < 400; n++) {
-        bool previous_fits = previous >= 0 && previous != current
-                             && would_accept(up, size_t(previous));
+        bool spill_fits = last_spill >= 0
+                          && would_accept(up, size_t(last_spill));
 
         Routed r = router.route_key(n % 3 ? "hot" : key_name(size_t(n)));
         ASSERT_EQ(r.rc, 0);
@@ -253,28 +215,34 @@ TEST(BoundedLoad, SpillsPreferThePreviousPin)
         }
 
         if (r.decision.route == kHit) {
-            EXPECT_EQ(r.decision.peer, current) << "request " << n;
+            EXPECT_EQ(r.decision.peer, pinned) << "request " << n;
             continue;
         }
 
         ASSERT_EQ(r.decision.route, kSpill) << route_name(r.decision.route);
+        EXPECT_NE(r.decision.peer, pinned) << "request " << n;
         spills++;
-        if (previous_fits) {
-            EXPECT_EQ(r.decision.peer, previous)
-                << "spill went elsewhere though the previous pin had room, "
-                   "request " << n;
+        if (spill_fits) {
+            EXPECT_EQ(r.decision.peer, last_spill)
+                << "spill went elsewhere though the last spill's peer had "
+                   "room, request " << n;
             back++;
         }
-        previous = current;
-        current = r.decision.peer;
+        last_spill = r.decision.peer;
     }
 
     EXPECT_GT(spills, 10u);
     EXPECT_GT(back, 0u);
     EXPECT_EQ(up.total_pins(), int64_t(z.info().used));
+
+    // The load gone, the session is served by its pin.
+    up.release_all();
+    Routed after = router.route_key("hot");
+    EXPECT_EQ(after.decision.route, kHit);
+    EXPECT_EQ(after.decision.peer, pinned);
 }
 
-TEST(BoundedLoad, PreviousPinIsPreferredOverRingOrder)
+TEST(BoundedLoad, LastSpillPeerIsPreferredOverRingOrder)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -294,37 +262,35 @@ TEST(BoundedLoad, PreviousPinIsPreferredOverRingOrder)
     ASSERT_EQ(walk[0], p0);
     const size_t r1 = walk[1], r2 = walk[2];
 
-    // p0 and r1 busy: the spill goes to r2, which becomes the pin.
+    // p0 and r1 busy: the spill goes to r2, the next on the ring.
     up.set_state(p0, AFFINITY_PEER_BUSY);
     up.set_state(r1, AFFINITY_PEER_BUSY);
     Routed s1 = router.route_key_released(key);
     EXPECT_EQ(s1.decision.route, kSpill);
     EXPECT_EQ(size_t(s1.decision.peer), r2);
 
-    // r2 busy, r1 free: the previous pin p0 is busy, so the ring decides:
-    // r1 becomes the pin, r2 the previous one.
-    up.set_state(r2, AFFINITY_PEER_BUSY);
+    // r1 free again, p0 still busy: back to r2, the last spill's peer,
+    // although r1 comes first on the ring.
     up.set_state(r1, AFFINITY_PEER_USABLE);
     Routed s2 = router.route_key_released(key);
     EXPECT_EQ(s2.decision.route, kSpill);
-    EXPECT_EQ(size_t(s2.decision.peer), r1);
+    EXPECT_EQ(size_t(s2.decision.peer), r2);
 
-    // r1 busy, everyone else free: back to r2, the previous pin, although
-    // p0 comes first on the ring.
-    up.set_state(r1, AFFINITY_PEER_BUSY);
-    up.set_state(r2, AFFINITY_PEER_USABLE);
-    up.set_state(p0, AFFINITY_PEER_USABLE);
+    // r2 busy too: the ring decides, and r1 is remembered.
+    up.set_state(r2, AFFINITY_PEER_BUSY);
     Routed s3 = router.route_key_released(key);
     EXPECT_EQ(s3.decision.route, kSpill);
-    EXPECT_EQ(size_t(s3.decision.peer), r2);
+    EXPECT_EQ(size_t(s3.decision.peer), r1);
+    up.set_state(r2, AFFINITY_PEER_USABLE);
+    EXPECT_EQ(size_t(router.route_key_released(key).decision.peer), r1);
 
-    // And r2 is the pin now.
-    up.set_state(r1, AFFINITY_PEER_USABLE);
+    // And p0 never lost the pin.
+    up.set_state(p0, AFFINITY_PEER_USABLE);
     Routed hit = router.route_key_released(key);
     EXPECT_EQ(hit.decision.route, kHit);
-    EXPECT_EQ(size_t(hit.decision.peer), r2);
+    EXPECT_EQ(size_t(hit.decision.peer), p0);
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(r2).pins, 1);
+    EXPECT_EQ(up.stats(p0).pins, 1);
 }
 
 TEST(BoundedLoad, OverloadedSpillPeerIsReplaced)
@@ -388,7 +354,7 @@ TEST(Selection, FailedPinnedPeerMovesTheSession)
     EXPECT_EQ(up.stats(new_peer).pins, 1);
 }
 
-TEST(Selection, BusyPinnedPeerSpillsAndThePinFollows)
+TEST(Selection, BusyPinnedPeerSpillsAndThePinStays)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -404,24 +370,24 @@ TEST(Selection, BusyPinnedPeerSpillsAndThePinFollows)
     const size_t spill = size_t(r.decision.peer);
     EXPECT_NE(spill, pinned);
 
-    // The peer that took the spill holds the whole session now.
+    // While the pin is busy, the session's requests go to the same spill
+    // peer, whose cache now holds it too.
     for (int i = 0; i < 3; i++) {
         Routed again = router.route_key_released("erin");
-        EXPECT_EQ(again.decision.route, kHit);
+        EXPECT_EQ(again.decision.route, kSpill);
         EXPECT_EQ(size_t(again.decision.peer), spill);
     }
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(spill).pins, 1);
+    EXPECT_EQ(up.stats(pinned).pins, 1);
 
-    // Usable again, the old pin is the first choice for the next spill.
+    // Usable again, the pin serves the session.
     up.set_state(pinned, AFFINITY_PEER_USABLE);
-    up.set_state(spill, AFFINITY_PEER_BUSY);
     Routed back = router.route_key_released("erin");
-    EXPECT_EQ(back.decision.route, kSpill);
+    EXPECT_EQ(back.decision.route, kHit);
     EXPECT_EQ(size_t(back.decision.peer), pinned);
 }
 
-TEST(Selection, OverloadedPinnedPeerSpillsAndThePinFollows)
+TEST(Selection, OverloadedPinnedPeerSpillsAndThePinStays)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -439,16 +405,16 @@ TEST(Selection, OverloadedPinnedPeerSpillsAndThePinFollows)
     EXPECT_EQ(r.decision.route, kSpill);
     const size_t spill = size_t(r.decision.peer);
     EXPECT_NE(spill, pinned);
-    EXPECT_EQ(up.stats(spill).pins, 1);
-    EXPECT_EQ(up.stats(pinned).pins, 0);
+    EXPECT_EQ(up.stats(spill).pins, 0);
+    EXPECT_EQ(up.stats(pinned).pins, 1);
 
-    // The overload passes; the session stays where it went.
+    // The overload passes; the session is back on its pin.
     for (int i = 0; i < 20; i++) {
         up.release(pinned);
     }
     Routed after = router.route_key_released("fay");
     EXPECT_EQ(after.decision.route, kHit);
-    EXPECT_EQ(size_t(after.decision.peer), spill);
+    EXPECT_EQ(size_t(after.decision.peer), pinned);
 }
 
 // nginx "drain": a draining peer serves the sessions pinned to it, and
@@ -501,8 +467,8 @@ TEST(Selection, DrainingPeerKeepsItsSessionsAndTakesNoNewOnes)
     EXPECT_TRUE(took);
 }
 
-// Draining does not lift the bound: an overloaded draining peer spills its
-// session, which then stays where it went.
+// Draining does not lift the bound: an overloaded draining peer spills the
+// requests of its session, which stays pinned to it.
 TEST(Selection, OverloadedDrainingPeerSpills)
 {
     TestZone z;
@@ -521,7 +487,7 @@ TEST(Selection, OverloadedDrainingPeerSpills)
     Routed r = router.route_key_released("gus");
     EXPECT_EQ(r.decision.route, kSpill);
     EXPECT_NE(size_t(r.decision.peer), pinned);
-    EXPECT_EQ(up.stats(pinned).pins, 0);
+    EXPECT_EQ(up.stats(pinned).pins, 1);
 
     // Everyone over the bound: a pinned draining peer still keeps its
     // session rather than refusing it.

@@ -230,6 +230,45 @@ struct Routed {
     affinity_decision_t decision;
 };
 
+// The load bound of affinity_balance (selection.h) with its defaults, as
+// the README documents it, to check the core against.
+constexpr double kFactor = 1.25;
+constexpr double kSlack = 2.0;
+
+inline double bound_for(double share)
+{
+    return std::max(kFactor * share, share + kSlack);
+}
+
+// Whether peer i would take one more request (the documented bound), from
+// the counters as they are now.
+inline bool would_accept(const Upstream &up, size_t i)
+{
+    int64_t total = 0;
+    uint64_t weights = 0;
+    for (size_t j = 0; j < up.size(); j++) {
+        if (up.states()[j] != AFFINITY_PEER_FAILED) {
+            total += up.inflight(j);
+            weights += up.peers()[j].weight;
+        }
+    }
+    double share = double(total + 1) * up.peers()[i].weight / double(weights);
+    return double(up.inflight(i) + 1) <= bound_for(share) + 1e-9;
+}
+
+inline void expect_within_bound(const Upstream &up, const char *when)
+{
+    int64_t total = up.total_inflight();
+    double mean = double(total) / double(up.size());
+    double bound = bound_for(mean);
+
+    for (size_t i = 0; i < up.size(); i++) {
+        EXPECT_LE(double(up.inflight(i)), bound + 1e-9)
+            << when << ": peer " << i << " has " << up.inflight(i)
+            << " in flight, total " << total;
+    }
+}
+
 // Sends requests through affinity_route() with a clock and a timeout.
 class Router {
 public:

@@ -1,0 +1,138 @@
+#!/usr/bin/env perl
+
+# A long document shared by many sessions: 200 sessions ask about one
+# 20,000-character document, eight at a time, against eight backends.  The
+# document is followed to the backends that hold it while they are under
+# the load bound, so it ends up cached on a few backends - not on one (the
+# bound spreads it) and not on all (placing each session as if new would
+# copy it everywhere).  With session ids every session's follow-up then
+# stays on the backend of its first turn; without, the follow-ups go to the
+# backends that hold the document (a session's own question is shorter than
+# the spacing of the levels there, so only the document is recognised).
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use List::Util qw(max);
+use POSIX qw(floor);
+use Test::More;
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers routes);
+
+my $t = AffinityTest->new;
+my @ports = $t->start_backends(8);
+my $sessions = $t->port;
+
+$t->write_conf(proxy_conf($t, servers(\@ports) . <<"EOF", http => <<"HTTP"));
+        prefix_affinity zone=doc_prefixes:4m;
+EOF
+    upstream with_sessions {
+@{[ servers(\@ports) ]}
+        session_affinity zone=doc_sessions:1m;
+        prefix_affinity zone=doc_both:4m;
+    }
+
+    server {
+        listen 127.0.0.1:$sessions;
+        location / { proxy_pass http://with_sessions; }
+    }
+HTTP
+$t->start_nginx;
+
+my %json = ('Content-Type' => 'application/json');
+my $wave = 8;
+my $delay_ms = 300;
+
+sub json_string {
+    my ($s) = @_;
+    $s =~ s/(["\\])/\\$1/g;
+    $s =~ s/\n/\\n/g;
+    return qq("$s");
+}
+
+sub chat {
+    my (@messages) = @_;
+    return '{"model":"llm-test","messages":['
+        . join(',', map { '{"role":' . json_string($_->[0])
+                          . ',"content":' . json_string($_->[1]) . '}' }
+               @messages)
+        . '],"max_tokens":64}';
+}
+
+my $document = join ' ', map { "clause-$_ of the supply agreement" } 1 .. 700;
+$document = substr $document, 0, 20_000;
+
+# Session $s about the document: its own question, then a follow-up.
+sub turn {
+    my ($s, $turn) = @_;
+    my @m = ([ system => "Answer from this document.\n$document" ],
+             [ user => "Session $s asks about clause " . ($s * 7 % 700) ]);
+    push @m, [ assistant => "Session $s: the clause says this." ],
+             [ user => "Session $s follows up on it." ] if $turn > 1;
+    return chat(@m);
+}
+
+sub backend { $_[0]{headers}{'x-backend-port'} // 'none' }
+
+sub check {
+    my ($port, $id_of, $sticky) = @_;
+    $t->backend_reset($_) for @ports;
+
+    # First turns, eight sessions at a time, each held 300 ms by its backend.
+    my (%first, %used);
+    for (my $s = 0; $s < 200; $s += $wave) {
+        my @batch = $s .. $s + $wave - 1;
+        my @r = $t->parallel([ map {
+            { method => 'POST', path => '/', port => $port,
+              headers => { %json, 'X-Delay-Ms' => $delay_ms, $id_of->($_) },
+              body => turn($_, 1) }
+        } @batch ]);
+        for my $i (0 .. $#batch) {
+            is $r[$i]{status}, 200, "session $batch[$i] served"
+                or next;
+            $first{ $batch[$i] } = backend($r[$i]);
+            $used{ backend($r[$i]) }++;
+        }
+    }
+    is scalar(keys %first), 200, 'all first turns served';
+
+    my @peaks = map { $t->backend_stats($_)->{max_inflight} } @ports;
+    my $bound = floor(max(1.25 * $wave / @ports, $wave / @ports + 2));
+    note 'sessions per backend: ', join ' ', map { $used{$_} // 0 } @ports;
+    note "peak in-flight per backend: @peaks";
+    is scalar(grep { $_ > $bound } @peaks), 0, "no backend above $bound";
+    my $holders = scalar keys %used;
+    ok $holders >= 2, "the document is held by $holders backends, not one";
+    ok $holders <= 5, "the document is held by $holders backends, not all 8";
+
+    # Follow-ups, as clients send them.
+    my ($moved, $elsewhere) = (0, 0);
+    for my $s (0 .. 199) {
+        my $r = $t->http(POST => '/', port => $port,
+                         headers => { %json, $id_of->($s) },
+                         body => turn($s, 2));
+        $moved++ if backend($r) ne $first{$s};
+        $elsewhere++ unless $used{ backend($r) };
+    }
+    is $elsewhere, 0, 'every follow-up went to a backend holding the document';
+    is $moved, 0, 'every follow-up went to the backend of its first turn'
+        if $sticky;
+}
+
+subtest 'prefix_affinity alone, no session ids' => sub {
+    check($t->listen_port, sub { () });
+
+    my @r = grep { $_->{status} eq '200' } routes($t);
+    my $hits = grep { $_->{route} eq 'prefix_hit' } @r;
+    ok $hits >= 390, "$hits of 400 requests found their prefix held";
+};
+
+subtest 'session_affinity and prefix_affinity' => sub {
+    check($sessions, sub { ('X-Session-ID' => "doc-session-$_[0]") }, 1);
+};
+
+done_testing;
