@@ -197,10 +197,12 @@ def prepare_requests(records, start=0, builder=None):
     requests = []
     for i, (record, arrival) in enumerate(zip(records, arrivals)):
         session = trace.session_id(record, start + i)
+        source = workloads.Request(start + i, arrival, session,
+                                   record['output_length'], record=record)
         requests.append(SimRequest(
             start + i, arrival, _record_tokens(record, builder),
             record['output_length'], session, builder.packed(record),
-            session))
+            session, source, {}))
     return requests
 
 
@@ -598,13 +600,17 @@ class PrefixOracle:
         return {'diverted_by_bound': self.diverted}
 
 
+# The module_* policies run the module's C++ core (core_policy.py).
+MODULE_POLICIES = ('module_session', 'module_prefix', 'module_session_prefix')
 POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
-            'chash_session_bounded', 'affinity', 'affinity_follow')
+            'chash_session_bounded', 'affinity', 'affinity_follow') \
+    + MODULE_POLICIES
 
 # Policies whose routing reads the session id: simulated once per sessions
 # mode.  The others are simulated once and reported for both.
 KEYED_POLICIES = ('chash_session', 'chash_session_bounded', 'affinity',
-                  'affinity_follow')
+                  'affinity_follow', 'module_session',
+                  'module_session_prefix')
 # Keyed policies that mean nothing without a session id (a hash of an
 # absent header sends everything to one replica): not simulated then.
 NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
@@ -626,6 +632,9 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
     if name in ('affinity', 'affinity_follow'):
         return SessionAffinity(replicas, factor, slack, points,
                                follow=name == 'affinity_follow')
+    if name in MODULE_POLICIES:
+        from bench.sim import core_policy
+        return core_policy.make(name, replicas, factor, slack)
     raise ValueError('unknown policy %r' % name)
 
 

@@ -1,0 +1,441 @@
+"""The nginx module's routing as a policy of the offline fleet simulator
+(bounds.py): the module's own C++ core (src/core), loaded with ctypes as
+the shared library libaffinity_core.so and driven through its public C API
+(src/core/include/affinity_core.h) only, the way the nginx shim drives it
+(src/ngx_http_upstream_affinity_balancer.c), so that a change to the
+routing is measured on a workload in seconds, deterministically, without a
+real-time replay.
+
+    module_session         session_affinity;                (its defaults)
+    module_prefix          prefix_affinity;
+    module_session_prefix  session_affinity; prefix_affinity;
+
+What the shim does, and this does too:
+- zones: a session zone and/or a prefix zone, in memory of their own
+  (bytearrays, 64-byte aligned) attached with affinity_zone_attach; the
+  in-flight counters live in the session zone when there is one, else in
+  the prefix zone; one worker row is claimed in that zone
+  (affinity_zone_worker_claim), and requests are counted in it;
+- peers: affinity_peer_id of "127.0.0.1:PORT" (the mock replicas' addresses
+  in bench.py, so placements match a real run), weight 1, their counter
+  slots from affinity_zone_peer_slot; the ring built with
+  affinity_ring_size/affinity_ring_build, 65536 / total weight points per
+  unit of weight, between 160 and 1024 (..._peers.c);
+- a request: its session key (X-Session-ID, when the workload sends one)
+  hashed with affinity_zone_key_hash and affinity_ring_hash; its prompt
+  levels from the body the replay sends (affinity_json_load and
+  affinity_json_prompt) with prefix_affinity's default schedule
+  (lengths 100,500,1000, step 256, growth 6 %, max 32k:
+  affinity_level_schedule); timeouts 1h (sessions) and 10m (prefixes);
+  every peer AFFINITY_PEER_USABLE; now the simulated second; the balance
+  factor 1.25, slack 2 (affinity_balance's defaults);
+- affinity_route, and affinity_zone_peer_release(zone, row, slot) when
+  the request ends (the simulator calls release()).
+
+The library is found (library()) as $AFFINITY_CORE_LIB, else the one make
+unit builds (build/unit/core/) when it is newer than every source of the
+core, else it is built in build/core/ (cmake, target affinity_core_shared)
+and taken from there.
+"""
+
+import ctypes
+import os
+import random
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CORE_SRC = REPO / 'src' / 'core'
+LIBRARY_NAME = 'libaffinity_core.so'
+BUILD_DIR = REPO / 'build' / 'core'
+UNIT_LIBRARY = REPO / 'build' / 'unit' / 'core' / LIBRARY_NAME
+
+# The C API's constants (affinity_core.h).
+ZONE_SESSIONS = 1
+ZONE_PREFIXES = 2
+PEER_USABLE = 0
+NO_SLOT = 0xFFFFFFFF
+NO_ROW = 0xFFFFFFFF
+JSON_PADDING = 64
+MAX_LEVELS = 128
+ATTACH_CREATED = 0
+ROUTES = ('none', 'session_hit', 'session_new', 'session_moved',
+          'session_spill', 'fallback', 'prefix_hit', 'prefix_new')
+
+# The module's defaults (src/ngx_http_upstream_affinity_module.c,
+# ..._peers.c, ..._zone.c).
+LEVEL_LENGTHS = (100, 500, 1000)
+LEVEL_STEP = 256
+LEVEL_GROWTH = 6
+LEVEL_MAX = 32 * 1024
+SESSION_TIMEOUT = 3600
+PREFIX_TIMEOUT = 600
+RING_TOTAL = 65536
+RING_POINTS_MIN = 160
+RING_POINTS_MAX = 1024
+FACTOR = 1.25
+SLACK = 2
+# The zone sizes bench.py configures (zone=bench_sessions:16m,
+# zone=bench_prefixes:32m), and the rows of a zone (at least 4).
+SESSION_ZONE_BYTES = 16 * 1024 * 1024
+PREFIX_ZONE_BYTES = 32 * 1024 * 1024
+ZONE_ROWS = 4
+# The mock replicas' first port in bench.py: peers are named after it.
+BASE_PORT = 19301
+# Simulated second 0 as the core's clock (any value; not 0).
+NOW_ORIGIN = 1000000
+
+
+# --- the library -------------------------------------------------------------
+
+c_u32, c_u64 = ctypes.c_uint32, ctypes.c_uint64
+
+
+class Peer(ctypes.Structure):
+    _fields_ = [('id', c_u64), ('weight', c_u32), ('slot', c_u32)]
+
+
+class Level(ctypes.Structure):
+    _fields_ = [('length', c_u32), ('reserved', c_u32), ('hash', c_u64)]
+
+
+class Balance(ctypes.Structure):
+    _fields_ = [('factor', ctypes.c_double), ('slack', ctypes.c_double)]
+
+
+class RouteRequest(ctypes.Structure):
+    """affinity_request_t"""
+    _fields_ = [('key_hash', c_u64), ('ring_hash', c_u64),
+                ('has_key', c_u32), ('now', c_u32), ('timeout', c_u32),
+                ('rotate', c_u32), ('row', c_u32), ('reserved', c_u32),
+                ('prefixes', ctypes.c_void_p),
+                ('levels', ctypes.POINTER(Level)),
+                ('nlevels', c_u32), ('prefix_timeout', c_u32)]
+
+
+class Decision(ctypes.Structure):
+    _fields_ = [('peer', ctypes.c_int32), ('route', c_u32),
+                ('prefix_len', c_u32), ('slot', c_u32)]
+
+
+class PeerStats(ctypes.Structure):
+    _fields_ = [('id', c_u64), ('inflight', ctypes.c_int64),
+                ('requests', c_u64), ('failures', c_u64),
+                ('pins', ctypes.c_int64), ('routes', c_u64 * 8)]
+
+
+class ZoneInfo(ctypes.Structure):
+    _fields_ = [('kind', c_u32), ('layout_version', c_u32), ('seed', c_u64),
+                ('capacity', c_u64), ('used', c_u64), ('evictions', c_u64),
+                ('expiries', c_u64), ('peer_slots', c_u32),
+                ('peer_slots_used', c_u32), ('peer_slots_reclaimed', c_u32),
+                ('rows', c_u32), ('peer_slots_missing', c_u64),
+                ('rows_used', c_u32), ('reserved', c_u32),
+                ('rows_missing', c_u64), ('rows_reaped', c_u64),
+                ('inflight_recovered', c_u64)]
+
+
+P = ctypes.POINTER
+SIGNATURES = {
+    'affinity_peer_id': (c_u64, [ctypes.c_char_p, ctypes.c_size_t]),
+    'affinity_ring_hash': (c_u64, [ctypes.c_char_p, ctypes.c_size_t]),
+    'affinity_ring_size': (ctypes.c_size_t, [P(Peer), ctypes.c_size_t,
+                                             c_u32]),
+    'affinity_ring_build': (ctypes.c_void_p, [
+        ctypes.c_void_p, ctypes.c_size_t, P(Peer), ctypes.c_size_t, c_u32]),
+    'affinity_zone_attach': (ctypes.c_int, [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c_u32,
+        P(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]),
+    'affinity_zone_info': (None, [ctypes.c_void_p, P(ZoneInfo)]),
+    'affinity_zone_key_hash': (c_u64, [ctypes.c_void_p, ctypes.c_char_p,
+                                       ctypes.c_size_t]),
+    'affinity_zone_peer_slot': (c_u32, [ctypes.c_void_p, c_u64, c_u32]),
+    'affinity_zone_peer_release': (None, [ctypes.c_void_p, c_u32, c_u32]),
+    'affinity_zone_peer_stats': (None, [ctypes.c_void_p, c_u32,
+                                        P(PeerStats)]),
+    'affinity_zone_worker_claim': (c_u32, [ctypes.c_void_p, c_u64, c_u64,
+                                           c_u32]),
+    'affinity_process_start': (c_u64, [c_u64]),
+    'affinity_level_schedule': (ctypes.c_size_t, [
+        P(c_u32), ctypes.c_size_t, c_u32, c_u32, c_u32, P(c_u32),
+        ctypes.c_size_t]),
+    'affinity_json_create': (ctypes.c_void_p, [ctypes.c_size_t]),
+    'affinity_json_destroy': (None, [ctypes.c_void_p]),
+    'affinity_json_load': (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p,
+                                          ctypes.c_size_t]),
+    'affinity_json_unload': (None, [ctypes.c_void_p]),
+    'affinity_json_prompt': (ctypes.c_int, [
+        ctypes.c_void_p, P(c_u32), ctypes.c_size_t, P(Level),
+        ctypes.c_size_t, P(ctypes.c_size_t)]),
+    'affinity_route': (ctypes.c_int, [
+        ctypes.c_void_p, ctypes.c_void_p, P(Peer), P(ctypes.c_uint8),
+        ctypes.c_size_t, P(Balance), P(RouteRequest), P(Decision)]),
+}
+
+
+def _sources():
+    return [p for p in CORE_SRC.rglob('*')
+            if p.suffix in ('.cpp', '.h') or p.name == 'CMakeLists.txt']
+
+
+def _fresh(path):
+    """Whether a built library is newer than every source of the core."""
+    try:
+        built = path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return all(src.stat().st_mtime <= built for src in _sources())
+
+
+def build(build_dir=BUILD_DIR, jobs=2):
+    """Configures (once) and builds the shared library in build_dir;
+    returns its path."""
+    build_dir = Path(build_dir)
+    if not (build_dir / 'CMakeCache.txt').exists():
+        subprocess.run(['cmake', '-S', str(CORE_SRC), '-B', str(build_dir),
+                        '-DCMAKE_BUILD_TYPE=RelWithDebInfo'], check=True,
+                       stdout=subprocess.DEVNULL)
+    subprocess.run(['cmake', '--build', str(build_dir), '--target',
+                    'affinity_core_shared', '-j', str(jobs)], check=True,
+                   stdout=subprocess.DEVNULL)
+    return build_dir / LIBRARY_NAME
+
+
+def library_path():
+    """$AFFINITY_CORE_LIB, or an up-to-date build of the core's sources."""
+    env = os.environ.get('AFFINITY_CORE_LIB')
+    if env:
+        return Path(env)
+    for candidate in (BUILD_DIR / LIBRARY_NAME, UNIT_LIBRARY):
+        if _fresh(candidate):
+            return candidate
+    return build()
+
+
+_library = None
+
+
+def library():
+    """The core, loaded once per process, its C API declared."""
+    global _library
+    if _library is None:
+        lib = ctypes.CDLL(str(library_path()))
+        for name, (restype, argtypes) in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        _library = lib
+    return _library
+
+
+# --- zones, peers, levels -----------------------------------------------------
+
+class Zone:
+    """A zone in memory of its own, 64-byte aligned."""
+
+    def __init__(self, lib, kind, size, rows=ZONE_ROWS):
+        self.memory = ctypes.create_string_buffer(size + 64)
+        address = ctypes.addressof(self.memory)
+        self.region = address + (-address % 64)
+        self.handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(160)
+        rc = lib.affinity_zone_attach(self.region, size, kind, rows,
+                                      ctypes.byref(self.handle), err,
+                                      len(err))
+        if not self.handle.value or rc != ATTACH_CREATED:
+            raise RuntimeError('affinity_zone_attach: %s (%d)'
+                               % (err.value.decode(errors='replace'), rc))
+        self.lib = lib
+
+    def info(self):
+        info = ZoneInfo()
+        self.lib.affinity_zone_info(self.handle, ctypes.byref(info))
+        return {name: getattr(info, name) for name, _ in ZoneInfo._fields_
+                if name != 'reserved'}
+
+
+def ring_points(weights):
+    """Points per unit of weight, as the module computes them."""
+    total = max(sum(weights), 1)
+    return min(max(RING_TOTAL // total, RING_POINTS_MIN), RING_POINTS_MAX)
+
+
+def level_schedule(lib, lengths=LEVEL_LENGTHS, step=LEVEL_STEP,
+                   growth=LEVEL_GROWTH, maximum=LEVEL_MAX):
+    """prefix_affinity's level lengths (affinity_level_schedule)."""
+    given = (c_u32 * len(lengths))(*lengths)
+    out = (c_u32 * MAX_LEVELS)()
+    n = lib.affinity_level_schedule(given, len(lengths), step, growth,
+                                    maximum, out, MAX_LEVELS)
+    return (c_u32 * n)(*out[:n])
+
+
+class PromptLevels:
+    """The prompt levels of request bodies, as the module hashes them."""
+
+    def __init__(self, lib, schedule):
+        self.lib = lib
+        self.schedule = schedule
+        self.json = lib.affinity_json_create(1 << 20)
+        if not self.json:
+            raise MemoryError('affinity_json_create')
+        self.out = (Level * MAX_LEVELS)()
+
+    def __del__(self):
+        if getattr(self, 'json', None):
+            self.lib.affinity_json_destroy(self.json)
+            self.json = None
+
+    def levels(self, body):
+        """The levels of a body (bytes) packed as bytes (16 per level),
+        b'' for a body without a prompt."""
+        buffer = ctypes.create_string_buffer(body, len(body) + JSON_PADDING)
+        if self.lib.affinity_json_load(self.json, buffer, len(body)) != 0:
+            return b''
+        try:
+            n = ctypes.c_size_t()
+            rc = self.lib.affinity_json_prompt(
+                self.json, self.schedule, len(self.schedule), self.out,
+                MAX_LEVELS, ctypes.byref(n))
+            if rc != 0:
+                return b''
+            return ctypes.string_at(self.out, n.value * ctypes.sizeof(Level))
+        finally:
+            self.lib.affinity_json_unload(self.json)
+
+
+# --- the policy -----------------------------------------------------------------
+
+class ModulePolicy:
+    """A bounds.py policy routing with the module's core; see the module
+    docstring.  session and prefix say which directives the upstream has."""
+
+    def __init__(self, replicas, session=True, prefix=True, factor=FACTOR,
+                 slack=SLACK, base_port=BASE_PORT, seed=1, lib=None):
+        if not (session or prefix):
+            raise ValueError('the module needs a session or a prefix zone')
+        self.name = 'module_' + '_'.join(
+            n for n, on in (('session', session), ('prefix', prefix)) if on)
+        self.lib = lib = lib or library()
+        self.sessions = Zone(lib, ZONE_SESSIONS, SESSION_ZONE_BYTES) \
+            if session else None
+        self.prefixes = Zone(lib, ZONE_PREFIXES, PREFIX_ZONE_BYTES) \
+            if prefix else None
+        self.counter = self.sessions or self.prefixes
+        now = NOW_ORIGIN
+        pid = os.getpid()
+        self.row = lib.affinity_zone_worker_claim(
+            self.counter.handle, pid, lib.affinity_process_start(pid), now)
+        names = ['127.0.0.1:%d' % (base_port + i) for i in range(replicas)]
+        self.peers = (Peer * replicas)()
+        for i, name in enumerate(names):
+            raw = name.encode()
+            self.peers[i].id = lib.affinity_peer_id(raw, len(raw))
+            self.peers[i].weight = 1
+            self.peers[i].slot = lib.affinity_zone_peer_slot(
+                self.counter.handle, self.peers[i].id, now)
+        points = ring_points([1] * replicas)
+        size = lib.affinity_ring_size(self.peers, replicas, points)
+        self.ring_memory = (ctypes.c_uint64 * (size // 8 + 1))()
+        self.ring = lib.affinity_ring_build(self.ring_memory, size,
+                                            self.peers, replicas, points)
+        if not self.ring:
+            raise RuntimeError('affinity_ring_build failed')
+        self.states = (ctypes.c_uint8 * replicas)(*[PEER_USABLE] * replicas)
+        self.balance = Balance(factor, slack)
+        self.replicas = replicas
+        self.levels = PromptLevels(lib, level_schedule(lib)) if prefix \
+            else None
+        self.rng = random.Random(seed)
+        self.routes = dict.fromkeys(ROUTES, 0)
+        self.request = RouteRequest()
+        self.decision = Decision()
+
+    def _levels(self, req):
+        """The request's levels, computed once (kept in req.memo)."""
+        memo = req.memo
+        if memo is None:
+            memo = req.memo = {}
+        packed = memo.get('levels')
+        if packed is None:
+            if req.source is None:
+                raise ValueError('module_prefix needs the request body '
+                                 '(bounds.prepare_workload)')
+            packed = memo['levels'] = self.levels.levels(
+                req.source.body_bytes())
+        return packed
+
+    def choose(self, req, chain, fleet):
+        lib = self.lib
+        request = self.request
+        ctypes.memset(ctypes.byref(request), 0, ctypes.sizeof(request))
+        if self.sessions is not None and req.key is not None:
+            key = req.key.encode()
+            request.has_key = 1
+            request.key_hash = lib.affinity_zone_key_hash(
+                self.sessions.handle, key, len(key))
+            request.ring_hash = lib.affinity_ring_hash(key, len(key))
+        levels = None
+        if self.prefixes is not None:
+            packed = self._levels(req)
+            if packed:
+                n = len(packed) // ctypes.sizeof(Level)
+                levels = (Level * n).from_buffer_copy(packed)
+                request.prefixes = self.prefixes.handle
+                request.levels = levels
+                request.nlevels = n
+                request.prefix_timeout = PREFIX_TIMEOUT
+        request.now = NOW_ORIGIN + int(req.arrival)
+        request.timeout = SESSION_TIMEOUT
+        request.rotate = self.rng.getrandbits(32)
+        request.row = self.row
+        decision = self.decision
+        rc = lib.affinity_route(self.counter.handle, self.ring, self.peers,
+                                self.states, self.replicas,
+                                ctypes.byref(self.balance),
+                                ctypes.byref(request),
+                                ctypes.byref(decision))
+        if rc != 0 or decision.peer < 0:
+            raise RuntimeError('affinity_route found no peer')
+        self.routes[ROUTES[decision.route] if decision.route < len(ROUTES)
+                    else str(decision.route)] += 1
+        return decision.peer, decision.slot
+
+    def release(self, slot):
+        """The request counted in slot has ended."""
+        if slot != NO_SLOT:
+            self.lib.affinity_zone_peer_release(self.counter.handle,
+                                                self.row, slot)
+
+    def peer_stats(self):
+        """Each peer's counters in the zone (in-flight, requests, pins)."""
+        out = []
+        for peer in self.peers:
+            stats = PeerStats()
+            self.lib.affinity_zone_peer_stats(self.counter.handle, peer.slot,
+                                              ctypes.byref(stats))
+            out.append({'inflight': stats.inflight,
+                        'requests': stats.requests, 'pins': stats.pins})
+        return out
+
+    def stats(self):
+        out = {'routes': {k: v for k, v in self.routes.items() if v}}
+        for label, zone in (('session_zone', self.sessions),
+                            ('prefix_zone', self.prefixes)):
+            if zone is not None:
+                info = zone.info()
+                out[label] = {k: info[k] for k in ('capacity', 'used',
+                                                   'evictions', 'expiries')}
+        return out
+
+
+POLICIES = {
+    'module_session': dict(session=True, prefix=False),
+    'module_prefix': dict(session=False, prefix=True),
+    'module_session_prefix': dict(session=True, prefix=True),
+}
+
+
+def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT):
+    return ModulePolicy(replicas, factor=factor, slack=slack,
+                        base_port=base_port, **POLICIES[name])

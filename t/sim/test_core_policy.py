@@ -1,0 +1,115 @@
+"""Tests of the module policies of the offline simulator
+(bench/sim/core_policy.py): the module's C++ core, through ctypes, routing
+the simulated fleet.  The core's shared library is the one make unit
+built, or it is built in build/core/ (core_policy.library_path).
+
+    /usr/bin/python3 -m unittest discover -s t/sim -t .
+"""
+
+import unittest
+from collections import defaultdict
+
+from bench.sim import bounds, core_policy, model, workloads
+
+
+def light_params():
+    """A roomy fleet: the load bound never moves a session."""
+    return model.ReplicaParams(max_running=32, cache_tokens=1 << 22)
+
+
+def chat_slice():
+    return workloads.chat(seed=4, duration=60)
+
+
+def conversations(sessions=40, turns=4):
+    """Sessions of growing chats whose turns come 20 s apart, one session
+    starting every 3 s: at most a request or two in flight at a time."""
+    placed = []
+    for s in range(sessions):
+        history = [{'role': 'system', 'content': 'Be brief.'}]
+        for k in range(turns):
+            history = history + [{'role': 'user', 'content':
+                                  workloads.tokens_text('u%d-%d' % (s, k),
+                                                        300)}]
+            placed.append(workloads.Request(0, 3.0 * s + 20.0 * k,
+                                            'conv-%d' % s, 16, history,
+                                            turn=k))
+            history = history + [{'role': 'assistant', 'content':
+                                  workloads.tokens_text('a%d-%d' % (s, k),
+                                                        16)}]
+    placed.sort(key=lambda r: r.arrival)
+    for i, req in enumerate(placed):
+        req.index = i
+    return workloads.Workload('conversations', 0, placed)
+
+
+class ModulePolicyTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.lib = core_policy.library()
+        cls.requests = bounds.prepare_workload(conversations())
+
+    def replicas_by_session(self, jobs):
+        placed = defaultdict(set)
+        for job in jobs:
+            placed[job.req.session].add(job.replica)
+        return placed
+
+    def test_same_session_same_replica_at_low_load(self):
+        summary, jobs = bounds.simulate(self.requests, 'module_session', 4,
+                                        light_params())
+        self.assertLessEqual(summary['peak_inflight_max'], 2)
+        placed = self.replicas_by_session(jobs)
+        self.assertEqual(len(placed), 40)
+        self.assertTrue(all(len(placed[s]) == 1 for s in placed))
+        self.assertEqual(summary['session_moves']['moves'], 0)
+        routes = summary['routes']
+        self.assertEqual(routes['session_new'], len(placed))
+        self.assertEqual(routes['session_hit'],
+                         len(jobs) - len(placed))
+        # every session placed somewhere: all four replicas used
+        self.assertEqual(len({j.replica for j in jobs}), 4)
+
+    def test_counters_follow_the_requests(self):
+        policy = core_policy.make('module_session_prefix', 4)
+        fleet_params = light_params()
+        from bench.sim.fleet import Fleet
+        fleet = Fleet(fleet_params, 4)
+        sim = bounds.Simulation(fleet)
+        # a chat slice at its own rate: requests overlap
+        jobs = sim.run(bounds.prepare_workload(chat_slice()), policy)
+        stats = policy.peer_stats()
+        self.assertEqual([s['inflight'] for s in stats], [0, 0, 0, 0])
+        self.assertEqual(sum(s['requests'] for s in stats), len(jobs))
+        self.assertEqual([s['requests'] for s in stats],
+                         [rep.counters['requests_total']
+                          for rep in fleet.replicas])
+
+    def test_prefix_follows_the_conversation_without_a_key(self):
+        off = bounds.with_sessions(self.requests, False)
+        summary, jobs = bounds.simulate(off, 'module_prefix', 4,
+                                        light_params())
+        placed = self.replicas_by_session(jobs)
+        self.assertTrue(all(len(r) == 1 for r in placed.values()))
+        self.assertGreater(summary['routes']['prefix_hit'], 0)
+        # the session zone's policy has no key: least loaded (fallback)
+        summary, _ = bounds.simulate(off, 'module_session', 4,
+                                     light_params())
+        self.assertEqual(summary['routes'], {'fallback': len(off)})
+
+    def test_deterministic(self):
+        first, _ = bounds.simulate(self.requests, 'module_session_prefix', 4,
+                                   light_params())
+        second, _ = bounds.simulate(self.requests, 'module_session_prefix',
+                                    4, light_params())
+        self.assertEqual(first, second)
+
+    def test_default_level_schedule(self):
+        schedule = list(core_policy.level_schedule(self.lib))
+        self.assertEqual(schedule[:4], [100, 500, 1000, 1256])
+        self.assertTrue(30000 < schedule[-1] <= 32 * 1024)
+
+
+if __name__ == '__main__':
+    unittest.main()
