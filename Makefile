@@ -16,9 +16,19 @@
 #                        sanitizer build (part of make test)
 #   make demo            a mock LLM fleet behind nginx with the module: where
 #                        requests go, hit ratios per policy, a chat client
-#   make bench-quick     trace replay on a slice, main policies (< 5 min)
-#   make bench           everything: whole trace, all policies, throughput
-#                        against hash consistent, microbenchmarks
+#   make bench-quick     routing under cache pressure, in short: the tight
+#                        fleet profile, every workload with and without
+#                        session ids, 1 seed, short slices, the module's
+#                        default policies, hash consistent, least_conn and
+#                        the offline oracle (about 7 min on 2 cores)
+#   make bench           everything: microbenchmarks, throughput against
+#                        hash consistent, and the full comparison (tight and
+#                        roomy profiles, every workload, with and without
+#                        session ids, 3 seeds, every main policy): takes
+#                        hours, about 9 on 2 cores
+#   make bench-trace     the whole Mooncake trace, roomy profile, sessions
+#                        on, every main policy
+#   make bench-levels    prefix_affinity's level schedules on the trace
 #   make bench-faults    fault and soak run: reloads, killed workers, dead
 #                        backends and bad bodies under load (FAULT_SECONDS,
 #                        default 300; FAULT_SHORT=1 for 60 s)
@@ -93,6 +103,8 @@ fuzz-replay: deps
 
 test: unit unit-asan fuzz-replay pytests e2e test-asan
 
+# bench/bench.py: results in bench/results/<name>/ (quick-tight, full,
+# trace, levels); bench/bench.py --help for workloads, profiles, seeds.
 bench-quick: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    $(PYTHON) bench/bench.py --quick
@@ -103,7 +115,8 @@ bench-levels: module
 
 bench-trace: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/bench.py
+	    $(PYTHON) bench/bench.py --profile roomy --workload conversation \
+	    --sessions on --seeds 1 --limit 0 --name trace
 
 bench-throughput: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
@@ -116,7 +129,9 @@ bench-micro: deps
 	@$(BUILD)/micro/affinity_micro --benchmark_min_time=0.5 \
 	    | tee bench/results/micro.txt
 
-bench: bench-micro bench-throughput bench-trace
+bench: module bench-micro bench-throughput
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) bench/bench.py
 
 bench-faults: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \

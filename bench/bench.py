@@ -1,25 +1,56 @@
 #!/usr/bin/env python3
-"""Replays a real trace against a simulated inference fleet behind each load
-balancing policy in turn, and writes a comparison table and plots.
+"""Replays workloads against a simulated inference fleet behind each load
+balancing policy in turn -- real nginx with the module (or HAProxy) in
+front of the mock replicas, over HTTP -- and compares them with what an
+oracle router reaches on the same workload offline.
 
-Every policy sees the same fleet (mock_backend.py, caches and counters reset
-between runs) and the same traffic (replay.py with the trace's arrival times
-scaled by --speed).  Two bounds come from the trace offline (bounds.py): the
-hit ratio of one infinite shared cache, and an oracle router that knows every
-replica's cache and load and keeps the same load bound.
+    bench/bench.py --quick                  tight profile, every workload
+                                            with and without sessions, one
+                                            seed, short slices, the
+                                            module's default policies and
+                                            two nginx peers (< 10 min)
+    bench/bench.py                          tight and roomy, every workload,
+                                            both session modes, 3 seeds,
+                                            every main policy (hours)
+    bench/bench.py --profile tight --workload chat --sessions off \\
+        --seeds 1 --policies session_prefix,least_conn
+    bench/bench.py --levels                 prefix_affinity's level
+                                            variants on the trace (roomy)
 
-    bench/bench.py                       the whole trace, every policy
-    bench/bench.py --quick               a slice of the trace, main policies
-    bench/bench.py --policies a,b        chosen policies
+Workloads (bench/sim/workloads.py): conversation (slices of the Mooncake
+trace: seed N is slice N), shared-docs, agentic, chat (generated, seeded
+1..N).  Profiles (bench/sim/profiles.py): tight (8 replicas of 4 running
+slots, caches of a quarter of the workload's distinct prompt blocks over
+the fleet, 4x the workload's rate) and roomy (4 x 32 slots, 4M-token
+caches, its own rate).  Sessions on: every request carries its session's
+X-Session-ID; off: no request does.
 
-Results go to bench/results/<name>/: results.md, results.json, *.png.
+For each profile, workload and seed: the offline simulator (bounds.py)
+runs first -- it sizes the tight caches, and gives the oracle's figures
+(longest cached prefix under the load bound max(1.25 x mean, mean + 2))
+and the module's own core routing the simulated fleet (module_*, for
+comparison with the real run) -- then the mock replicas start with the
+profile's slots and cache, and replay.py replays the workload through each
+policy, one after the other, caches and counters reset between runs.
+Arrivals are the workload's times divided by the profile's rate
+multiplier and by the replay speed, the mock's times by the speed: TTFTs
+are in profile seconds, as the simulator's.  The speed is at most --speed
+and low enough that requests are sent at most --max-wall-rate per second
+(the client, nginx and the mock share this machine's cores).
+
+Results go to bench/results/<name>/: results.md, results.json and, with
+python3-matplotlib, vs_oracle_<profile>.png.  Each figure is the median
+over the seeds with the min-max spread; ratios to the oracle are taken per
+seed.
 """
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -27,68 +58,89 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO                  # for bench.sim, not this directory
 
-from bench.sim import trace  # noqa: E402
+from bench.sim import profiles, trace, workloads  # noqa: E402
 from bench.sim.mock_backend import MockProcess  # noqa: E402
 
 SIM = os.path.join(REPO, 'bench', 'sim')
 PYTHON = sys.executable
 
 PROXY_PORT = 19300
-MOCK_BASE_PORT = 19301
+MOCK_BASE_PORT = 19301      # core_policy.BASE_PORT names peers after it
 
+SESSION_ZONE = 'session_affinity zone=bench_sessions:16m;'
+PREFIX_ZONE = 'prefix_affinity zone=bench_prefixes:32m;'
 
-# Each policy: (kind, label, balancer lines).  nginx policies go into an
-# upstream block, HAProxy ones into a backend section.
+# Each policy: (kind, label, balancer lines, hashes the session id).
+# nginx policies go into an upstream block, HAProxy ones into a backend
+# section.  A policy that hashes the session id has nothing to hash
+# without one: it is not run with sessions off.
 POLICIES = {
-    'round_robin': ('nginx', 'nginx round robin', ''),
-    'least_conn': ('nginx', 'nginx least_conn', 'least_conn;'),
+    'round_robin': ('nginx', 'nginx round robin', '', False),
+    'least_conn': ('nginx', 'nginx least_conn', 'least_conn;', False),
     'hash_consistent': ('nginx', 'nginx hash $http_x_session_id consistent',
-                        'hash $http_x_session_id consistent;'),
+                        'hash $http_x_session_id consistent;', True),
     'haproxy_hdr': ('haproxy',
                     'HAProxy hdr(X-Session-ID) consistent, balance factor 125',
                     'balance hdr(X-Session-ID)\n'
                     '    hash-type consistent\n'
-                    '    hash-balance-factor 125'),
+                    '    hash-balance-factor 125', True),
     'haproxy_body': ('haproxy',
                      'HAProxy hash of the first 4 KB of the body, '
                      'balance factor 125',
                      'option http-buffer-request\n'
                      '    balance hash req.body,bytes(0,4096)\n'
                      '    hash-type consistent\n'
-                     '    hash-balance-factor 125'),
-    'session_affinity': ('nginx', 'session_affinity (this module)',
-                         'session_affinity header=X-Session-ID '
-                         'zone=bench_sessions:16m;\n'
-                         '        affinity_balance factor=1.25 slack=2;'),
+                     '    hash-balance-factor 125', False),
+    # The module as configured with no parameter but its zone: its
+    # defaults must be the best general choice.
+    'session_affinity': ('nginx', 'session_affinity; (this module)',
+                         SESSION_ZONE, False),
+    'prefix_affinity': ('nginx', 'prefix_affinity; (this module)',
+                        PREFIX_ZONE, False),
+    'session_prefix': ('nginx',
+                       'session_affinity; prefix_affinity; (this module)',
+                       SESSION_ZONE + '\n        ' + PREFIX_ZONE, False),
+    # prefix_affinity's level schedules (make bench-levels)
     'prefix_default': ('nginx', 'prefix_affinity (defaults; this module)',
-                       'prefix_affinity zone=bench_prefixes:32m;'),
+                       PREFIX_ZONE, False),
     'prefix_seeds': ('nginx',
                      'prefix_affinity lengths=100,500,1000 step=0 '
                      '(seed lengths only)',
                      'prefix_affinity lengths=100,500,1000 step=0 '
-                     'zone=bench_prefixes:32m;'),
+                     'zone=bench_prefixes:32m;', False),
     'prefix_coarse': ('nginx', 'prefix_affinity step=2048 growth=12',
                       'prefix_affinity step=2048 growth=12 '
-                      'zone=bench_prefixes:32m;'),
+                      'zone=bench_prefixes:32m;', False),
     'prefix_fine': ('nginx', 'prefix_affinity step=128 growth=3',
                     'prefix_affinity step=128 growth=3 '
-                    'zone=bench_prefixes:32m;'),
+                    'zone=bench_prefixes:32m;', False),
     'prefix_8k': ('nginx', 'prefix_affinity max=8k',
-                  'prefix_affinity max=8k zone=bench_prefixes:32m;'),
+                  'prefix_affinity max=8k zone=bench_prefixes:32m;', False),
     'prefix_long': ('nginx', 'prefix_affinity max=128k',
-                    'prefix_affinity max=128k zone=bench_prefixes:32m;'),
-    'session_prefix': ('nginx', 'session_affinity + prefix_affinity',
-                       'session_affinity header=X-Session-ID '
-                       'zone=bench_sessions:16m;\n'
-                       '        prefix_affinity zone=bench_prefixes:32m;'),
+                    'prefix_affinity max=128k zone=bench_prefixes:32m;',
+                    False),
 }
 
-QUICK_POLICIES = ['round_robin', 'least_conn', 'hash_consistent',
-                  'haproxy_hdr', 'session_affinity', 'prefix_default']
-
+MAIN_POLICIES = ['session_prefix', 'session_affinity', 'prefix_affinity',
+                 'round_robin', 'least_conn', 'hash_consistent',
+                 'haproxy_hdr', 'haproxy_body']
+QUICK_POLICIES = ['session_prefix', 'session_affinity', 'prefix_affinity',
+                  'hash_consistent', 'least_conn']
 # The comparison that chose prefix_affinity's default levels (README).
 LEVEL_POLICIES = ['prefix_default', 'prefix_seeds', 'prefix_coarse',
                   'prefix_fine', 'prefix_8k', 'prefix_long']
+
+# The simulator's policies run beside each real run: the oracle, and the
+# module's core routing the simulated fleet, named after the real policy
+# it stands for.
+OFFLINE = {'oracle': None,
+           'module_session_prefix': 'session_prefix',
+           'module_session': 'session_affinity',
+           'module_prefix': 'prefix_affinity'}
+
+# The figures compared, from a replay summary and from a simulator one.
+METRICS = ('hit_ratio', 'ttft_p50', 'ttft_p90', 'ttft_p99', 'peak_inflight',
+           'moves_per_min', 'moved_share_per_min')
 
 
 def log(msg):
@@ -107,15 +159,17 @@ def wait_port(port, timeout=15):
     raise RuntimeError(f'nothing listens on port {port}')
 
 
-def start_mock(workdir, replicas, args):
+# --- the fleet and the proxies ------------------------------------------------
+
+def start_mock(workdir, profile, cache_tokens, speed):
     """The mock replicas, one process, one port each."""
     return MockProcess(
-        [MOCK_BASE_PORT + i for i in range(replicas)],
-        '--max-running', args.max_running,
-        '--prefill-ms-per-token', args.prefill_ms_per_token,
-        '--decode-ms-per-token', args.decode_ms_per_token,
-        '--cache-tokens', args.cache_tokens,
-        '--time-scale', 1.0 / args.speed,
+        [MOCK_BASE_PORT + i for i in range(profile.replicas)],
+        '--max-running', profile.max_running,
+        '--prefill-ms-per-token', profile.prefill_ms_per_token,
+        '--decode-ms-per-token', profile.decode_ms_per_token,
+        '--cache-tokens', cache_tokens,
+        '--time-scale', 1.0 / speed,
         log=os.path.join(workdir, 'mock.log'))
 
 
@@ -180,7 +234,7 @@ http {{
             proxy_pass http://fleet;
             proxy_http_version 1.1;
             proxy_buffering off;
-            proxy_read_timeout 600s;
+            proxy_read_timeout 900s;
         }}
     }}
 }}
@@ -198,8 +252,8 @@ defaults
     # stream SSE chunks as they come, as nginx does with proxy_buffering off
     option http-no-delay
     timeout connect 5s
-    timeout client 600s
-    timeout server 600s
+    timeout client 900s
+    timeout server 900s
 
 frontend fe
     bind 127.0.0.1:{PROXY_PORT}
@@ -221,18 +275,83 @@ backend fleet
         self.out.close()
 
 
-def run_policy(name, fleet, workdir, args):
-    kind, label, lines = POLICIES[name]
-    proxy = Proxy(workdir, kind, lines, fleet.ports, args.module,
-                  args.nginx)
-    out = os.path.join(workdir, f'{name}.json')
+# --- one case: a profile, a workload, a seed ----------------------------------
+
+class Case:
+    """A profile, a workload and a seed: the simulator's document, and the
+    replay options every policy's run shares."""
+
+    def __init__(self, profile, workload, seed, args):
+        self.profile = profile
+        self.workload = workload
+        self.seed = seed
+        self.args = args
+        self.key = f'{profile.name}/{workload}/{seed}'
+
+    def workload_args(self):
+        a = self.args
+        out = ['--workload', self.workload, '--seed', str(self.seed),
+               '--trace', a.trace]
+        if self.workload == 'conversation' and a.limit is not None:
+            if a.limit:
+                out += ['--limit', str(a.limit),
+                        '--start', str((self.seed - 1) * a.limit)]
+            # --limit 0: the whole trace
+        else:
+            out += ['--size', a.size]
+        return out
+
+    def profile_args(self):
+        p = self.profile
+        return ['--profile', p.name,
+                '--replicas', str(p.replicas),
+                '--max-running', str(p.max_running),
+                '--rate-multiplier', str(p.rate_multiplier),
+                '--prefill-ms-per-token', str(p.prefill_ms_per_token),
+                '--decode-ms-per-token', str(p.decode_ms_per_token)] + (
+            ['--cache-share', str(p.cache_share)] if p.cache_share
+            else ['--cache-tokens', str(p.cache_tokens)])
+
+    def run_bounds(self, workdir, modes, offline):
+        out = os.path.join(workdir, 'bounds.json')
+        cmd = [PYTHON, os.path.join(SIM, 'bounds.py')] \
+            + self.workload_args() + self.profile_args() + [
+                '--sessions', 'both' if len(modes) == 2 else modes[0],
+                '--policies', ','.join(offline), '--output', out]
+        subprocess.run(cmd, check=True)
+        with open(out) as f:
+            self.bounds = json.load(f)
+        self.cache_tokens = self.bounds['profile']['replica_cache_tokens']
+        self.speed = self.choose_speed()
+        return self.bounds
+
+    def choose_speed(self):
+        """At most --speed, and at most --max-wall-rate requests a wall
+        second through the stack: the arrival rate, or what the slots can
+        serve when the workload asks for more (the rest waits in the
+        replicas' queues, which costs nothing)."""
+        w = self.bounds['workload']
+        rate = (w['rate_per_s'] or 1.0) * self.profile.rate_multiplier
+        load = self.bounds['offered_load']['slots'] or 1.0
+        speed = min(self.args.speed,
+                    self.args.max_wall_rate / (rate / max(1.0, load)))
+        return max(1.0, round(speed, 1))
+
+
+def run_policy(case, name, mode, fleet, workdir):
+    """One replay through one policy; its figures (summary())."""
+    kind, label, lines, _ = POLICIES[name]
+    args = case.args
+    proxy = Proxy(workdir, kind, lines, fleet.ports, args.module, args.nginx)
+    out = os.path.join(workdir, f'{name}-{mode}.json')
     cmd = [PYTHON, os.path.join(SIM, 'replay.py'),
            '--url', f'http://127.0.0.1:{PROXY_PORT}/v1/chat/completions',
-           '--trace', args.trace, '--speed', str(args.speed),
-           '--session-header', '--stats-urls', ','.join(fleet.stats_urls()),
-           '--label', name, '--output', out]
-    if args.limit:
-        cmd += ['--limit', str(args.limit)]
+           '--speed', str(case.speed),
+           '--rate-multiplier', str(case.profile.rate_multiplier),
+           '--sessions', mode, '--stats-urls', ','.join(fleet.stats_urls()),
+           '--timeout', str(args.timeout), '--label', name,
+           '--output', out] + case.workload_args()
+    started = time.time()
     try:
         subprocess.run(cmd, check=True)
     finally:
@@ -241,90 +360,219 @@ def run_policy(name, fleet, workdir, args):
         s = json.load(f)['summary']
     # replay.py resets the replicas' counters before it starts, so the
     # peaks reported by the replicas cover this run only.
-    return {'policy': name, 'label': label,
-            'hit_ratio': s['hit_ratio'],
-            'requests_max_over_mean': ratio(s['replica_requests_max'],
-                                            s['replica_requests_mean']),
-            'peak_inflight_max_over_mean': ratio(
-                s['server_peak_inflight_max'], s['server_peak_inflight_mean']),
-            'ttft_p50': s['ttft_trace_s']['p50'],
-            'ttft_p90': s['ttft_trace_s']['p90'],
-            'ttft_p99': s['ttft_trace_s']['p99'],
-            'errors': s['errors']}
+    row = {'hit_ratio': s['hit_ratio'],
+           'ttft_p50': s['ttft_trace_s']['p50'],
+           'ttft_p90': s['ttft_trace_s']['p90'],
+           'ttft_p99': s['ttft_trace_s']['p99'],
+           'peak_inflight': s['server_peak_inflight_max'],
+           'moves_per_min': s['moves_per_min'],
+           'moved_share_per_min': s['moved_session_share_per_min'],
+           'requests': s['requests'], 'errors': s['errors'],
+           'error_kinds': s['error_kinds'],
+           'send_lag_p99': s['send_lag_wall_s']['p99'],
+           'wall_s': round(time.time() - started, 1)}
+    os.unlink(out)          # per-request records: large, and kept nowhere
+    return row
 
 
-def ratio(a, b):
-    return a / b if a is not None and b else None
+def offline_row(summary):
+    """A simulator summary's figures (bounds.py)."""
+    if summary is None:
+        return None
+    t = summary['ttft_s']
+    return {'hit_ratio': summary['hit_ratio'], 'ttft_p50': t['p50'],
+            'ttft_p90': t['p90'], 'ttft_p99': t['p99'],
+            'peak_inflight': summary['peak_inflight_max'],
+            'moves_per_min': summary['moves_per_min'],
+            'moved_share_per_min': summary['moved_session_share_per_min'],
+            'routes': summary.get('routes')}
 
 
-def oracle_row(bounds):
-    o = bounds['oracle']
-    return {'policy': 'oracle',
-            'label': '*oracle: longest cached prefix under the same bound '
-                     '(offline)*',
-            'hit_ratio': o['hit_ratio'],
-            'requests_max_over_mean': ratio(o['replica_requests_max'],
-                                            o['replica_requests_mean']),
-            'peak_inflight_max_over_mean': ratio(o['peak_inflight_max'],
-                                                 o['peak_inflight_mean']),
-            'ttft_p50': o['ttft_s']['p50'],
-            'ttft_p90': o['ttft_s']['p90'],
-            'ttft_p99': o['ttft_s']['p99'],
-            'errors': '-'}
+def vs_oracle(row, oracle):
+    """Ratios to the oracle of the same seed: hit ratio / oracle's, TTFT
+    p50 / oracle's, peak in-flight - oracle's."""
+    if row is None or oracle is None:
+        return {}
+
+    def div(a, b):
+        return a / b if a is not None and b else None
+    return {'hit_vs_oracle': div(row['hit_ratio'], oracle['hit_ratio']),
+            'ttft_p50_vs_oracle': div(row['ttft_p50'], oracle['ttft_p50']),
+            'peak_minus_oracle':
+                None if row['peak_inflight'] is None
+                else row['peak_inflight'] - oracle['peak_inflight']}
 
 
-def run_bounds(workdir, args):
-    out = os.path.join(workdir, 'bounds.json')
-    cmd = [PYTHON, os.path.join(SIM, 'bounds.py'), '--trace', args.trace,
-           '--replicas', str(args.replicas), '--factor', '1.25',
-           '--max-running', str(args.max_running),
-           '--prefill-ms-per-token', str(args.prefill_ms_per_token),
-           '--decode-ms-per-token', str(args.decode_ms_per_token),
-           '--cache-tokens', str(args.cache_tokens), '--output', out]
-    if args.limit:
-        cmd += ['--limit', str(args.limit)]
-    subprocess.run(cmd, check=True)
-    with open(out) as f:
-        return json.load(f)
+# --- aggregation and reports ----------------------------------------------------
+
+def spread(values):
+    """(median, min, max) of the values that exist, or None."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return (statistics.median(values), min(values), max(values))
 
 
-def fmt(x, digits=3):
-    return '-' if x is None else f'{x:.{digits}f}'
+def aggregate(rows):
+    """{figure: (median, min, max)} over the seeds' rows."""
+    keys = list(METRICS) + ['hit_vs_oracle', 'ttft_p50_vs_oracle',
+                            'peak_minus_oracle', 'errors']
+    return {k: spread([r.get(k) for r in rows]) for k in keys}
 
 
-def write_table(results, bounds, args, path):
-    oracle = oracle_row(bounds)
-    best = oracle['hit_ratio']
-    lines = [
-        f'Trace: `{os.path.basename(args.trace)}`'
-        + (f', first {args.limit} requests' if args.limit else ', all requests')
-        + f', replayed {args.speed:g}x faster; {args.replicas} mock replicas'
-        f' (max_running {args.max_running}, prefill'
-        f' {args.prefill_ms_per_token} ms/token, decode'
-        f' {args.decode_ms_per_token} ms/token, KV cache'
-        f' {args.cache_tokens} tokens each). TTFT in trace seconds.',
-        '',
-        '| policy | hit ratio | of oracle | requests max/mean |'
-        ' peak in-flight max/mean | TTFT p50 | TTFT p90 | TTFT p99 | errors |',
-        '|---|---:|---:|---:|---:|---:|---:|---:|---:|',
-    ]
-    for r in results + [oracle]:
-        lines.append(
-            f"| {r['label']} | {fmt(r['hit_ratio'])} |"
-            f" {fmt(r['hit_ratio'] / best if best else None, 2)} |"
-            f" {fmt(r['requests_max_over_mean'], 2)} |"
-            f" {fmt(r['peak_inflight_max_over_mean'], 2)} |"
-            f" {fmt(r['ttft_p50'], 2)} | {fmt(r['ttft_p90'], 2)} |"
-            f" {fmt(r['ttft_p99'], 2)} | {r['errors']} |")
-    lines.append(
-        f"| *infinite shared cache (offline)* |"
-        f" {fmt(bounds['infinite_cache_hit_ratio'])} | | | | | | | |")
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines) + '\n')
-    return '\n'.join(lines)
+def cell(s, digits=3):
+    if s is None:
+        return '-'
+    med, low, high = s
+    text = f'{med:.{digits}f}'
+    if high - low > 10 ** -digits / 2:
+        text += f' ({low:.{digits}f}-{high:.{digits}f})'
+    return text
 
 
-def write_plots(results, bounds, outdir):
+def count_cell(s):
+    if s is None:
+        return '-'
+    med, low, high = s
+    text = '%g' % med
+    if high != low:
+        text += ' (%g-%g)' % (low, high)
+    return text
+
+
+def signed_cell(s, digits=0):
+    if s is None:
+        return '-'
+    med, low, high = s
+    text = f'{med:+.{digits}f}'
+    if high != low:
+        text += f' ({low:+.{digits}f} to {high:+.{digits}f})'
+    return text
+
+
+TABLE_HEAD = ('| policy | hit ratio | ÷ oracle | TTFT p50 | ÷ oracle | '
+              'TTFT p90 | TTFT p99 | peak in-flight | − oracle | '
+              'moved/min | moved share/min | errors |\n'
+              '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+
+
+def table_row(label, agg, offline=False):
+    return (f"| {label} | {cell(agg['hit_ratio'])} |"
+            f" {cell(agg['hit_vs_oracle'], 2)} |"
+            f" {cell(agg['ttft_p50'], 2)} |"
+            f" {cell(agg['ttft_p50_vs_oracle'], 2)} |"
+            f" {cell(agg['ttft_p90'], 2)} | {cell(agg['ttft_p99'], 2)} |"
+            f" {count_cell(agg['peak_inflight'])} |"
+            f" {signed_cell(agg['peak_minus_oracle'])} |"
+            f" {cell(agg['moves_per_min'], 3)} |"
+            f" {cell(agg['moved_share_per_min'], 3)} |"
+            f" {'-' if offline else count_cell(agg['errors'])} |")
+
+
+def describe_profile(p, cache_tokens):
+    cache = ('%s of the distinct prompt blocks over the fleet'
+             % f'{p.cache_share:g}' if p.cache_share
+             else f'{p.cache_tokens} tokens')
+    return (f'{p.replicas} replicas x {p.max_running} running slots, KV cache '
+            f'{cache} ({cache_tokens}), arrivals at {p.rate_multiplier:g}x '
+            f'the workload\'s rate')
+
+
+def write_report(results, args, outdir, elapsed):
+    """results.md and results.json; returns the markdown."""
+    lines = [f'# bench/results/{args.name}', '',
+             'Each figure: the median over the seeds, with the min-max '
+             'spread in parentheses when they differ; ratios to the oracle '
+             'are taken seed by seed.  TTFT in profile seconds; peak '
+             'in-flight: the most requests one replica held at once '
+             '(running and waiting); moved/min: moves per active session '
+             'per minute, moved share/min: the share of active sessions '
+             'that changed replica in a minute (trace.session_moves).  '
+             'Rows in italics come from the offline simulator '
+             '(bench/sim/bounds.py) on the same workload, profile and '
+             'seed: the oracle (the longest cached prefix among replicas '
+             'under the same load bound) and the module\'s own core '
+             'routing the simulated fleet.  The oracle is greedy: when the '
+             'fleet is overloaded (decode work above 1x the running slots), '
+             'its bound spreads conversations and a policy that keeps them '
+             'together beats it (÷ oracle above 1).', '',
+             f'Seeds: {args.seeds}; policies: {", ".join(args.policy_list)};'
+             f' total time {elapsed / 60:.1f} min.', '']
+    summary = ['## Summary: the module\'s default configurations against '
+               'the oracle', '',
+               '| profile | workload | sessions | policy | hit ÷ oracle | '
+               'TTFT p50 ÷ oracle | peak in-flight − oracle | moved/min '
+               '(oracle) |', '|---|---|---|---|---:|---:|---:|---:|']
+    detail = []
+    for pname, by_workload in results.items():
+        for wname, entry in by_workload.items():
+            cases = entry['cases']
+            profile = entry['profile']
+            caches = sorted({c['cache_tokens'] for c in cases})
+            loads = spread([c['offered_load']['slots'] for c in cases])
+            reqs = spread([c['workload']['requests'] for c in cases])
+            sess = spread([c['workload']['sessions'] for c in cases])
+            speeds = sorted({c['speed'] for c in cases})
+            detail += [f'## {pname}: {wname}', '',
+                       f'{describe_profile(profile, ", ".join(map(str, caches)))}.'
+                       f' Workload: {count_cell(reqs)} requests,'
+                       f' {count_cell(sess)} sessions; decode work'
+                       f' {cell(loads, 2)} x the running slots while'
+                       f' requests arrive; replayed'
+                       f' {", ".join("%gx" % s for s in speeds)} faster'
+                       f' (the client, nginx and the mock add a few ms of'
+                       f' wall time a request: TTFT differences under'
+                       f' {0.005 * max(speeds):.2f} s are noise).', '']
+            for mode, by_policy in entry['modes'].items():
+                detail += [f'### sessions {mode}', '', TABLE_HEAD]
+                oracle = entry['offline'][mode].get('oracle')
+                for name, rows in by_policy.items():
+                    label = POLICIES[name][1]
+                    if rows is None:
+                        detail.append(f'| {label} | n/a: no session id to '
+                                      'hash | | | | | | | | | | |')
+                        continue
+                    detail.append(table_row(label, aggregate(rows)))
+                for name, rows in entry['offline'][mode].items():
+                    if rows is None:
+                        continue
+                    label = ('*oracle (offline)*' if name == 'oracle'
+                             else f'*{name} (offline, the core)*')
+                    detail.append(table_row(label, aggregate(rows), True))
+                detail.append('')
+                for name in ('session_prefix', 'session_affinity',
+                             'prefix_affinity'):
+                    rows = by_policy.get(name)
+                    if not rows:
+                        continue
+                    agg = aggregate(rows)
+                    om = aggregate(oracle)['moves_per_min'] if oracle \
+                        else None
+                    summary.append(
+                        f'| {pname} | {wname} | {mode} | {name} |'
+                        f" {cell(agg['hit_vs_oracle'], 2)} |"
+                        f" {cell(agg['ttft_p50_vs_oracle'], 2)} |"
+                        f" {signed_cell(agg['peak_minus_oracle'])} |"
+                        f" {cell(agg['moves_per_min'], 3)}"
+                        f" ({cell(om, 3)}) |")
+    text = '\n'.join(lines + summary + [''] + detail) + '\n'
+    with open(os.path.join(outdir, 'results.md'), 'w') as f:
+        f.write(text)
+    doc = {'args': {k: v for k, v in vars(args).items()
+                    if k not in ('module', 'nginx', 'trace')},
+           'elapsed_s': round(elapsed, 1),
+           'results': {p: {w: {k: v for k, v in e.items() if k != 'profile'}
+                           | {'profile': e['profile'].describe()}
+                           for w, e in by_w.items()}
+                       for p, by_w in results.items()}}
+    with open(os.path.join(outdir, 'results.json'), 'w') as f:
+        json.dump(doc, f, indent=1)
+    return text
+
+
+def write_plots(results, outdir):
+    """vs_oracle_<profile>.png: hit ratio and TTFT p50 of each policy over
+    the oracle's, per workload and sessions mode."""
     try:
         import matplotlib
         matplotlib.use('Agg')
@@ -332,104 +580,218 @@ def write_plots(results, bounds, outdir):
     except ImportError:
         log('bench: matplotlib missing (python3-matplotlib); no plots')
         return
-
-    rows = results + [oracle_row(bounds)]
-    names = [r['policy'] for r in rows]
-
-    def bars(filename, title, series, ylabel):
-        fig, ax = plt.subplots(figsize=(10, 4.5))
-        width = 0.8 / len(series)
-        for k, (label, key) in enumerate(series):
-            values = [r.get(key) or 0 for r in rows]
-            xs = [i + k * width for i in range(len(names))]
-            ax.bar(xs, values, width, label=label)
-        ax.set_xticks([i + width * (len(series) - 1) / 2
-                       for i in range(len(names))])
-        ax.set_xticklabels(names, rotation=20, ha='right')
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        if len(series) > 1:
-            ax.legend()
+    for pname, by_workload in results.items():
+        groups = []
+        policies = []
+        for wname, entry in by_workload.items():
+            for mode, by_policy in entry['modes'].items():
+                groups.append((f'{wname}\nsessions {mode}', by_policy))
+                for name in by_policy:
+                    if name not in policies:
+                        policies.append(name)
+        if not groups:
+            continue
+        fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(groups)),
+                                                8))
+        width = 0.8 / max(1, len(policies))
+        for ax, key, title in (
+                (axes[0], 'hit_vs_oracle', 'hit ratio / oracle\'s'),
+                (axes[1], 'ttft_p50_vs_oracle', 'TTFT p50 / oracle\'s')):
+            for k, name in enumerate(policies):
+                xs, ys = [], []
+                for i, (_, by_policy) in enumerate(groups):
+                    rows = by_policy.get(name)
+                    s = spread([r.get(key) for r in rows]) if rows else None
+                    if s:
+                        xs.append(i + k * width)
+                        ys.append(s[0])
+                ax.bar(xs, ys, width, label=name)
+            ax.axhline(1.0, color='black', linewidth=0.8)
+            ax.set_xticks([i + width * (len(policies) - 1) / 2
+                           for i in range(len(groups))])
+            ax.set_xticklabels([g for g, _ in groups], fontsize=8)
+            ax.set_title(f'{pname}: {title} (median over seeds)')
+        axes[0].legend(fontsize=8, ncol=3)
         fig.tight_layout()
-        fig.savefig(os.path.join(outdir, filename), dpi=110)
+        fig.savefig(os.path.join(outdir, f'vs_oracle_{pname}.png'), dpi=100)
         plt.close(fig)
 
-    bars('hit_ratio.png', 'KV cache hit ratio (cached / prompt tokens)',
-         [('hit ratio', 'hit_ratio')], 'hit ratio')
-    bars('balance.png', 'Load balance (max / mean over replicas)',
-         [('requests', 'requests_max_over_mean'),
-          ('peak in-flight', 'peak_inflight_max_over_mean')], 'max / mean')
-    bars('ttft.png', 'Time to first token (trace seconds)',
-         [('p50', 'ttft_p50'), ('p90', 'ttft_p90'), ('p99', 'ttft_p99')],
-         'seconds')
 
+# --- main -------------------------------------------------------------------------
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument('--trace', default=trace.DEFAULT_TRACE)
     ap.add_argument('--quick', action='store_true',
-                    help='first 2000 requests, main policies')
-    ap.add_argument('--limit', type=int, default=0)
-    ap.add_argument('--speed', type=float, default=20.0)
-    ap.add_argument('--replicas', type=int, default=4)
-    ap.add_argument('--policies', default='')
+                    help='tight, every workload, both session modes, 1 seed, '
+                         'quick slices, the quick policies')
     ap.add_argument('--levels', action='store_true',
-                    help='first 2000 requests, prefix_affinity level variants')
+                    help='roomy, the first 2000 requests of the trace, '
+                         'prefix_affinity level variants')
+    ap.add_argument('--profile', choices=('tight', 'roomy', 'both'))
+    ap.add_argument('--workload', choices=workloads.NAMES + ('all',))
+    ap.add_argument('--sessions', choices=('on', 'off', 'both'))
+    ap.add_argument('--seeds', type=int,
+                    help='generated workloads: seeds 1..N; conversation: '
+                         'N slices (default 3, 1 with --quick)')
+    ap.add_argument('--size', choices=('full', 'quick'),
+                    help='workload size (default full, quick with --quick)')
+    ap.add_argument('--limit', type=int,
+                    help='conversation: slices of N requests (0: the whole '
+                         'trace)')
+    ap.add_argument('--trace', default=trace.DEFAULT_TRACE)
+    ap.add_argument('--policies', default='',
+                    help='comma-separated, from: ' + ', '.join(POLICIES))
+    ap.add_argument('--speed', type=float, default=20.0,
+                    help='the most profile seconds per wall second '
+                         '(default %(default)s)')
+    ap.add_argument('--max-wall-rate', type=float, default=100.0,
+                    help='requests served per wall second, at most '
+                         '(default %(default)s)')
+    ap.add_argument('--timeout', type=float, default=600.0,
+                    help='seconds (wall) a request may take')
     ap.add_argument('--name', default='')
-    ap.add_argument('--max-running', type=int, default=32)
-    ap.add_argument('--prefill-ms-per-token', type=float, default=0.05)
-    ap.add_argument('--decode-ms-per-token', type=float, default=20.0)
-    # KV cache per replica: a GPU's own cache (~0.3M tokens for an 8B model
-    # on 80 GB) holds under a minute of this trace while conversations come
-    # back after two minutes (median), so every policy would score ~5%.
-    # 4M tokens is a replica with CPU offload, where placement decides.
-    ap.add_argument('--cache-tokens', type=int, default=4194304)
+    for option, name, kind in profiles.OPTIONS:
+        ap.add_argument(option, dest=name, type=kind,
+                        help='overrides the profiles\' ' + name)
     ap.add_argument('--module', default=os.environ.get(
         'AFFINITY_MODULE',
         os.path.join(REPO, 'build', 'ngx_http_upstream_affinity_module.so')))
     ap.add_argument('--nginx', default=os.environ.get('NGINX_BIN',
                                                       '/usr/sbin/nginx'))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
-    if (args.quick or args.levels) and not args.limit:
-        args.limit = 2000
-    policies = (args.policies.split(',') if args.policies
-                else QUICK_POLICIES if args.quick
-                else LEVEL_POLICIES if args.levels else list(POLICIES))
-    name = args.name or ('quick' if args.quick
-                         else 'levels' if args.levels else 'full')
-    outdir = os.path.join(REPO, 'bench', 'results', name)
-    workdir = os.path.join(REPO, 'build', 'bench', name)
+    if args.levels:
+        preset = dict(profile='roomy', workload='conversation',
+                      sessions='on', seeds=1, limit=2000,
+                      policies=','.join(LEVEL_POLICIES), name='levels')
+    elif args.quick:
+        preset = dict(profile='tight', workload='all', sessions='both',
+                      seeds=1, size='quick',
+                      policies=','.join(QUICK_POLICIES), name='quick-tight')
+    else:
+        preset = dict(profile='both', workload='all', sessions='both',
+                      seeds=3, size='full',
+                      policies=','.join(MAIN_POLICIES), name='full')
+    for key, value in preset.items():
+        if getattr(args, key) in (None, ''):
+            setattr(args, key, value)
+    if args.size is None:
+        args.size = 'full'
+    args.policy_list = args.policies.split(',')
+    for p in args.policy_list:
+        if p not in POLICIES:
+            ap.error(f'unknown policy {p}; known: {", ".join(POLICIES)}')
+    return args
+
+
+def selected_profiles(args):
+    names = ['tight', 'roomy'] if args.profile == 'both' else [args.profile]
+    out = []
+    for name in names:
+        a = argparse.Namespace(profile=name, **{
+            n: getattr(args, n) for _, n, _ in profiles.OPTIONS})
+        out.append(profiles.from_args(a))
+    return out
+
+
+class Lock:
+    """One benchmark at a time on this machine: they share its cores and
+    ports."""
+
+    def __init__(self, path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, 'w')
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log('bench: another benchmark runs; waiting for it')
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    outdir = os.path.join(REPO, 'bench', 'results', args.name)
+    workdir = os.path.join(REPO, 'build', 'bench', args.name)
     os.makedirs(outdir, exist_ok=True)
     os.makedirs(workdir, exist_ok=True)
+    names = list(workloads.NAMES) if args.workload == 'all' \
+        else [args.workload]
+    modes = ['on', 'off'] if args.sessions == 'both' else [args.sessions]
+    with Lock(os.path.join(REPO, 'build', 'bench', '.lock')):
+        started = time.time()
+        results = {}
+        for profile in selected_profiles(args):
+            results[profile.name] = {}
+            for wname in names:
+                entry = {'profile': profile, 'cases': [],
+                         'modes': {m: {p: [] for p in args.policy_list}
+                                   for m in modes},
+                         'offline': {m: {o: [] for o in OFFLINE}
+                                     for m in modes}}
+                results[profile.name][wname] = entry
+                for seed in range(1, args.seeds + 1):
+                    run_case(Case(profile, wname, seed, args), entry, modes,
+                             workdir)
+                    # a report after each case: a long run can be read
+                    # before it ends
+                    write_report(results, args, outdir,
+                                 time.time() - started)
+        elapsed = time.time() - started
+    text = write_report(results, args, outdir, elapsed)
+    write_plots(results, outdir)
+    print()
+    print(text)
 
-    for p in policies:
-        if p not in POLICIES:
-            sys.exit(f'bench: unknown policy {p}; known: {", ".join(POLICIES)}')
 
-    log(f'bench: offline bounds ({args.limit or "all"} requests)')
-    bounds = run_bounds(workdir, args)
-
-    fleet = start_mock(workdir, args.replicas, args)
-    results = []
+def run_case(case, entry, modes, workdir):
+    t0 = time.time()
+    log(f'bench: {case.key}: offline simulation')
+    bounds = case.run_bounds(workdir, modes, list(OFFLINE))
+    by_sessions = bounds['by_sessions']
+    oracles = {}
+    for mode in modes:
+        oracle = offline_row(by_sessions[mode].get('oracle'))
+        oracles[mode] = oracle
+        for name in OFFLINE:
+            row = offline_row(by_sessions[mode].get(name))
+            if row is not None:
+                row.update(vs_oracle(row, oracle))
+                entry['offline'][mode][name].append(row)
+    log(f'bench: {case.key}: {bounds["workload"]["requests"]} requests, '
+        f'cache {case.cache_tokens} tokens a replica, speed {case.speed}')
+    fleet = start_mock(workdir, case.profile, case.cache_tokens, case.speed)
+    runs = {}
     try:
-        for p in policies:
-            log(f'bench: {p}')
-            results.append(run_policy(p, fleet, workdir, args))
+        for mode in modes:
+            for name in case.args.policy_list:
+                rows = entry['modes'][mode]
+                if POLICIES[name][3] and mode == 'off':
+                    rows[name] = None
+                    continue
+                log(f'bench: {case.key}: sessions {mode}: {name}')
+                row = run_policy(case, name, mode, fleet, workdir)
+                row.update(vs_oracle(row, oracles[mode]))
+                row['seed'] = case.seed
+                rows[name].append(row)
+                runs[f'{mode}/{name}'] = row
     finally:
         fleet.stop()
-
-    table = write_table(results, bounds, args,
-                        os.path.join(outdir, 'results.md'))
-    with open(os.path.join(outdir, 'results.json'), 'w') as f:
-        json.dump({'args': {k: v for k, v in vars(args).items()
-                            if k not in ('module', 'nginx', 'trace')},
-                   'trace': os.path.basename(args.trace),
-                   'results': results, 'bounds': bounds}, f, indent=1)
-    write_plots(results, bounds, outdir)
-    print()
-    print(table)
+    entry['cases'].append({
+        'seed': case.seed, 'speed': case.speed,
+        'cache_tokens': case.cache_tokens,
+        'workload': bounds['workload'],
+        'offered_load': bounds['offered_load'],
+        'infinite_cache_hit_ratio': bounds['infinite_cache_hit_ratio'],
+        'distinct_blocks': bounds['profile']['distinct_blocks'],
+        'wall_s': round(time.time() - t0, 1)})
 
 
 if __name__ == '__main__':

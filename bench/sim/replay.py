@@ -1,20 +1,28 @@
 #!/usr/bin/python3
-"""Replays a Mooncake-style trace against an OpenAI-compatible endpoint
-(nginx in front of the mock fleet, or the mock directly) and measures what
-the routing achieved: prefix-cache hit ratio, time to first token, and how
-evenly requests and in-flight load were spread over the replicas.
+"""Replays a workload (workloads.py: a Mooncake-style trace, or a
+generated one) against an OpenAI-compatible endpoint (nginx in front of the
+mock fleet, or the mock directly) and measures what the routing achieved:
+prefix-cache hit ratio, time to first token, how evenly requests and
+in-flight load were spread over the replicas, and how often sessions
+changed replica.
 
     /usr/bin/python3 bench/sim/replay.py \\
         --url http://127.0.0.1:8080/v1/chat/completions [--trace PATH] \\
         [--limit N] [--start K] [--speed 20] [--session-header] \\
         [--stats-urls http://127.0.0.1:9001/stats,...] [--label NAME] \\
         [--output result.json] [--timeout 120]
+    /usr/bin/python3 bench/sim/replay.py --url ... --workload agentic \\
+        --seed 2 --size quick --rate-multiplier 4 --sessions on --speed 10
 
-The replay is open loop: record i is sent timestamp_i / speed seconds
-after the start whether or not earlier requests have finished, as users
-would.  The mock replicas should run with time_scale = 1 / speed, so that
-measured TTFTs multiplied by speed are trace seconds, comparable with
-bounds.py.
+The replay is open loop: request i is sent arrival_i / rate_multiplier /
+speed seconds after the start whether or not earlier requests have
+finished, as users would.  The mock replicas should run with time_scale =
+1 / speed, so that measured TTFTs multiplied by speed are profile seconds
+(trace seconds at a rate multiplier of 1), comparable with bounds.py.
+With sessions on (--session-header), each request carries its session's
+id in X-Session-ID.  The replica that served a request is the X-Replica
+header of the answer (the mock's name for itself); moves are counted by
+trace.session_moves, in profile seconds.
 
 Each request has a connection of its own (Connection: close), on
 asyncio streams (http1.py): thousands of requests may be in flight at
@@ -33,7 +41,7 @@ from pathlib import Path
 if __package__ in (None, ''):       # run as a file: bench/sim/replay.py
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.sim import http1, trace  # noqa: E402
+from bench.sim import http1, trace, workloads  # noqa: E402
 
 START_LEAD_S = 0.05     # so that the first sends are not already late
 
@@ -151,18 +159,17 @@ async def exchange(target, body, headers, rec, clock):
         writer.close()
 
 
-def encode_body(record, options):
-    """The request body of a record, as bytes."""
-    return json.dumps(trace.chat_body(record, options.model),
-                      separators=(',', ':')).encode('ascii')
+def encode_body(request, options):
+    """The request body of a workloads.Request, as bytes."""
+    return request.body_bytes(options.model)
 
 
-async def replay_one(record, index, at, body, options, clock):
-    """Sends one record (body prepared, or the exception that preparing
+async def replay_one(request, at, body, options, clock):
+    """Sends one request (body prepared, or the exception that preparing
     it raised) and returns what happened.  Never raises: failures are
     recorded in 'err'."""
-    session = trace.session_id(record, index)
-    rec = {'i': index, 'sid': session, 'at': at, 'send': None,
+    session = request.session
+    rec = {'i': request.index, 'sid': session, 'at': at, 'send': None,
            'ttft': None, 'end': None, 'status': None, 'replica': None,
            'pt': None, 'ct': None, 'err': None}
     try:
@@ -187,39 +194,40 @@ class ReplayOptions:
     """What every request of a replay shares."""
 
     def __init__(self, url, speed=1.0, session_header=False, timeout=120.0,
-                 model='mock-llm'):
+                 model='mock-llm', rate_multiplier=1.0):
         self.target = http1.split_url(url)
         self.speed = speed
+        self.rate_multiplier = rate_multiplier
         self.session_header = session_header
         self.timeout = timeout
         self.model = model
 
 
-async def replay(records, options, start=0):
-    """Replays records (numbered from start) open-loop; returns one
-    result dict per record, in trace order, times in wall seconds from the
-    replay's start.  One dispatcher starts the requests in trace order
-    (records with equal timestamps too), each at its time, and does not
-    wait for them.  It builds each body before waiting for its time, so
-    that the send itself is not delayed by synthesising a 50-500 KB
-    prompt."""
+async def replay(requests, options):
+    """Replays workloads.Requests open-loop; returns one result dict per
+    request, in the workload's order, times in wall seconds from the
+    replay's start.  One dispatcher starts the requests in order (requests
+    with equal arrival times too), each at its time, and does not wait for
+    them.  It builds each body before waiting for its time, so that the
+    send itself is not delayed by synthesising a 50-500 KB prompt."""
     loop = asyncio.get_running_loop()
     origin = loop.time() + START_LEAD_S
 
     def clock():
         return loop.time() - origin
     tasks = []
-    for n, (record, arrival) in enumerate(
-            zip(records, trace.arrival_seconds(records))):
+    first = requests[0].arrival if requests else 0.0
+    scale = options.rate_multiplier * options.speed
+    for request in requests:
         try:
-            body = encode_body(record, options)
+            body = encode_body(request, options)
         except Exception as e:      # reported by replay_one as an error
             body = e
-        at = arrival / options.speed
+        at = (request.arrival - first) / scale
         # Sleeping even when late lets the requests already started run.
         await asyncio.sleep(max(0.0, at - clock()))
         tasks.append(asyncio.create_task(
-            replay_one(record, start + n, at, body, options, clock)))
+            replay_one(request, at, body, options, clock)))
     return list(await asyncio.gather(*tasks))
 
 
@@ -300,6 +308,13 @@ def summarize(results, speed, stats_before=None, stats_after=None):
                                    1.0),
         'wall_s': round(max((r['end'] for r in results), default=0.0), 3),
     }
+    # profile seconds: the scheduled arrival, times the speed
+    moves = trace.session_moves((r['sid'], r['at'] * speed, r['replica'])
+                                for r in ok if r['replica'] is not None)
+    summary.update(session_moves=moves,
+                   moves_per_min=moves['moves_per_min'],
+                   moved_session_share_per_min=moves[
+                       'moved_session_share_per_min'])
     summary.update(replica_summary(results, stats_after or {}))
     summary.update(server_summary(stats_before or {}, stats_after or {}))
     return summary
@@ -391,10 +406,17 @@ def parse_args(argv=None):
                    help='chat completions URL, e.g. '
                         'http://127.0.0.1:8080/v1/chat/completions')
     trace.add_trace_arguments(p, 'replay')
+    workloads.add_workload_arguments(p)
+    p.add_argument('--rate-multiplier', type=float, default=1.0,
+                   help='arrivals at this many times the workload\'s rate '
+                        '(default %(default)s)')
     p.add_argument('--speed', type=float, default=20.0,
-                   help='trace time / wall time (default %(default)s)')
+                   help='profile time / wall time (default %(default)s)')
     p.add_argument('--session-header', action='store_true',
-                   help='send X-Session-ID: <conversation id>')
+                   help='send X-Session-ID: <session id> (--sessions on)')
+    p.add_argument('--sessions', choices=('on', 'off'),
+                   help='send the session ids or not (default: off '
+                        'unless --session-header)')
     p.add_argument('--stats-urls', default='',
                    help='comma-separated mock /stats URLs')
     p.add_argument('--no-reset', action='store_true',
@@ -420,19 +442,24 @@ def raise_open_file_limit():
 
 async def run(args):
     """The whole replay: reset, replay, collect, summarize."""
-    records = trace.load_trace(args.trace, args.limit, args.start)
-    options = ReplayOptions(args.url, args.speed, args.session_header,
-                            args.timeout, args.model)
+    workload = workloads.from_args(args)
+    session_header = args.sessions == 'on' if args.sessions \
+        else args.session_header
+    options = ReplayOptions(args.url, args.speed, session_header,
+                            args.timeout, args.model, args.rate_multiplier)
     stats_urls = [u for u in args.stats_urls.split(',') if u]
     if stats_urls and not args.no_reset:
         await reset_stats(stats_urls)
     before = await collect_stats(stats_urls) if stats_urls else {}
-    results = await replay(records, options, args.start)
+    results = await replay(workload.requests, options)
     after = await collect_stats(stats_urls) if stats_urls else {}
-    config = {'url': args.url, 'trace': Path(args.trace).name,
+    config = {'url': args.url, 'workload': workload.summary(),
+              'trace': Path(args.trace).name
+              if workload.name == 'conversation' else None,
               'start': args.start, 'limit': args.limit,
-              'records': len(records), 'speed': args.speed,
-              'session_header': args.session_header,
+              'records': len(workload.requests), 'speed': args.speed,
+              'rate_multiplier': args.rate_multiplier,
+              'session_header': session_header,
               'timeout': args.timeout, 'model': args.model,
               'stats_urls': stats_urls, 'reset': not args.no_reset}
     return {'label': args.label, 'config': config,

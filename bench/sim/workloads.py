@@ -263,7 +263,7 @@ def _window(name, seed, plan_session, rate, duration):
 
 # --- conversation: the Mooncake trace -------------------------------------
 
-CONVERSATION_SLICE = {'full': 6000, 'quick': 700}
+CONVERSATION_SLICE = {'full': 4000, 'quick': 600}
 
 
 def conversation(seed=1, size='full', limit=None, start=None,
@@ -302,7 +302,7 @@ def _trace_length(path):
 # --- shared-docs --------------------------------------------------------------
 
 # Seconds of the workload (at its own rate) by size.
-SHARED_DOCS_SECONDS = {'full': 2400, 'quick': 300}
+SHARED_DOCS_SECONDS = {'full': 2400, 'quick': 250}
 
 
 def shared_docs(seed=1, size='full', duration=None, documents=16,
@@ -370,7 +370,7 @@ def shared_docs(seed=1, size='full', duration=None, documents=16,
 
 # --- agentic ------------------------------------------------------------------
 
-AGENTIC_SECONDS = {'full': 3000, 'quick': 380}
+AGENTIC_SECONDS = {'full': 3000, 'quick': 320}
 
 
 def agent_tools(count=12):
@@ -488,7 +488,7 @@ def _table_mean(table, cap):
 
 # --- chat -----------------------------------------------------------------------
 
-CHAT_SECONDS = {'full': 1800, 'quick': 220}
+CHAT_SECONDS = {'full': 1800, 'quick': 180}
 
 
 def chat(seed=1, size='full', duration=None, max_turns=LMCACHE_ROUNDS,

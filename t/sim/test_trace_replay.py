@@ -425,6 +425,10 @@ class ReplayTest(unittest.TestCase):
         self.assertGreaterEqual(summary['client_peak_inflight_max'], 1)
         self.assertEqual(doc['config']['speed'], 2.0)
         self.assertIn('unit: 6 requests, 1 errors', printed)
+        # conv-1 went to replica-1, replica-1, then replica-2: one move
+        self.assertEqual(summary['session_moves']['moves'], 1)
+        self.assertEqual(summary['session_moves']['sessions'], 3)
+        self.assertEqual(summary['moves_per_min'], 1 / 3)
 
         requests = doc['requests']
         self.assertEqual([r['i'] for r in requests], [1, 2, 3, 4, 5, 6])
