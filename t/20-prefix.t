@@ -17,7 +17,7 @@ use POSIX qw(floor);
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes log_lines);
+use AffinityConf qw(proxy_conf servers routes log_lines chat);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(4);
@@ -59,23 +59,6 @@ $t->write_conf(conf());
 $t->start_nginx;
 
 my %json = ('Content-Type' => 'application/json');
-
-sub json_string {
-    my ($s) = @_;
-    $s =~ s/(["\\])/\\$1/g;
-    $s =~ s/\n/\\n/g;
-    return qq("$s");
-}
-
-# A chat body from [role, text] pairs.
-sub chat {
-    my (@messages) = @_;
-    return '{"model":"llm-test","messages":['
-        . join(',', map { '{"role":' . json_string($_->[0])
-                          . ',"content":' . json_string($_->[1]) . '}' }
-               @messages)
-        . '],"max_tokens":64}';
-}
 
 # Words unique to conversation $c, turn $turn.
 sub words {

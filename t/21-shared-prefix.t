@@ -21,7 +21,7 @@ use POSIX qw(floor);
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes);
+use AffinityConf qw(proxy_conf servers routes chat);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(8);
@@ -46,22 +46,6 @@ $t->start_nginx;
 my %json = ('Content-Type' => 'application/json');
 my $wave = 8;
 my $delay_ms = 300;
-
-sub json_string {
-    my ($s) = @_;
-    $s =~ s/(["\\])/\\$1/g;
-    $s =~ s/\n/\\n/g;
-    return qq("$s");
-}
-
-sub chat {
-    my (@messages) = @_;
-    return '{"model":"llm-test","messages":['
-        . join(',', map { '{"role":' . json_string($_->[0])
-                          . ',"content":' . json_string($_->[1]) . '}' }
-               @messages)
-        . '],"max_tokens":64}';
-}
 
 my $document = join ' ', map { "clause-$_ of the supply agreement" } 1 .. 700;
 $document = substr $document, 0, 20_000;

@@ -9,7 +9,7 @@ use warnings;
 
 use Exporter 'import';
 our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
-                    placement moved);
+                    placement moved chat);
 
 use Time::HiRes qw(sleep time);
 
@@ -119,6 +119,24 @@ sub session_request {
     $h{'X-Session-ID'} = $id if defined $id;
     return { method => $opt{method} // 'GET', path => $opt{path} // '/',
              headers => \%h, (defined $opt{body} ? (body => $opt{body}) : ()) };
+}
+
+# json_string($text) - $text as a JSON string literal.
+sub json_string {
+    my ($s) = @_;
+    $s =~ s/(["\\])/\\$1/g;
+    $s =~ s/\n/\\n/g;
+    return qq("$s");
+}
+
+# chat([role, text], ...) - a chat completions body of those messages.
+sub chat {
+    my (@messages) = @_;
+    return '{"model":"llm-test","messages":['
+        . join(',', map { '{"role":' . json_string($_->[0])
+                          . ',"content":' . json_string($_->[1]) . '}' }
+               @messages)
+        . '],"max_tokens":64}';
 }
 
 1;
