@@ -500,36 +500,48 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
     EXPECT_EQ(f.peers_of(sys.back()), (std::vector<int>{holder}));
 
     // In flight together, they fill the holder up to the bound; the next
-    // goes to its own ring position and becomes a holder too, and later
-    // ones go to the least loaded holder with room.
+    // goes to its own ring position and becomes a holder too.  Later ones
+    // go to their ring peer if it is a holder with room (spreading costs
+    // nothing then), or once the prefix has as many holders as an entry
+    // remembers (widely held); else to the least loaded holder with room.
     std::set<int> used;
     for (uint32_t i = 20; i < 60; i++) {
         std::vector<affinity_level_t> l =
             levels_of(Conversation(200 + i, system).body(1));
         std::vector<int> holders = f.peers_of(sys.back());
+        const int ring = f.ring_first_accepting(l.back().hash);
         int least = -1;
+        bool ring_holds = false;
         for (int h : holders) {
-            if (would_accept(f.up(), size_t(h))
-                && (least < 0 || f.up().inflight(size_t(h))
-                                     < f.up().inflight(size_t(least))))
+            if (!would_accept(f.up(), size_t(h))) {
+                continue;
+            }
+            ring_holds |= h == ring;
+            if (least < 0 || f.up().inflight(size_t(h))
+                                 < f.up().inflight(size_t(least)))
             {
                 least = h;
             }
         }
 
-        const int ring = f.ring_first_accepting(l.back().hash);
+        const int64_t least_load = least < 0 ? -1
+                                             : f.up().inflight(size_t(least));
         Routed r = f.send(l, false);
         used.insert(r.decision.peer);
         expect_within_bound(f.up(), "after a placement");
-        if (least >= 0) {
-            EXPECT_EQ(r.decision.route, kPrefixHit) << "conversation " << i;
-            EXPECT_EQ(r.decision.prefix_len, 1000u);
-            EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)),
-                      f.up().inflight(size_t(least)))
-                << "conversation " << i << ": not the least loaded holder";
-        } else {
+        if (least < 0) {
             EXPECT_EQ(r.decision.route, kPrefixNew) << "conversation " << i;
             EXPECT_EQ(r.decision.peer, ring);
+            continue;
+        }
+        EXPECT_EQ(r.decision.route, kPrefixHit) << "conversation " << i;
+        EXPECT_EQ(r.decision.prefix_len, 1000u);
+        if (ring_holds || holders.size() == affinity::kPrefixPeers) {
+            EXPECT_EQ(r.decision.peer, ring) << "conversation " << i;
+        } else {
+            EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)) - 1,
+                      least_load)
+                << "conversation " << i << ": not the least loaded holder";
         }
     }
     EXPECT_GE(used.size(), 2u);
@@ -645,7 +657,8 @@ TEST(PrefixRoute, SessionDecidesAndTheLevelsAreRecorded)
     ASSERT_GE(s, 0);
 
     // A new session is placed by its prompt (cold here: the ring position
-    // of its longest level), not by its key, and pinned there.
+    // of its longest level), not by its key, and pinned there: sessions
+    // that open with the same question share its cache.
     const int placed = f.ring_first(l1.back().hash);
     ASSERT_NE(placed, s);
 
@@ -670,6 +683,48 @@ TEST(PrefixRoute, SessionDecidesAndTheLevelsAreRecorded)
     EXPECT_EQ(f.session_zone().info().used, 1u);
 }
 
+TEST(PrefixRoute, SessionSpillGoesToAHolderAndThePinStays)
+{
+    // A session's pin over the bound: the request spills to the least
+    // loaded peer holding the longest part of its prompt (after a first
+    // spill, the peer that took it), and the pin stays.
+    Fleet f;
+    Conversation c(24, words(12, 500));
+    const std::string key = "spilling-session";
+
+    Routed t1 = f.send(c.body(1), true, key);
+    ASSERT_EQ(t1.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    const size_t pin = size_t(t1.decision.peer);
+
+    for (int i = 0; i < 10; i++) {
+        f.up().acquire(pin);
+    }
+    Routed t2 = f.send(c.body(2), true, key);
+    ASSERT_EQ(t2.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL});
+    const size_t spill = size_t(t2.decision.peer);
+    EXPECT_NE(spill, pin);
+
+    // The pin stays: with room again, the session is back on it.
+    f.up().release_all();
+    Routed t3 = f.send(c.body(3), true, key);
+    EXPECT_EQ(t3.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+    EXPECT_EQ(size_t(t3.decision.peer), pin);
+    EXPECT_EQ(f.up().stats(pin).pins, 1);
+
+    // Over the bound again: the spill finds turn 2, held by the peer of
+    // the first spill, and says how much of the prompt it matched.
+    for (int i = 0; i < 10; i++) {
+        f.up().acquire(pin);
+    }
+    std::vector<affinity_level_t> l2 = levels_of(c.body(2));
+    Routed t4 = f.send(c.body(4), true, key);
+    EXPECT_EQ(t4.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL});
+    EXPECT_EQ(size_t(t4.decision.peer), spill);
+    EXPECT_EQ(t4.decision.prefix_len, l2.back().length);
+    EXPECT_EQ(f.up().stats(pin).pins, 1);
+    EXPECT_EQ(f.up().stats(spill).pins, 0);
+}
+
 TEST(PrefixRoute, NewSessionGoesWhereItsPromptIsCached)
 {
     // A conversation served without an id; then a new id (generated, or a
@@ -684,19 +739,14 @@ TEST(PrefixRoute, NewSessionGoesWhereItsPromptIsCached)
     ASSERT_EQ(t1.decision.route, kPrefixNew);
     const int home = t1.decision.peer;
 
-    for (size_t i = 0; i < 20; i++) {
-        std::string key = "fresh-" + std::to_string(i);
-        Routed r = f.send(l2, true, key);
-        EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
-        EXPECT_EQ(r.decision.peer, home) << key;
-        // turn 1's prefix, then turn 2's too once a session recorded it
-        EXPECT_EQ(r.decision.prefix_len,
-                  i == 0 ? l1.back().length : l2.back().length);
+    Routed r = f.send(l2, true, "fresh");
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    EXPECT_EQ(r.decision.peer, home);
+    EXPECT_EQ(r.decision.prefix_len, l1.back().length);
 
-        Routed next = f.send(l2, true, key);
-        EXPECT_EQ(next.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
-        EXPECT_EQ(next.decision.peer, home);
-    }
+    Routed next = f.send(l2, true, "fresh");
+    EXPECT_EQ(next.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+    EXPECT_EQ(next.decision.peer, home);
 }
 
 TEST(PrefixRoute, IndexEntriesExpireAfterThePrefixTimeout)
