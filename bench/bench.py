@@ -21,7 +21,7 @@ Workloads (bench/sim/workloads.py): conversation (slices of the Mooncake
 trace: seed N is slice N), shared-docs, agentic, chat (generated, seeded
 1..N).  Profiles (bench/sim/profiles.py): tight (8 replicas of 4 running
 slots, caches of a quarter of the workload's distinct prompt blocks over
-the fleet, 4x the workload's rate) and roomy (4 x 32 slots, 4M-token
+the fleet, 1.2x the workload's rate) and roomy (4 x 32 slots, 4M-token
 caches, its own rate).  Sessions on: every request carries its session's
 X-Session-ID; off: no request does.
 

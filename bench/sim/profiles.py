@@ -8,7 +8,12 @@ mock replicas) and the offline simulator (bounds.py) alike.
     tight   8 replicas of 4 running slots, a KV cache per replica of a
             quarter of the workload's distinct prompt blocks divided by 8
             (the fleet as a whole holds a quarter of them), the workload
-            at 4 times its rate: caches under pressure, queues
+            at 1.2 times its rate: caches under pressure, running slots
+            about 80 % busy on the conversation and chat workloads.  At 4
+            times the rate, conversation, chat and shared-docs ask for 2
+            to 3 times the fleet's decode capacity: every policy's queue
+            then grows for the whole run and TTFT measures the run's
+            length, not the routing
 
 A tight cache is computed from the workload itself: distinct prompt blocks
 are the distinct model blocks (model.BLOCK_TOKENS tokens, chained hashes of
@@ -59,7 +64,7 @@ PROFILES = {
     'roomy': Profile('roomy', replicas=4, max_running=32,
                      rate_multiplier=1.0, cache_tokens=4194304),
     'tight': Profile('tight', replicas=8, max_running=4,
-                     rate_multiplier=4.0, cache_share=0.25),
+                     rate_multiplier=1.2, cache_share=0.25),
 }
 # Without a profile, the simulator's old defaults: one GPU's KV cache.
 CUSTOM = Profile('custom', replicas=4, max_running=32, rate_multiplier=1.0,

@@ -193,7 +193,7 @@ class ProfileTest(unittest.TestCase):
         tight = profiles.PROFILES['tight']
         self.assertEqual((tight.replicas, tight.max_running,
                           tight.rate_multiplier, tight.cache_share),
-                         (8, 4, 4.0, 0.25))
+                         (8, 4, 1.2, 0.25))
         # 0.25 * 100000 / 8 = 3125 blocks of 16 tokens
         self.assertEqual(tight.replica_cache_tokens(100000), 50000)
         self.assertEqual(tight.replica_cache_tokens(10), 16)
