@@ -29,6 +29,12 @@
 #   make bench-trace     the whole Mooncake trace, roomy profile, sessions
 #                        on, every main policy
 #   make bench-levels    prefix_affinity's level schedules on the trace
+#   make bench-instructions
+#                        instructions per request under callgrind, the
+#                        module against nginx's own hash consistent, into
+#                        bench/results/instructions.md; with
+#                        AFFINITY_MODULE_BASE=other.so, against another
+#                        build of the module too (under a minute)
 #   make bench-faults    fault and soak run: reloads, killed workers, dead
 #                        backends and bad bodies under load (FAULT_SECONDS,
 #                        default 300; FAULT_SHORT=1 for 60 s)
@@ -47,7 +53,7 @@ PYTHON    ?= /usr/bin/python3
 .PHONY: all deps module module-asan unit unit-asan pytests e2e test-asan \
         fuzz fuzz-replay test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
-        bench-micro bench-faults clean
+        bench-instructions bench-micro bench-faults clean
 
 all: module
 
@@ -121,6 +127,10 @@ bench-trace: module
 bench-throughput: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    bench/bench-throughput.sh
+
+bench-instructions: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    PYTHON=$(PYTHON) bench/bench-instructions.sh
 
 bench-micro: deps
 	@cmake -S bench/micro -B $(BUILD)/micro -DCMAKE_BUILD_TYPE=Release \

@@ -26,6 +26,7 @@ PACKAGES="
     perl
     python3
     python3-matplotlib
+    valgrind
     wrk
     zlib1g-dev
 "
