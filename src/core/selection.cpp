@@ -188,14 +188,19 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         return i;
     }
 
-    // The pinned peer is only busy or over the bound: overload is
-    // transient, and a moved conversation would recompute its whole
-    // history elsewhere for every later turn, so the pin stays and this
-    // one request spills.  With the prefix index the spill goes to the
-    // least loaded peer holding the longest part of the prompt (often the
-    // peer of an earlier spill); without it, to the peer of the last spill
-    // if it has room (its cache is warm for this session too), else to the
-    // next peer on the ring.
+    // The pinned peer is only busy or over the bound.  With the prefix
+    // index the request goes to the least loaded peer holding the longest
+    // part of its prompt; without it, to the session's previous pin if it
+    // has room (its cache holds all of the session but its latest turns),
+    // else to the next peer on the ring.  That peer then holds the whole
+    // conversation: the pin follows the request, and the old pin is
+    // remembered for the next spill.  Measured with the core in the
+    // offline fleet simulation against keeping the pin: on the Mooncake
+    // trace (roomy fleet) 0.257 against 0.244 hit ratio with both
+    // directives, and on the tight fleet as many hits or more and fewer
+    // turns served away from the previous turn's peer, on every workload
+    // (a pin that stays sends the next turn back to a cache that lacks the
+    // spilled one).
     int i = -1;
 
     if (prefixes) {
@@ -231,7 +236,9 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     }
 
     if (i >= 0) {
-        entry->spill = peers[i].id;
+        uint64_t previous = entry->peer;
+        table.repin(entry, peers[i].id);
+        entry->spill = previous;
         decision = {i, AFFINITY_ROUTE_SESSION_SPILL, by_prompt.prefix_len,
                     kNoSlot};
     }

@@ -683,46 +683,47 @@ TEST(PrefixRoute, SessionDecidesAndTheLevelsAreRecorded)
     EXPECT_EQ(f.session_zone().info().used, 1u);
 }
 
-TEST(PrefixRoute, SessionSpillGoesToAHolderAndThePinStays)
+TEST(PrefixRoute, SessionSpillGoesToAHolderAndThePinFollows)
 {
-    // A session's pin over the bound: the request spills to the least
-    // loaded peer holding the longest part of its prompt (after a first
-    // spill, the peer that took it), and the pin stays.
+    // A session's pin over the bound: the request goes to the least loaded
+    // peer holding the longest part of its prompt, and the pin follows it
+    // (that peer now holds the whole conversation).
     Fleet f;
     Conversation c(24, words(12, 500));
     const std::string key = "spilling-session";
 
     Routed t1 = f.send(c.body(1), true, key);
     ASSERT_EQ(t1.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
-    const size_t pin = size_t(t1.decision.peer);
+    const size_t first = size_t(t1.decision.peer);
 
     for (int i = 0; i < 10; i++) {
-        f.up().acquire(pin);
+        f.up().acquire(first);
     }
     Routed t2 = f.send(c.body(2), true, key);
     ASSERT_EQ(t2.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL});
-    const size_t spill = size_t(t2.decision.peer);
-    EXPECT_NE(spill, pin);
+    const size_t second = size_t(t2.decision.peer);
+    EXPECT_NE(second, first);
 
-    // The pin stays: with room again, the session is back on it.
+    // The pin followed: with room everywhere, the session stays there.
     f.up().release_all();
     Routed t3 = f.send(c.body(3), true, key);
     EXPECT_EQ(t3.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
-    EXPECT_EQ(size_t(t3.decision.peer), pin);
-    EXPECT_EQ(f.up().stats(pin).pins, 1);
+    EXPECT_EQ(size_t(t3.decision.peer), second);
+    EXPECT_EQ(f.up().stats(second).pins, 1);
+    EXPECT_EQ(f.up().stats(first).pins, 0);
 
-    // Over the bound again: the spill finds turn 2, held by the peer of
-    // the first spill, and says how much of the prompt it matched.
+    // Over the bound there: the first peer holds turn 1, the longest part
+    // of the prompt that a peer with room holds, and says how much.
     for (int i = 0; i < 10; i++) {
-        f.up().acquire(pin);
+        f.up().acquire(second);
     }
-    std::vector<affinity_level_t> l2 = levels_of(c.body(2));
+    std::vector<affinity_level_t> l1 = levels_of(c.body(1));
     Routed t4 = f.send(c.body(4), true, key);
     EXPECT_EQ(t4.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL});
-    EXPECT_EQ(size_t(t4.decision.peer), spill);
-    EXPECT_EQ(t4.decision.prefix_len, l2.back().length);
-    EXPECT_EQ(f.up().stats(pin).pins, 1);
-    EXPECT_EQ(f.up().stats(spill).pins, 0);
+    EXPECT_EQ(size_t(t4.decision.peer), first);
+    EXPECT_EQ(t4.decision.prefix_len, l1.back().length);
+    EXPECT_EQ(f.up().stats(first).pins, 1);
+    EXPECT_EQ(f.up().stats(second).pins, 0);
 }
 
 TEST(PrefixRoute, NewSessionGoesWhereItsPromptIsCached)

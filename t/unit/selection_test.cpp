@@ -46,12 +46,12 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.rc, 0);
     ASSERT_EQ(first.decision.route, kNew);
-    const int pinned = first.decision.peer;
+    int current = first.decision.peer;
 
     std::map<uint32_t, size_t> routes;
 
     // 400 concurrent requests of one session, none finished.  A hit goes to
-    // the pin; a spill goes elsewhere and the pin stays.
+    // the current pin; a spill goes elsewhere and the pin follows it.
     for (int n = 1; n < 400; n++) {
         Routed r = router.route_key("hot");
         ASSERT_EQ(r.rc, 0);
@@ -61,9 +61,10 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
         ASSERT_TRUE(r.decision.route == kHit || r.decision.route == kSpill)
             << route_name(r.decision.route);
         if (r.decision.route == kHit) {
-            EXPECT_EQ(r.decision.peer, pinned);
+            EXPECT_EQ(r.decision.peer, current);
         } else {
-            EXPECT_NE(r.decision.peer, pinned);
+            EXPECT_NE(r.decision.peer, current);
+            current = r.decision.peer;
         }
 
         expect_within_bound(up, "after a placement");
@@ -81,16 +82,16 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
         EXPECT_GT(up.inflight(i), 0) << i;
     }
 
-    // One session, one pin, where it was placed.
+    // One session, one pin, where the last spill went.
     EXPECT_EQ(z.info().used, 1u);
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(size_t(pinned)).pins, 1);
+    EXPECT_EQ(up.stats(size_t(current)).pins, 1);
 
-    // Once the load is gone the session is served by its pin again.
+    // Once the load is gone the session stays on its current peer.
     up.release_all();
     Routed after = router.route_key("hot");
     EXPECT_EQ(after.decision.route, kHit);
-    EXPECT_EQ(after.decision.peer, pinned);
+    EXPECT_EQ(after.decision.peer, current);
 }
 
 TEST(BoundedLoad, BoundHoldsWithBackgroundLoadAndManyKeys)
@@ -187,11 +188,11 @@ TEST(BoundedLoad, FailedPeersLoadDoesNotRaiseTheBound)
     EXPECT_EQ(up.stats(failed).pins, 0);
 }
 
-TEST(BoundedLoad, SpillsReturnToThePeerOfTheLastSpill)
+TEST(BoundedLoad, SpillsPreferThePreviousPin)
 {
-    // A pin over the bound keeps its session; the request spills, and the
-    // peer that took it is remembered: the next spill goes back to it when
-    // it has room (its cache holds the session up to that spill).
+    // When the pin spills, the pin follows the request and the old pin is
+    // remembered: the next spill goes back to it when it has room (its
+    // cache holds all of the session but the latest turns).
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
     Router router(z.get(), up, {kFactor, kSlack});
@@ -199,13 +200,13 @@ TEST(BoundedLoad, SpillsReturnToThePeerOfTheLastSpill)
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.decision.route, kNew);
 
-    const int pinned = first.decision.peer;
-    int last_spill = -1;
+    int current = first.decision.peer;
+    int previous = -1;
     size_t spills = 0, back = 0;
 
     for (int n = 1; n < 400; n++) {
-        bool spill_fits = last_spill >= 0
-                          && would_accept(up, size_t(last_spill));
+        bool previous_fits = previous >= 0 && previous != current
+                             && would_accept(up, size_t(previous));
 
         Routed r = router.route_key(n % 3 ? "hot" : key_name(size_t(n)));
         ASSERT_EQ(r.rc, 0);
@@ -215,34 +216,28 @@ TEST(BoundedLoad, SpillsReturnToThePeerOfTheLastSpill)
         }
 
         if (r.decision.route == kHit) {
-            EXPECT_EQ(r.decision.peer, pinned) << "request " << n;
+            EXPECT_EQ(r.decision.peer, current) << "request " << n;
             continue;
         }
 
         ASSERT_EQ(r.decision.route, kSpill) << route_name(r.decision.route);
-        EXPECT_NE(r.decision.peer, pinned) << "request " << n;
         spills++;
-        if (spill_fits) {
-            EXPECT_EQ(r.decision.peer, last_spill)
-                << "spill went elsewhere though the last spill's peer had "
-                   "room, request " << n;
+        if (previous_fits) {
+            EXPECT_EQ(r.decision.peer, previous)
+                << "spill went elsewhere though the previous pin had room, "
+                   "request " << n;
             back++;
         }
-        last_spill = r.decision.peer;
+        previous = current;
+        current = r.decision.peer;
     }
 
     EXPECT_GT(spills, 10u);
     EXPECT_GT(back, 0u);
     EXPECT_EQ(up.total_pins(), int64_t(z.info().used));
-
-    // The load gone, the session is served by its pin.
-    up.release_all();
-    Routed after = router.route_key("hot");
-    EXPECT_EQ(after.decision.route, kHit);
-    EXPECT_EQ(after.decision.peer, pinned);
 }
 
-TEST(BoundedLoad, LastSpillPeerIsPreferredOverRingOrder)
+TEST(BoundedLoad, PreviousPinIsPreferredOverRingOrder)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -262,35 +257,37 @@ TEST(BoundedLoad, LastSpillPeerIsPreferredOverRingOrder)
     ASSERT_EQ(walk[0], p0);
     const size_t r1 = walk[1], r2 = walk[2];
 
-    // p0 and r1 busy: the spill goes to r2, the next on the ring.
+    // p0 and r1 busy: the spill goes to r2, which becomes the pin.
     up.set_state(p0, AFFINITY_PEER_BUSY);
     up.set_state(r1, AFFINITY_PEER_BUSY);
     Routed s1 = router.route_key_released(key);
     EXPECT_EQ(s1.decision.route, kSpill);
     EXPECT_EQ(size_t(s1.decision.peer), r2);
 
-    // r1 free again, p0 still busy: back to r2, the last spill's peer,
-    // although r1 comes first on the ring.
+    // r2 busy, r1 free: the previous pin p0 is busy, so the ring decides:
+    // r1 becomes the pin, r2 the previous one.
+    up.set_state(r2, AFFINITY_PEER_BUSY);
     up.set_state(r1, AFFINITY_PEER_USABLE);
     Routed s2 = router.route_key_released(key);
     EXPECT_EQ(s2.decision.route, kSpill);
-    EXPECT_EQ(size_t(s2.decision.peer), r2);
+    EXPECT_EQ(size_t(s2.decision.peer), r1);
 
-    // r2 busy too: the ring decides, and r1 is remembered.
-    up.set_state(r2, AFFINITY_PEER_BUSY);
+    // r1 busy, everyone else free: back to r2, the previous pin, although
+    // p0 comes first on the ring.
+    up.set_state(r1, AFFINITY_PEER_BUSY);
+    up.set_state(r2, AFFINITY_PEER_USABLE);
+    up.set_state(p0, AFFINITY_PEER_USABLE);
     Routed s3 = router.route_key_released(key);
     EXPECT_EQ(s3.decision.route, kSpill);
-    EXPECT_EQ(size_t(s3.decision.peer), r1);
-    up.set_state(r2, AFFINITY_PEER_USABLE);
-    EXPECT_EQ(size_t(router.route_key_released(key).decision.peer), r1);
+    EXPECT_EQ(size_t(s3.decision.peer), r2);
 
-    // And p0 never lost the pin.
-    up.set_state(p0, AFFINITY_PEER_USABLE);
+    // And r2 is the pin now.
+    up.set_state(r1, AFFINITY_PEER_USABLE);
     Routed hit = router.route_key_released(key);
     EXPECT_EQ(hit.decision.route, kHit);
-    EXPECT_EQ(size_t(hit.decision.peer), p0);
+    EXPECT_EQ(size_t(hit.decision.peer), r2);
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(p0).pins, 1);
+    EXPECT_EQ(up.stats(r2).pins, 1);
 }
 
 TEST(BoundedLoad, OverloadedSpillPeerIsReplaced)
@@ -354,7 +351,7 @@ TEST(Selection, FailedPinnedPeerMovesTheSession)
     EXPECT_EQ(up.stats(new_peer).pins, 1);
 }
 
-TEST(Selection, BusyPinnedPeerSpillsAndThePinStays)
+TEST(Selection, BusyPinnedPeerSpillsAndThePinFollows)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -370,24 +367,24 @@ TEST(Selection, BusyPinnedPeerSpillsAndThePinStays)
     const size_t spill = size_t(r.decision.peer);
     EXPECT_NE(spill, pinned);
 
-    // While the pin is busy, the session's requests go to the same spill
-    // peer, whose cache now holds it too.
+    // The peer that took the spill holds the whole session now.
     for (int i = 0; i < 3; i++) {
         Routed again = router.route_key_released("erin");
-        EXPECT_EQ(again.decision.route, kSpill);
+        EXPECT_EQ(again.decision.route, kHit);
         EXPECT_EQ(size_t(again.decision.peer), spill);
     }
     EXPECT_EQ(up.total_pins(), 1);
-    EXPECT_EQ(up.stats(pinned).pins, 1);
+    EXPECT_EQ(up.stats(spill).pins, 1);
 
-    // Usable again, the pin serves the session.
+    // Usable again, the old pin is the first choice for the next spill.
     up.set_state(pinned, AFFINITY_PEER_USABLE);
+    up.set_state(spill, AFFINITY_PEER_BUSY);
     Routed back = router.route_key_released("erin");
-    EXPECT_EQ(back.decision.route, kHit);
+    EXPECT_EQ(back.decision.route, kSpill);
     EXPECT_EQ(size_t(back.decision.peer), pinned);
 }
 
-TEST(Selection, OverloadedPinnedPeerSpillsAndThePinStays)
+TEST(Selection, OverloadedPinnedPeerSpillsAndThePinFollows)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
@@ -405,16 +402,16 @@ TEST(Selection, OverloadedPinnedPeerSpillsAndThePinStays)
     EXPECT_EQ(r.decision.route, kSpill);
     const size_t spill = size_t(r.decision.peer);
     EXPECT_NE(spill, pinned);
-    EXPECT_EQ(up.stats(spill).pins, 0);
-    EXPECT_EQ(up.stats(pinned).pins, 1);
+    EXPECT_EQ(up.stats(spill).pins, 1);
+    EXPECT_EQ(up.stats(pinned).pins, 0);
 
-    // The overload passes; the session is back on its pin.
+    // The overload passes; the session stays where it went.
     for (int i = 0; i < 20; i++) {
         up.release(pinned);
     }
     Routed after = router.route_key_released("fay");
     EXPECT_EQ(after.decision.route, kHit);
-    EXPECT_EQ(size_t(after.decision.peer), pinned);
+    EXPECT_EQ(size_t(after.decision.peer), spill);
 }
 
 // nginx "drain": a draining peer serves the sessions pinned to it, and
@@ -467,8 +464,8 @@ TEST(Selection, DrainingPeerKeepsItsSessionsAndTakesNoNewOnes)
     EXPECT_TRUE(took);
 }
 
-// Draining does not lift the bound: an overloaded draining peer spills the
-// requests of its session, which stays pinned to it.
+// Draining does not lift the bound: an overloaded draining peer spills its
+// session, which then stays where it went.
 TEST(Selection, OverloadedDrainingPeerSpills)
 {
     TestZone z;
@@ -487,7 +484,7 @@ TEST(Selection, OverloadedDrainingPeerSpills)
     Routed r = router.route_key_released("gus");
     EXPECT_EQ(r.decision.route, kSpill);
     EXPECT_NE(size_t(r.decision.peer), pinned);
-    EXPECT_EQ(up.stats(pinned).pins, 1);
+    EXPECT_EQ(up.stats(pinned).pins, 0);
 
     // Everyone over the bound: a pinned draining peer still keeps its
     // session rather than refusing it.

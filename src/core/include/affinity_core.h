@@ -332,12 +332,16 @@ typedef struct {
  * counters, and the session table when it is a session zone).
  *
  * With a session key: the pinned peer while it is usable and under the load
- * bound; a spill to the next peer on the ring (remembered) when it is merely
- * busy or overloaded; a new pin, placed on the ring with bounded load, when
- * the key is new or its peer failed.
- * Else, with prompt levels: among the peers that recently served the
- * longest known level, the least loaded one under the bound; if no level is
- * known, the ring position of the longest level, with bounded load.
+ * bound; when it is merely busy or overloaded, a spill (with prompt levels
+ * to a holder of the longest part of the prompt, else to the previous pin
+ * or the next peer on the ring) that the pin follows; a new pin, placed by
+ * the prompt (below) or on the ring with bounded load, when the key is new
+ * or its peer failed.
+ * Else, with prompt levels: the longest level held by a usable peer under
+ * the bound wins; among its recent peers, the prompt's ring peer if it is
+ * one of them or the level is widely held, else the least loaded.  If no
+ * level is held, the ring position of the longest level, with bounded
+ * load.
  * Else: the usable peer with the least in-flight per weight.
  * Every level of the prompt is then recorded for the chosen peer.  The
  * bound is soft: when every usable peer is over it, the least loaded one is
