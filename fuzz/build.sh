@@ -11,7 +11,7 @@
 # or when the flags changed.
 #
 #   CXX=clang++-14 fuzz/build.sh        another clang (default: clang++)
-#   FUZZ_CORE=/tmp/snap/src/core ...    the core from another tree (e.g. a
+#   FUZZ_CORE=build/snap/src/core ...    the core from another tree (e.g. a
 #                                       `git archive` of a commit while the
 #                                       working tree's core is mid-edit)
 set -euo pipefail

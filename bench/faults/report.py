@@ -110,7 +110,14 @@ CODE_RE = re.compile(r'process (\d+) exited with (?:fatal )?code (\d+)')
 LEVEL_RE = re.compile(r'^\S+ \S+ \[(\w+)\] \d+#\d+: (?:\*\d+ )?(.*)$')
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
 def normalize(msg):
+    """A log message with what varies run to run taken out: the client,
+    numbers, and the checkout's own path (results are committed)."""
+    msg = msg.replace(REPO + os.sep, '')
     msg = re.sub(r', client: .*$', '', msg)
     msg = re.sub(r'\d+', 'N', msg)
     return msg[:160]

@@ -69,6 +69,14 @@ def log(msg):
     print(msg, flush=True)
 
 
+def repo_relative(path):
+    """A path inside the checkout as relative to it: results are
+    committed, and must not name this machine's directories."""
+    if path.startswith(REPO + os.sep):
+        return os.path.relpath(path, REPO)
+    return path
+
+
 def env(name, default, conv=str):
     v = os.environ.get(name)
     return conv(v) if v not in (None, '') else default
@@ -880,7 +888,7 @@ def main():
     meta = {
         'command': ' '.join([os.path.relpath(sys.argv[0], REPO)]
                             + sys.argv[1:]),
-        'env': {k: os.environ[k] for k in sorted(os.environ)
+        'env': {k: repo_relative(os.environ[k]) for k in sorted(os.environ)
                 if k.startswith('FAULT_') or k in ('NGINX_BIN',
                                                    'AFFINITY_MODULE')},
         'started': time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),
@@ -898,8 +906,7 @@ def main():
         'seed': args.seed,
         'nginx': args.nginx,
         'nginx_version': nginx_v,
-        'module': os.path.relpath(args.module, REPO)
-        if args.module.startswith(REPO) else args.module,
+        'module': repo_relative(args.module),
         'module_sha1': module_sha1,
         'git_head': git('rev-parse', '--short', 'HEAD'),
         'git_dirty': [line for line in git('status', '--porcelain', '--',
