@@ -54,8 +54,10 @@ if [ "$requests" -le "$warmup" ]; then
     exit 1
 fi
 
+# shellcheck source=bench/loopback.sh
+. "$(dirname "$0")/loopback.sh"           # b, servers, backends_server
+
 mkdir -p "$dir" "$(dirname "$out")"
-b=($((port + 1)) $((port + 2)) $((port + 3)) $((port + 4)))
 
 # listening PORT: whether something listens on 127.0.0.1:PORT.
 listening() { (: > "/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -104,17 +106,12 @@ http {
     proxy_temp_path $rundir/tmp;
 
     upstream up {
-        server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
-        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};
+        $servers
         $policy
         keepalive 64;
     }
 
-    server {
-        listen 127.0.0.1:${b[0]} reuseport; listen 127.0.0.1:${b[1]};
-        listen 127.0.0.1:${b[2]}; listen 127.0.0.1:${b[3]};
-        location / { return 200 "ok\n"; }
-    }
+$(backends_server "")
 
     server {
         listen 127.0.0.1:$port;

@@ -19,10 +19,10 @@ conns="${CONNECTIONS:-32}"
 dir="$repo/build/bench-throughput"
 port="${BENCH_PORT:-19080}"
 
+# shellcheck source=bench/loopback.sh
+. "$(dirname "$0")/loopback.sh"           # b, servers, backends_server
+
 mkdir -p "$dir/tmp" "$(dirname "$out")"
-b=($((port + 1)) $((port + 2)) $((port + 3)) $((port + 4)))
-servers="server 127.0.0.1:${b[0]}; server 127.0.0.1:${b[1]};
-        server 127.0.0.1:${b[2]}; server 127.0.0.1:${b[3]};"
 
 cat > "$dir/nginx.conf" <<CONF
 load_module $module;
@@ -62,12 +62,7 @@ http {
         keepalive 64;
     }
 
-    server {
-        listen 127.0.0.1:${b[0]} reuseport; listen 127.0.0.1:${b[1]};
-        listen 127.0.0.1:${b[2]}; listen 127.0.0.1:${b[3]};
-        access_log $dir/backends.log port buffer=64k;
-        location / { return 200 "ok\n"; }
-    }
+$(backends_server "access_log $dir/backends.log port buffer=64k;")
 
     server {
         listen 127.0.0.1:$port;
@@ -131,13 +126,13 @@ run() {
 
 # compare A B [SCRIPT]: alternated runs; prints a table row for each side.
 compare() {
-    local a="$1" b="$2" script="${3:-sessions.lua}" i rps spread
+    local pa="$1" pb="$2" script="${3:-sessions.lua}" i rps spread
     local -a ra rb sa sb
-    run "$a" "$script" > /dev/null    # warm up both paths
-    run "$b" "$script" > /dev/null
+    run "$pa" "$script" > /dev/null    # warm up both paths
+    run "$pb" "$script" > /dev/null
     for ((i = 0; i < rounds; i++)); do
-        read -r rps spread < <(run "$a" "$script"); ra+=("$rps"); sa+=("$spread")
-        read -r rps spread < <(run "$b" "$script"); rb+=("$rps"); sb+=("$spread")
+        read -r rps spread < <(run "$pa" "$script"); ra+=("$rps"); sa+=("$spread")
+        read -r rps spread < <(run "$pb" "$script"); rb+=("$rps"); sb+=("$spread")
     done
     local ma mb
     ma=$(median "${ra[@]}"); mb=$(median "${rb[@]}")
