@@ -17,7 +17,8 @@ use POSIX qw(floor);
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes log_lines chat);
+use AffinityConf qw(proxy_conf servers routes log_lines chat
+                    proxied_upstream);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(4);
@@ -30,17 +31,10 @@ sub conf {
 EOF
     log_format prefix '\$affinity_route|\$affinity_prefix_len|\$upstream_addr|\$status';
 
-    upstream both {
-@{[ servers(\@ports) ]}
-        session_affinity zone=both_sessions:1m;
-        prefix_affinity zone=both_prefixes:1m;
-    }
-
-    server {
-        listen 127.0.0.1:$both;
-        access_log "@{[ $t->path('logs/both.log') ]}" prefix;
-        location / { proxy_pass http://both; }
-    }
+@{[ proxied_upstream(both => servers(\@ports)
+        . "        session_affinity zone=both_sessions:1m;\n"
+        . "        prefix_affinity zone=both_prefixes:1m;",
+    $both, log => 'access_log "' . $t->path('logs/both.log') . '" prefix;') ]}
 
     server {
         listen 127.0.0.1:$small;

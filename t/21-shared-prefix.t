@@ -21,26 +21,17 @@ use POSIX qw(floor);
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes chat);
+use AffinityConf qw(proxy_conf servers routes chat proxied_upstream);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(8);
 my $sessions = $t->port;
 
-$t->write_conf(proxy_conf($t, servers(\@ports) . <<"EOF", http => <<"HTTP"));
-        prefix_affinity zone=doc_prefixes:4m;
-EOF
-    upstream with_sessions {
-@{[ servers(\@ports) ]}
-        session_affinity zone=doc_sessions:1m;
-        prefix_affinity zone=doc_both:4m;
-    }
-
-    server {
-        listen 127.0.0.1:$sessions;
-        location / { proxy_pass http://with_sessions; }
-    }
-HTTP
+$t->write_conf(proxy_conf($t,
+    servers(\@ports) . "        prefix_affinity zone=doc_prefixes:4m;\n",
+    http => proxied_upstream(with_sessions => servers(\@ports)
+        . "        session_affinity zone=doc_sessions:1m;\n"
+        . "        prefix_affinity zone=doc_both:4m;", $sessions)));
 $t->start_nginx;
 
 my %json = ('Content-Type' => 'application/json');

@@ -9,7 +9,7 @@ use warnings;
 
 use Exporter 'import';
 our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
-                    placement moved chat);
+                    placement moved chat proxied_upstream);
 
 use Time::HiRes qw(sleep time);
 
@@ -52,6 +52,25 @@ $location
         }
     }
 EOF
+}
+
+# proxied_upstream($name, $body, $port, %opt) - one more upstream $name
+# with $body (server lines and directives) and a server on $port proxying
+# to it, for the http{} extras of proxy_conf; $opt{log} adds its access_log
+# line.
+sub proxied_upstream {
+    my ($name, $body, $port, %opt) = @_;
+    my $log = $opt{log} ? "\n        $opt{log}" : '';
+    return <<"UPSTREAM";
+    upstream $name {
+$body
+    }
+
+    server {
+        listen 127.0.0.1:$port;$log
+        location / { proxy_pass http://$name; }
+    }
+UPSTREAM
 }
 
 # placement($t, \@ids, by => HEADER) - where each session goes now: {id =>
