@@ -218,6 +218,21 @@ def _assistant(content):
     return {'role': 'assistant', 'content': content}
 
 
+def _conversation(sid, system, turns):
+    """The requests of a chat session, one per (user text, answer tokens)
+    turn: each sends the system message, the history so far and its user
+    message; its answer (filler of answer tokens) then joins the history,
+    as a chat client keeps it."""
+    history = [system]
+    out = []
+    for k, (text, answer) in enumerate(turns):
+        messages = history + [_user(text)]
+        out.append(Request(0, 0.0, sid, answer, messages, turn=k))
+        history = messages + [_assistant(tokens_text('a-%s-%d' % (sid, k),
+                                                     answer))]
+    return out
+
+
 def _window(name, seed, plan_session, rate, duration):
     """The requests of a window of `duration` seconds of a stationary
     stream of sessions, as a slice of a real trace holds them: sessions
@@ -344,20 +359,13 @@ def shared_docs(seed=1, size='full', duration=None, documents=16,
             offsets.append(offsets[-1] + from_quantiles(rng, MOONCAKE_THINK))
 
         def build():
-            history = [system]
-            out = []
-            for k in range(turns):
-                question = tokens_text('q-%s-%d' % (sid, k),
-                                       GSP_QUESTION_TOKENS)
-                if k == 0:
-                    question = 'Document:\n%s\n\nQuestion: %s' % (
-                        docs[doc], question)
-                messages = history + [_user(question)]
-                out.append(Request(0, 0.0, sid, GSP_OUTPUT_TOKENS, messages,
-                                   turn=k))
-                history = messages + [_assistant(tokens_text(
-                    'a-%s-%d' % (sid, k), GSP_OUTPUT_TOKENS))]
-            return out
+            questions = [tokens_text('q-%s-%d' % (sid, k),
+                                     GSP_QUESTION_TOKENS)
+                         for k in range(turns)]
+            questions[0] = 'Document:\n%s\n\nQuestion: %s' % (
+                docs[doc], questions[0])
+            return _conversation(sid, system, [
+                (q, GSP_OUTPUT_TOKENS) for q in questions])
         return offsets, build
 
     duration = SHARED_DOCS_SECONDS[size] if duration is None else duration
@@ -530,15 +538,9 @@ def chat(seed=1, size='full', duration=None, max_turns=LMCACHE_ROUNDS,
             offset += from_quantiles(rng, MOONCAKE_THINK)
 
         def build():
-            history = [system]
-            out = []
-            for k, (tokens, answer) in enumerate(plan):
-                messages = history + [_user(tokens_text(
-                    'u-%s-%d' % (sid, k), tokens))]
-                out.append(Request(0, 0.0, sid, answer, messages, turn=k))
-                history = messages + [_assistant(tokens_text(
-                    'a-%s-%d' % (sid, k), answer))]
-            return out
+            return _conversation(sid, system, [
+                (tokens_text('u-%s-%d' % (sid, k), tokens), answer)
+                for k, (tokens, answer) in enumerate(plan)])
         return offsets, build
 
     duration = CHAT_SECONDS[size] if duration is None else duration
