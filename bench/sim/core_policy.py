@@ -60,7 +60,8 @@ JSON_PADDING = 64
 MAX_LEVELS = 128
 ATTACH_CREATED = 0
 ROUTES = ('none', 'session_hit', 'session_new', 'session_moved',
-          'session_spill', 'fallback', 'prefix_hit', 'prefix_new')
+          'session_spill', 'fallback', 'prefix_hit', 'prefix_new',
+          'response_hit', 'response_lost')
 
 # The module's defaults (src/ngx_http_upstream_affinity_module.c,
 # ..._peers.c, ..._zone.c).
@@ -107,10 +108,11 @@ class RouteRequest(ctypes.Structure):
     """affinity_request_t"""
     _fields_ = [('key_hash', c_u64), ('ring_hash', c_u64),
                 ('has_key', c_u32), ('now', c_u32), ('timeout', c_u32),
-                ('rotate', c_u32), ('row', c_u32), ('reserved', c_u32),
+                ('rotate', c_u32), ('row', c_u32), ('continues', c_u32),
                 ('prefixes', ctypes.c_void_p),
                 ('levels', ctypes.POINTER(Level)),
-                ('nlevels', c_u32), ('prefix_timeout', c_u32)]
+                ('nlevels', c_u32), ('prefix_timeout', c_u32),
+                ('owner', c_u64)]
 
 
 class Decision(ctypes.Structure):
@@ -121,12 +123,13 @@ class Decision(ctypes.Structure):
 class PeerStats(ctypes.Structure):
     _fields_ = [('id', c_u64), ('inflight', ctypes.c_int64),
                 ('requests', c_u64), ('failures', c_u64),
-                ('pins', ctypes.c_int64), ('routes', c_u64 * 8)]
+                ('pins', ctypes.c_int64), ('routes', c_u64 * len(ROUTES))]
 
 
 class ZoneInfo(ctypes.Structure):
     _fields_ = [('kind', c_u32), ('layout_version', c_u32), ('seed', c_u64),
-                ('capacity', c_u64), ('used', c_u64), ('evictions', c_u64),
+                ('capacity', c_u64), ('used', c_u64), ('inserts', c_u64),
+                ('evictions', c_u64),
                 ('expiries', c_u64), ('peer_slots', c_u32),
                 ('peer_slots_used', c_u32), ('peer_slots_reclaimed', c_u32),
                 ('rows', c_u32), ('peer_slots_missing', c_u64),

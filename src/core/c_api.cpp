@@ -3,6 +3,7 @@
 #include "affinity_core.h"
 
 #include <new>
+#include <type_traits>
 
 #include "hashing.h"
 #include "json_body.h"
@@ -11,6 +12,7 @@
 #include "selection.h"
 #include "session_key.h"
 #include "process.h"
+#include "response_scan.h"
 #include "session_table.h"
 #include "worker_rows.h"
 #include "zone.h"
@@ -115,6 +117,7 @@ void affinity_zone_info(const affinity_zone_t *zone,
     info->seed = h.seed;
     info->capacity = h.buckets * h.ways;
     info->used = h.used;
+    info->inserts = h.inserts;
     info->evictions = h.evictions;
     info->expiries = h.expiries;
     info->peer_slots = kPeerSlots;
@@ -335,6 +338,87 @@ affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
         *nout = 0;
         return AFFINITY_PROMPT_INVALID;
     }
+}
+
+// Response ids are kept as sessions are: an id is a key pinned to the peer
+// that produced it.  The per-peer pin counts of a responses zone are thus
+// the ids each peer holds.
+uint64_t affinity_responses_owner(affinity_zone_t *zone, uint64_t key_hash,
+                                  uint32_t now, uint32_t timeout) noexcept
+{
+    SessionTable table(zone_of(zone), now, timeout);
+    SessionEntry *entry = table.find(key_hash);
+
+    return entry ? entry->peer : 0;
+}
+
+void affinity_responses_learn(affinity_zone_t *zone, uint64_t key_hash,
+                              uint64_t peer_id, uint32_t now,
+                              uint32_t timeout) noexcept
+{
+    if (peer_id == 0) {
+        return;
+    }
+
+    SessionTable table(zone_of(zone), now, timeout);
+    SessionEntry *entry = table.find(key_hash);
+
+    if (entry == nullptr) {
+        entry = table.insert(key_hash);
+    }
+
+    if (entry->peer != peer_id) {
+        table.repin(entry, peer_id);
+    }
+}
+
+static_assert(sizeof(ResponseScan) <= sizeof(affinity_response_scan_t),
+              "the scan fits the caller's memory");
+static_assert(alignof(ResponseScan) <= alignof(affinity_response_scan_t),
+              "and its alignment");
+static_assert(std::is_trivially_copyable<ResponseScan>::value,
+              "the scan is plain data in the request's pool");
+
+void affinity_response_scan_start(affinity_response_scan_t *scan,
+                                  affinity_response_format_e format) noexcept
+{
+    new (scan) ResponseScan();
+    reinterpret_cast<ResponseScan *>(scan)->start(format);
+}
+
+affinity_scan_e affinity_response_scan(affinity_response_scan_t *scan,
+                                       const char *data, size_t len) noexcept
+{
+    return reinterpret_cast<ResponseScan *>(scan)->feed(data, len);
+}
+
+affinity_scan_e affinity_response_scan_end(
+    affinity_response_scan_t *scan) noexcept
+{
+    return reinterpret_cast<ResponseScan *>(scan)->finish();
+}
+
+affinity_scan_reason_e affinity_response_scan_reason(
+    const affinity_response_scan_t *scan) noexcept
+{
+    return reinterpret_cast<const ResponseScan *>(scan)->reason();
+}
+
+const char *affinity_response_scan_id(const affinity_response_scan_t *scan,
+                                      size_t *len,
+                                      affinity_object_e *object) noexcept
+{
+    const ResponseScan *s = reinterpret_cast<const ResponseScan *>(scan);
+
+    if (s->status() != AFFINITY_SCAN_FOUND) {
+        *len = 0;
+        *object = AFFINITY_OBJECT_NONE;
+        return nullptr;
+    }
+
+    *len = s->id_len();
+    *object = s->object();
+    return s->id();
 }
 
 }  // extern "C"

@@ -46,6 +46,7 @@ bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
         });
         entry->key = key;
         zone_.header().used++;
+        zone_.header().inserts++;
     }
 
     entry->last_used = now_;

@@ -324,6 +324,22 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
     return placed;
 }
 
+// Pins a session to a peer, as the request's own choice.
+void pin(Zone zone, const affinity_request_t &request,
+         uint64_t peer_id) noexcept
+{
+    SessionTable table(zone, request.now, request.timeout);
+    SessionEntry *entry = table.find(request.key_hash);
+
+    if (entry == nullptr) {
+        entry = table.insert(request.key_hash);
+    }
+
+    if (entry->peer != peer_id) {
+        table.repin(entry, peer_id);
+    }
+}
+
 // Records every level of the prompt for the peer that got it: later prompts
 // that extend any part of it will find it there.
 void record_levels(PrefixTable &table, const uint64_t *keys, size_t nkeys,
@@ -364,9 +380,22 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     affinity_request_t capped = request;
     capped.nlevels = static_cast<uint32_t>(nkeys);
 
-    int chosen;
+    int chosen = -1;
 
-    if (request.has_key && sessions) {
+    // A continuation goes where its response is stored, whatever the load:
+    // it exists nowhere else.  A session continuing it is pinned there too.
+    int owner = request.continues && request.owner
+                ? load.index_of(request.owner) : -1;
+
+    if (owner >= 0 && load.serves_pins(size_t(owner))) {
+        chosen = owner;
+        decision = {owner, AFFINITY_ROUTE_RESPONSE_HIT, 0, kNoSlot};
+
+        if (request.has_key && sessions) {
+            pin(zone, request, peers[owner].id);
+        }
+
+    } else if (request.has_key && sessions) {
         chosen = route_session(zone, ring, load, peers, capped,
                                prefixes ? &table : nullptr, keys, decision);
 
@@ -384,6 +413,10 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     if (chosen < 0) {
         decision = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
         return -1;
+    }
+
+    if (request.continues && chosen != owner) {
+        decision.route = AFFINITY_ROUTE_RESPONSE_LOST;
     }
 
     // The chosen peer now holds every level of this prompt in its cache:

@@ -34,6 +34,7 @@ SessionEntry *SessionTable::insert(uint64_t key) noexcept
     entry->key = key;
     entry->last_used = now_;
     zone_.header().used++;
+    zone_.header().inserts++;
 
     return entry;
 }

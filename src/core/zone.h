@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 3;
+constexpr uint32_t kLayoutVersion = 4;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -38,7 +38,11 @@ constexpr uint64_t kSlotReclaimIdle = 60;
 // A slot per peer an upstream may have.
 static_assert(kPeerSlots >= AFFINITY_MAX_PEERS, "a slot for every peer");
 
-enum class ZoneKind : uint32_t { Sessions = 1 };
+enum class ZoneKind : uint32_t {
+    Sessions = AFFINITY_ZONE_SESSIONS,
+    Prefixes = AFFINITY_ZONE_PREFIXES,
+    Responses = AFFINITY_ZONE_RESPONSES
+};
 
 struct alignas(64) ZoneHeader {
     uint64_t magic;
@@ -57,6 +61,7 @@ struct alignas(64) ZoneHeader {
     uint32_t rows_used;         // zone lock
     // Table counters: changed only under the zone lock.
     uint64_t used;
+    uint64_t inserts;
     uint64_t evictions;
     uint64_t expiries;
     uint32_t peer_slots_used;
@@ -77,7 +82,6 @@ struct alignas(64) PeerSlot {
     int64_t pins;               // entries pinned to this peer (zone lock)
     uint64_t failures;          // atomic: tries that failed
     uint64_t last_used;         // atomic: seconds, last claim or request
-    uint64_t reserved[2];
     uint64_t routes[kRoutes];   // atomic: requests by routing outcome
 };
 

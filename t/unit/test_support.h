@@ -346,6 +346,25 @@ public:
         return r;
     }
 
+    // A request continuing a stored response whose owner is owner_id (0:
+    // unknown), with a session key unless key is empty.
+    Routed route_continuation(uint64_t owner_id,
+                              const std::string &key = std::string())
+    {
+        affinity_request_t r{};
+        if (!key.empty()) {
+            r.key_hash = affinity_zone_key_hash(zone_, key.data(), key.size());
+            r.ring_hash = affinity_ring_hash(key.data(), key.size());
+            r.has_key = 1;
+        }
+        r.now = now;
+        r.timeout = timeout;
+        r.rotate = rotate++;
+        r.continues = 1;
+        r.owner = owner_id;
+        return send(r);
+    }
+
 private:
     Routed send(const affinity_request_t &r)
     {
@@ -382,6 +401,8 @@ inline const char *route_name(uint32_t route)
     case AFFINITY_ROUTE_FALLBACK: return "FALLBACK";
     case AFFINITY_ROUTE_PREFIX_HIT: return "PREFIX_HIT";
     case AFFINITY_ROUTE_PREFIX_NEW: return "PREFIX_NEW";
+    case AFFINITY_ROUTE_RESPONSE_HIT: return "RESPONSE_HIT";
+    case AFFINITY_ROUTE_RESPONSE_LOST: return "RESPONSE_LOST";
     default: return "?";
     }
 }

@@ -103,7 +103,8 @@ typedef struct affinity_zone_s  affinity_zone_t;
 
 typedef enum {
     AFFINITY_ZONE_SESSIONS = 1,     /* session key -> pinned peer */
-    AFFINITY_ZONE_PREFIXES          /* prompt level -> recent peers */
+    AFFINITY_ZONE_PREFIXES,         /* prompt level -> recent peers */
+    AFFINITY_ZONE_RESPONSES         /* response id -> the peer storing it */
 } affinity_zone_kind_e;
 
 typedef enum {
@@ -140,6 +141,8 @@ typedef struct {
     uint64_t    seed;           /* per-zone seed of key hashes */
     uint64_t    capacity;       /* entries the table holds */
     uint64_t    used;           /* live entries */
+    uint64_t    inserts;        /* entries added (sessions pinned, ids
+                                   learned) */
     uint64_t    evictions;      /* entries dropped to make room (LRU) */
     uint64_t    expiries;       /* entries dropped after the idle timeout */
     uint32_t    peer_slots;     /* capacity of the per-peer counter table */
@@ -180,7 +183,7 @@ AFFINITY_API uint32_t affinity_zone_peer_find(const affinity_zone_t *zone,
     uint64_t peer_id) AFFINITY_NOEXCEPT;
 
 /* affinity_route_e values, for per-outcome counters */
-#define AFFINITY_ROUTES  8
+#define AFFINITY_ROUTES  10
 
 typedef struct {
     uint64_t    id;
@@ -295,7 +298,11 @@ typedef enum {
                                        weighted least in-flight */
     AFFINITY_ROUTE_PREFIX_HIT,      /* to a peer that served the longest
                                        known prefix of the prompt */
-    AFFINITY_ROUTE_PREFIX_NEW       /* no prefix known: placed on the ring */
+    AFFINITY_ROUTE_PREFIX_NEW,      /* no prefix known: placed on the ring */
+    AFFINITY_ROUTE_RESPONSE_HIT,    /* to the peer that stored the response
+                                       or conversation it continues */
+    AFFINITY_ROUTE_RESPONSE_LOST    /* continues one whose peer is unknown,
+                                       failed or gone: routed as usual */
 } affinity_route_e;
 
 typedef struct affinity_level_s  affinity_level_t;
@@ -308,13 +315,18 @@ typedef struct {
     uint32_t    timeout;    /* idle expiry of pins, seconds */
     uint32_t    rotate;     /* varies per request: breaks fallback ties */
     uint32_t    row;        /* the worker's row, or AFFINITY_NO_ROW */
-    uint32_t    reserved;
+    uint32_t    continues;  /* continues a stored response or
+                               conversation (response_affinity) */
 
     /* prompt prefixes (affinity_prompt_levels()), or none */
     affinity_zone_t         *prefixes;      /* the prefix index zone */
     const affinity_level_t  *levels;        /* shortest first */
     uint32_t                 nlevels;
     uint32_t                 prefix_timeout;
+
+    /* with continues: the id of the peer that stored what the request
+       continues (affinity_responses_owner()), 0 if unknown */
+    uint64_t                 owner;
 } affinity_request_t;
 
 typedef struct {
@@ -330,6 +342,11 @@ typedef struct {
  * this request are states[0..npeers) (affinity_peer_state_e), and counts it
  * in the chosen peer's in-flight counter in zone (the zone holding the
  * counters, and the session table when it is a session zone).
+ *
+ * A request that continues a stored response goes to its owner whatever
+ * its load, while the owner serves pins (usable or draining), and a session
+ * key is pinned there too; when the owner is unknown or cannot serve, it is
+ * routed as below and the route is AFFINITY_ROUTE_RESPONSE_LOST.
  *
  * With a session key: the pinned peer while it is usable and under the load
  * bound; when it is merely busy or overloaded, a spill (with prompt levels
@@ -485,6 +502,92 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
 AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
     const uint32_t *schedule, size_t nschedule, affinity_level_t *out,
     size_t out_cap, size_t *nout) AFFINITY_NOEXCEPT;
+
+
+/* ---- Responses API continuations ------------------------------------ */
+
+/*
+ * A responses zone (AFFINITY_ZONE_RESPONSES) remembers which peer produced
+ * each response or conversation id, keyed by affinity_zone_key_hash() of
+ * the id: set-associative, LRU with idle expiry, as sessions.  Both
+ * functions: caller holds the zone lock; now and timeout in seconds.
+ */
+
+/* The peer id that produced the id, made most recently used; 0 if the
+ * zone does not know it (never seen, evicted or expired). */
+AFFINITY_API uint64_t affinity_responses_owner(affinity_zone_t *zone,
+    uint64_t key_hash, uint32_t now, uint32_t timeout) AFFINITY_NOEXCEPT;
+
+/* Remembers that peer_id (non-zero) produced the id. */
+AFFINITY_API void affinity_responses_learn(affinity_zone_t *zone,
+    uint64_t key_hash, uint64_t peer_id, uint32_t now, uint32_t timeout)
+    AFFINITY_NOEXCEPT;
+
+/* Longest id learned; a longer one is not (nor looked up). */
+#define AFFINITY_RESPONSE_ID_MAX  256
+
+typedef enum {
+    AFFINITY_RESPONSE_JSON = 1,     /* application/json */
+    AFFINITY_RESPONSE_EVENTS        /* text/event-stream */
+} affinity_response_format_e;
+
+typedef enum {
+    AFFINITY_SCAN_MORE = 0,         /* feed more of the body */
+    AFFINITY_SCAN_FOUND,            /* an id was read: stop feeding */
+    AFFINITY_SCAN_NONE              /* nothing to learn: stop feeding */
+} affinity_scan_e;
+
+typedef enum {
+    AFFINITY_SCAN_OK = 0,
+    AFFINITY_SCAN_MALFORMED,        /* not a JSON object */
+    AFFINITY_SCAN_TRUNCATED,        /* ended inside the object */
+    AFFINITY_SCAN_NO_ID,            /* no id of a response or conversation */
+    AFFINITY_SCAN_ID_TOO_LONG,      /* over AFFINITY_RESPONSE_ID_MAX */
+    AFFINITY_SCAN_ID_ESCAPED,       /* an escape other than \" \\ \/ */
+    AFFINITY_SCAN_NO_EVENT          /* an event stream without data (in its
+                                       first MiB, or at all) */
+} affinity_scan_reason_e;
+
+typedef enum {
+    AFFINITY_OBJECT_NONE = 0,
+    AFFINITY_OBJECT_RESPONSE,
+    AFFINITY_OBJECT_CONVERSATION
+} affinity_object_e;
+
+/*
+ * The state of reading one response body, in memory the caller owns (the
+ * request's pool): no allocation, and nothing of the body is kept but the
+ * id.  The body is fed as it passes, in pieces split anywhere; the id is
+ * known when a JSON body's top-level object (with "object": "response" or
+ * "conversation") closes, or when the first event of a stream (the
+ * "response" member of response.created) does.
+ */
+#define AFFINITY_RESPONSE_SCAN_SIZE  384
+
+typedef struct {
+    uint64_t    opaque[AFFINITY_RESPONSE_SCAN_SIZE / 8];
+} affinity_response_scan_t;
+
+AFFINITY_API void affinity_response_scan_start(affinity_response_scan_t *scan,
+    affinity_response_format_e format) AFFINITY_NOEXCEPT;
+
+/* Reads the next len bytes. */
+AFFINITY_API affinity_scan_e affinity_response_scan(
+    affinity_response_scan_t *scan, const char *data, size_t len)
+    AFFINITY_NOEXCEPT;
+
+/* The body ended (MORE becomes NONE). */
+AFFINITY_API affinity_scan_e affinity_response_scan_end(
+    affinity_response_scan_t *scan) AFFINITY_NOEXCEPT;
+
+/* Why a scan ended without an id. */
+AFFINITY_API affinity_scan_reason_e affinity_response_scan_reason(
+    const affinity_response_scan_t *scan) AFFINITY_NOEXCEPT;
+
+/* The id read (not NUL-terminated), or NULL before FOUND. */
+AFFINITY_API const char *affinity_response_scan_id(
+    const affinity_response_scan_t *scan, size_t *len,
+    affinity_object_e *object) AFFINITY_NOEXCEPT;
 
 
 #ifdef __cplusplus
