@@ -22,11 +22,32 @@ port of 0 picks a free port.  Once every port listens, one line
 Endpoints, per replica:
     POST /v1/chat/completions, /v1/completions, /v1/responses
                    simulated inference, "stream": true for server-sent events
-    GET  /metrics  Prometheus text: cache and queue counters of the replica
+    GET, DELETE    /v1/responses/{id}
+    POST /v1/responses/{id}/cancel
+    GET  /v1/responses/{id}/input_items
+    POST /v1/conversations
+    GET, DELETE    /v1/conversations/{id}
+    GET  /v1/conversations/{id}/items
+                   lists take ?order=desc (the default, as OpenAI's) or asc
+    GET  /metrics  Prometheus text: cache, queue and store counters
     GET  /stats    the same figures as JSON
-    POST /reset    empties the prefix cache and zeroes the counters
+    POST /reset    empties the prefix cache and the stores, zeroes the counters
     GET  /health, /v1/models
 Every response carries X-Replica and X-Replica-Port.
+
+Like vLLM with its default in-memory store, each replica keeps its own
+responses (unless "store": false) and conversations, so a follow-up routed
+to another replica than its previous turn's gets vLLM's 404 ("Response with
+id '...' not found.").  A response is stored when it arrives, in progress,
+and completed when its reply is out.  A follow-up's prompt is its previous
+turn's prompt, then that turn's output as an assistant message, then its
+own input items (in the chat message form; its instructions are not
+repeated, as vLLM drops the previous ones and the same instructions come
+first again): it extends the previous prompt, whose blocks the replica
+cached.  In a conversation the prompt is the instructions, a newline, then
+the conversation's items and the input items; the input and the output are
+appended to the conversation's items.  Ids are prefix + uuid4 hex, unique
+across replicas and runs.  The lookups that fail count in not_found_total.
 
 HTTP/1.1 is http1.py's, on asyncio streams: thousands of requests wait on
 timers in one thread, and the work per request stays small (one
@@ -38,13 +59,17 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote
 
 if __package__ in (None, ''):       # run as a file: bench/sim/mock_backend.py
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -58,6 +83,11 @@ MAX_STREAM_CHUNKS = 8            # content chunks per streamed reply
 MAX_BODY_BYTES = 64 * 1024 * 1024
 STREAM_LIMIT = 256 * 1024        # asyncio buffer: the longest header line
 JSON_SEPARATORS = (',', ':')
+# The responses and the conversations a replica keeps at most, each store
+# dropping its least recently used first.
+RESPONSE_STORE_LIMIT = 100000
+CONVERSATION_STORE_LIMIT = 100000
+TEXT_PART_TYPES = ('text', 'input_text', 'output_text')
 
 
 # ---------------------------------------------------------------------------
@@ -82,7 +112,7 @@ class Job:
 
 def content_text(content):
     """Text of a message content: a string, or the text parts of a list
-    (types text/input_text), as the chat template would see them."""
+    (TEXT_PART_TYPES), as the chat template would see them."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -91,7 +121,7 @@ def content_text(content):
         raise BadRequest('message content must be a string or a list')
     texts = []
     for part in content:
-        if isinstance(part, dict) and part.get('type') in ('text', 'input_text'):
+        if isinstance(part, dict) and part.get('type') in TEXT_PART_TYPES:
             text = part.get('text', '')
             if not isinstance(text, str):
                 raise BadRequest('content part text must be a string')
@@ -181,10 +211,69 @@ def response_prompt(body):
     return instructions + '\n' + items
 
 
-PROMPT_READERS = {
+def input_items(body):
+    """The input of a /v1/responses body (checked by response_prompt()) as
+    the stores keep it: a list of items, a string being one user message."""
+    items = body.get('input')
+    if isinstance(items, str):
+        items = [{'type': 'message', 'role': 'user',
+                  'content': [{'type': 'input_text', 'text': items}]}]
+    return [stored_item(item) for item in items or ()]
+
+
+def stored_item(item):
+    """A copy of an input item with a type and an id, as stored."""
+    if not isinstance(item, dict):
+        raise BadRequest('each input item must be an object')
+    item = dict(item)
+    item.setdefault('type', 'message')
+    item.setdefault('id', new_id('msg_'))
+    return item
+
+
+def response_links(body):
+    """(previous_response_id, conversation id, store) of a /v1/responses
+    body; the conversation is an id or an object with an id."""
+    previous_id = body.get('previous_response_id')
+    if previous_id is not None and not isinstance(previous_id, str):
+        raise BadRequest("'previous_response_id' must be a string")
+    conversation_id = body.get('conversation')
+    if isinstance(conversation_id, dict):
+        conversation_id = conversation_id.get('id')
+        if not isinstance(conversation_id, str):
+            raise BadRequest("'conversation' must have a string 'id'")
+    elif conversation_id is not None and not isinstance(conversation_id, str):
+        raise BadRequest("'conversation' must be an id or an object")
+    if previous_id is not None and conversation_id is not None:
+        raise BadRequest("Mutually exclusive parameters: Ensure you are only "
+                         "providing one of: 'previous_response_id' or "
+                         "'conversation'.")
+    store = body.get('store')
+    if store is not None and not isinstance(store, bool):
+        raise BadRequest("'store' must be a boolean")
+    return previous_id, conversation_id, store is not False
+
+
+def conversation_fields(body):
+    """(items, metadata) of a /v1/conversations body, checked."""
+    items = body.get('items')
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise BadRequest("'items' must be a list")
+    items = [stored_item(item) for item in items]
+    messages_text(items)        # the checks of a prompt that will hold them
+    metadata = body.get('metadata')
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise BadRequest("'metadata' must be an object")
+    return items, metadata
+
+
+PROMPT_READERS = {              # /v1/responses: ServedReplica.open_response
     'chat': chat_prompt,
     'completion': completion_prompt,
-    'response': response_prompt,
 }
 
 
@@ -200,15 +289,20 @@ def output_tokens_of(body):
     return DEFAULT_OUTPUT_TOKENS, False
 
 
-def parse_job(kind, raw_body):
-    """Decodes and checks a request body; raises BadRequest."""
+def parse_body(raw_body):
+    """Decodes a request body, which must be a JSON object; raises
+    BadRequest."""
     try:
         body = json.loads(raw_body)
     except (ValueError, RecursionError):
         raise BadRequest('request body is not valid JSON') from None
     if not isinstance(body, dict):
         raise BadRequest('request body must be a JSON object')
-    text = PROMPT_READERS[kind](body)
+    return body
+
+
+def make_job(kind, body, text):
+    """The job of a checked body whose prompt is text; raises BadRequest."""
     try:
         chain = model.block_chain(text)
     except UnicodeEncodeError:
@@ -222,6 +316,128 @@ def parse_job(kind, raw_body):
                output_tokens=output_tokens,
                limited=limited,
                stream=body.get('stream') is True)
+
+
+# ---------------------------------------------------------------------------
+# Stores: the Responses API objects a replica keeps
+# ---------------------------------------------------------------------------
+
+def new_id(prefix):
+    """An id unique across replicas, processes and restarts, as vLLM's
+    prefix + random_uuid()."""
+    return prefix + uuid.uuid4().hex
+
+
+class NotFound(Exception):
+    """A response or conversation that the replica does not keep: 404,
+    worded as vLLM words it; param names the body field that named it."""
+
+    def __init__(self, what, object_id, param=None):
+        super().__init__("%s with id '%s' not found." % (what, object_id))
+        self.param = param
+
+
+class LruStore:
+    """At most `limit` objects by id; the least recently used goes first."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.objects = OrderedDict()
+
+    def get(self, object_id):
+        found = self.objects.get(object_id)
+        if found is not None:
+            self.objects.move_to_end(object_id)
+        return found
+
+    def put(self, object_id, value):
+        self.objects[object_id] = value
+        self.objects.move_to_end(object_id)
+        if len(self.objects) > self.limit:
+            self.objects.popitem(last=False)
+
+    def pop(self, object_id):
+        return self.objects.pop(object_id, None)
+
+    def __len__(self):
+        return len(self.objects)
+
+
+class StoredResponse:
+    """A response as its replica keeps it: obj, the object that GET
+    returns; its input items; its prompt and output text, which a follow-up
+    extends.  The prompt is held as the text added to the previous turn's
+    prompt, so that a long chain of turns holds each text once."""
+
+    def __init__(self, previous, prompt_tail, items, conversation, stored):
+        self.obj = None             # ServedReplica.start_response sets it
+        self.previous = previous
+        self.prompt_tail = prompt_tail
+        self.input_items = items
+        self.conversation = conversation
+        self.stored = stored        # False for "store": false
+        self.output_text = ''
+
+    def prompt(self):
+        tails = []
+        turn = self
+        while turn is not None:
+            tails.append(turn.prompt_tail)
+            turn = turn.previous
+        return ''.join(reversed(tails))
+
+    def answer_piece(self):
+        """The output, as the assistant message a follow-up's prompt has
+        after this prompt."""
+        return 'assistant\n' + self.output_text + '\n'
+
+    def links(self):
+        """The fields of the response object that name the turn's context."""
+        conversation = self.conversation
+        return {'previous_response_id':
+                self.previous.obj['id'] if self.previous else None,
+                'conversation':
+                {'id': conversation.id} if conversation else None,
+                'store': self.stored}
+
+    @property
+    def in_progress(self):
+        return self.obj['status'] in ('queued', 'in_progress')
+
+    def complete(self, obj, text):
+        """The reply is out: keeps its object unless the response was
+        cancelled meanwhile, and appends the turn to its conversation."""
+        if not self.in_progress:
+            return
+        self.obj = obj
+        self.output_text = text
+        if self.conversation is not None:
+            self.conversation.items.extend(self.input_items + obj['output'])
+
+    def cancel(self):
+        """Cancels the response if still in progress (a request that ends
+        without its reply, its client gone, is cancelled too)."""
+        if self.obj is not None and self.in_progress:
+            self.obj = dict(self.obj, status='cancelled')
+
+
+class Conversation:
+    """A conversation as its replica keeps it: its object and its items."""
+
+    def __init__(self, items, metadata):
+        self.id = new_id('conv_')
+        self.obj = {'id': self.id, 'object': 'conversation',
+                    'created_at': int(time.time()), 'metadata': metadata}
+        self.items = items
+
+
+# What the stores count, in the form of fleet.METRICS.
+STORE_METRICS = (
+    ('not_found_total', 'counter',
+     'Responses and conversations looked up and not kept here (404).'),
+    ('stored_responses', 'gauge', 'Responses kept in the store.'),
+    ('stored_conversations', 'gauge', 'Conversations kept in the store.'),
+)
 
 
 # ---------------------------------------------------------------------------
@@ -271,7 +487,8 @@ class ServedReplica:
 
     requests_total and prompt_tokens_total count requests when they arrive;
     the cache counters count them when their prefill starts, the moment the
-    cache is looked up."""
+    cache is looked up.  The replica keeps its own responses and
+    conversations (Stores), and counts the lookups that miss them."""
 
     def __init__(self, replica, port):
         self.replica = replica
@@ -279,6 +496,12 @@ class ServedReplica:
         self.port = port
         self.params = replica.params
         self.sequence = 0
+        self.empty_stores()
+
+    def empty_stores(self):
+        self.responses = LruStore(RESPONSE_STORE_LIMIT)
+        self.conversations = LruStore(CONVERSATION_STORE_LIMIT)
+        self.not_found = 0
 
     def next_id(self):
         self.sequence += 1
@@ -313,21 +536,103 @@ class ServedReplica:
 
     def reset(self):
         self.replica.reset()
+        self.empty_stores()
 
     def stats(self):
         """The figures of /stats and /metrics, by name without "mock_"."""
-        return self.replica.stats()
+        figures = self.replica.stats()
+        figures.update(not_found_total=self.not_found,
+                       stored_responses=len(self.responses),
+                       stored_conversations=len(self.conversations))
+        return figures
 
     def metrics_text(self):
         figures = self.stats()
         label = '{replica="%s"}' % self.name
         lines = []
-        for name, kind, help_text in fleet.METRICS:
+        for name, kind, help_text in fleet.METRICS + STORE_METRICS:
             full = 'mock_' + name
             lines.append('# HELP %s %s' % (full, help_text))
             lines.append('# TYPE %s %s' % (full, kind))
             lines.append('%s%s %d' % (full, label, figures[name]))
         return '\n'.join(lines) + '\n'
+
+    # Stores
+
+    def find(self, store, what, object_id, param=None):
+        """The object of the store under object_id, or NotFound, counted."""
+        found = store.get(object_id)
+        if found is None:
+            self.not_found += 1
+            raise NotFound(what, object_id, param)
+        return found
+
+    def find_response(self, response_id, param=None):
+        return self.find(self.responses, 'Response', response_id, param)
+
+    def find_conversation(self, conversation_id, param=None):
+        return self.find(self.conversations, 'Conversation', conversation_id,
+                         param)
+
+    def open_response(self, body):
+        """The StoredResponse-to-be of a /v1/responses body, its prompt
+        after its previous turn's or its conversation's, when the body
+        names one: NotFound if this replica does not keep it."""
+        text = response_prompt(body)
+        previous_id, conversation_id, stored = response_links(body)
+        items = input_items(body)
+        previous = conversation = None
+        if previous_id is not None:
+            previous = self.find_response(previous_id, 'previous_response_id')
+            text = previous.answer_piece() + messages_text(items)
+        elif conversation_id is not None:
+            conversation = self.find_conversation(conversation_id,
+                                                  'conversation')
+            text = (body.get('instructions') or '') + '\n' + messages_text(
+                conversation.items + items)
+        return StoredResponse(previous, text, items, conversation, stored)
+
+    def start_response(self, record, reply):
+        """The response is being served under the id of its reply
+        (ResponseFormat): stored now, in progress, unless "store": false."""
+        reply.record = record
+        reply.fields = record.links()
+        record.obj = reply.response('in_progress')
+        if record.stored:
+            self.responses.put(reply.id, record)
+
+    def get_response(self, response_id):
+        return self.find_response(response_id).obj
+
+    def delete_response(self, response_id):
+        self.find_response(response_id)
+        self.responses.pop(response_id)
+        return {'id': response_id, 'object': 'response', 'deleted': True}
+
+    def cancel_response(self, response_id):
+        record = self.find_response(response_id)
+        record.cancel()
+        return record.obj
+
+    def response_input_items(self, response_id):
+        return self.find_response(response_id).input_items
+
+    def create_conversation(self, body):
+        conversation = Conversation(*conversation_fields(body))
+        self.conversations.put(conversation.id, conversation)
+        return conversation.obj
+
+    def get_conversation(self, conversation_id):
+        return self.find_conversation(conversation_id).obj
+
+    def delete_conversation(self, conversation_id):
+        self.find_conversation(conversation_id)
+        self.conversations.pop(conversation_id)
+        return {'id': conversation_id, 'object': 'conversation.deleted',
+                'deleted': True}
+
+    def conversation_items(self, conversation_id):
+        return self.find_conversation(conversation_id).items
 
 
 # ---------------------------------------------------------------------------
@@ -367,11 +672,11 @@ SSE_DONE = b'data: [DONE]\n\n'
 class ChatFormat:
     """chat.completion and chat.completion.chunk objects."""
 
-    def __init__(self, job, replica_id, cached):
+    def __init__(self, job, replica_id):
         self.job = job
         self.id = 'chatcmpl-' + replica_id
         self.created = int(time.time())
-        self.cached = cached
+        self.cached = 0             # known when prefill starts
 
     def finish_reason(self):
         return 'length' if self.job.limited else 'stop'
@@ -417,8 +722,8 @@ class ChatFormat:
 class CompletionFormat(ChatFormat):
     """text_completion objects, streamed or not."""
 
-    def __init__(self, job, replica_id, cached):
-        super().__init__(job, replica_id, cached)
+    def __init__(self, job, replica_id):
+        super().__init__(job, replica_id)
         self.id = 'cmpl-' + replica_id
 
     def choice(self, text, finish_reason):
@@ -448,15 +753,20 @@ class CompletionFormat(ChatFormat):
 
 class ResponseFormat:
     """Responses API objects; streamed as the minimal event sequence
-    response.created, response.output_text.delta..., response.completed."""
+    response.created, response.output_text.delta..., response.completed.
+    Their ids are unique across replicas and runs, as vLLM's; the completed
+    object goes to the record (StoredResponse) of the response, if any,
+    before it goes out."""
 
-    def __init__(self, job, replica_id, cached):
+    def __init__(self, job, replica_id):
         self.job = job
-        self.id = 'resp_' + replica_id
-        self.message_id = 'msg_' + replica_id
+        self.id = new_id('resp_')
+        self.message_id = new_id('msg_')
         self.created = int(time.time())
-        self.cached = cached
+        self.cached = 0
         self.sequence = 0
+        self.fields = {}            # previous_response_id, conversation...
+        self.record = None
 
     def usage(self):
         job = self.job
@@ -470,6 +780,7 @@ class ResponseFormat:
         obj = {'id': self.id, 'object': 'response',
                'created_at': self.created, 'status': status,
                'model': self.job.model_name, 'output': [], 'usage': None}
+        obj.update(self.fields)
         if text is not None:
             obj['output'] = [{
                 'type': 'message', 'id': self.message_id,
@@ -480,7 +791,10 @@ class ResponseFormat:
         return obj
 
     def complete(self, text):
-        return self.response('completed', text)
+        obj = self.response('completed', text)
+        if self.record is not None:
+            self.record.complete(obj, text)
+        return obj
 
     def event(self, event_type, **fields):
         event = {'type': event_type, 'sequence_number': self.sequence}
@@ -500,7 +814,7 @@ class ResponseFormat:
 
     def closing(self, text):
         return self.event('response.completed',
-                          response=self.response('completed', text))
+                          response=self.complete(text))
 
 
 FORMATS = {'chat': ChatFormat, 'completion': CompletionFormat,
@@ -517,9 +831,28 @@ def stream_plan(output_tokens):
             for i in range(1, pieces + 1)]
 
 
-def error_body(message, error_type='invalid_request_error'):
+def error_body(message, error_type='invalid_request_error', param=None):
     return {'error': {'message': message, 'type': error_type,
-                      'param': None, 'code': None}}
+                      'param': param, 'code': None}}
+
+
+def list_order(target):
+    """The order of a list request (?order=): "desc", newest first, by
+    default as OpenAI's, or "asc"."""
+    values = parse_qs(target.partition('?')[2]).get('order')
+    order = values[-1] if values else 'desc'
+    if order not in ('asc', 'desc'):
+        raise BadRequest("'order' must be 'asc' or 'desc'")
+    return order
+
+
+def list_object(items, order):
+    """A list object of items (kept oldest first) in the order asked."""
+    data = items if order == 'asc' else items[::-1]
+    return {'object': 'list', 'data': data,
+            'first_id': data[0].get('id') if data else None,
+            'last_id': data[-1].get('id') if data else None,
+            'has_more': False}
 
 
 async def sleep_until(when):
@@ -538,6 +871,23 @@ class Connection:
     INFERENCE_ROUTES = {'/v1/chat/completions': 'chat',
                         '/v1/completions': 'completion',
                         '/v1/responses': 'response'}
+    # The stored objects, by path pattern (the id, URL-encoded, is the
+    # group): the replica's method of each HTTP method.  A method that
+    # returns a list is answered with a list object.
+    STORE_ROUTES = (
+        (re.compile(r'/v1/responses/([^/]+)'),
+         {'GET': ServedReplica.get_response,
+          'DELETE': ServedReplica.delete_response}),
+        (re.compile(r'/v1/responses/([^/]+)/cancel'),
+         {'POST': ServedReplica.cancel_response}),
+        (re.compile(r'/v1/responses/([^/]+)/input_items'),
+         {'GET': ServedReplica.response_input_items}),
+        (re.compile(r'/v1/conversations/([^/]+)'),
+         {'GET': ServedReplica.get_conversation,
+          'DELETE': ServedReplica.delete_conversation}),
+        (re.compile(r'/v1/conversations/([^/]+)/items'),
+         {'GET': ServedReplica.conversation_items}),
+    )
 
     def __init__(self, replica, reader, writer):
         self.replica = replica
@@ -588,8 +938,42 @@ class Connection:
             self.replica.reset()
             return await self.send_json(
                 request, 200, {'reset': True, 'replica': self.replica.name})
+        if path == '/v1/conversations':
+            if request.method != 'POST':
+                return await self.send_not_allowed(request, 'POST')
+            return await self.create_conversation(request)
+        for pattern, methods in self.STORE_ROUTES:
+            match = pattern.fullmatch(path)
+            if match:
+                return await self.serve_stored(request, methods,
+                                               unquote(match.group(1)))
         return await self.send_error(request, 404, 'no route for %s %s'
                                      % (request.method, path), 'not_found')
+
+    async def create_conversation(self, request):
+        """POST /v1/conversations; the body may be empty."""
+        try:
+            body = parse_body(request.body) if request.body.strip() else {}
+            conversation = self.replica.create_conversation(body)
+        except BadRequest as error:
+            return await self.send_error(request, 400, str(error))
+        return await self.send_json(request, 200, conversation)
+
+    async def serve_stored(self, request, methods, object_id):
+        """A request on a stored response or conversation."""
+        method = 'GET' if request.method == 'HEAD' else request.method
+        handler = methods.get(method)
+        if handler is None:
+            return await self.send_not_allowed(request, ', '.join(methods))
+        try:
+            result = handler(self.replica, object_id)
+            if isinstance(result, list):
+                result = list_object(result, list_order(request.target))
+        except NotFound as error:
+            return await self.send_not_found(request, error)
+        except BadRequest as error:
+            return await self.send_error(request, 400, str(error))
+        return await self.send_json(request, 200, result)
 
     async def serve_info(self, request, path):
         replica = self.replica
@@ -606,24 +990,47 @@ class Connection:
             {'id': 'mock', 'object': 'model', 'owned_by': replica.name}]})
 
     async def serve_inference(self, request, kind):
-        """Simulates one request through admission, prefill and decode."""
+        """Simulates one request through admission, prefill and decode.  A
+        response (/v1/responses) is stored when it arrives, after the
+        lookup of its previous turn or conversation (404 if this replica
+        does not keep it), and completed when its reply goes out."""
+        replica = self.replica
+        record = None
         try:
-            job = parse_job(kind, request.body)
+            body = parse_body(request.body)
+            if kind == 'response':
+                record = replica.open_response(body)
+                text = record.prompt()
+            else:
+                text = PROMPT_READERS[kind](body)
+            job = make_job(kind, body, text)
         except BadRequest as error:
             return await self.send_error(request, 400, str(error))
+        except NotFound as error:
+            return await self.send_not_found(request, error)
+        reply = FORMATS[kind](job, replica.next_id())
+        if record is None:
+            return await self.run(request, job, reply)
+        replica.start_response(record, reply)
+        try:
+            return await self.run(request, job, reply)
+        finally:
+            record.cancel()         # a no-op once completed
+
+    async def run(self, request, job, reply):
+        """Admission, prefill and decode of a job, then its reply."""
         replica = self.replica
         loop = asyncio.get_running_loop()
         await replica.admit(job)
         release = Once(replica.finish)
         try:
-            cached = await replica.prefill(job)
+            reply.cached = await replica.prefill(job)
             decode_start = loop.time()
             decode_end = decode_start + \
                 replica.params.decode_seconds(job.output_tokens)
             # The slot is freed at the end of decode even if the client
             # is slow to take the reply.
             loop.call_at(decode_end, release)
-            reply = FORMATS[kind](job, replica.next_id(), cached)
             text = filler_text(job.output_tokens)
             if job.stream:
                 return await self.stream(request, reply, text,
@@ -694,6 +1101,11 @@ class Connection:
                          error_type='invalid_request_error'):
         return await self.send_json(request, status,
                                     error_body(message, error_type))
+
+    async def send_not_found(self, request, error):
+        """404 for a response or conversation this replica does not keep."""
+        return await self.send_json(request, 404, error_body(
+            str(error), param=error.param))
 
     async def send_not_allowed(self, request, allowed):
         return await self.send_error(

@@ -12,6 +12,7 @@ Run from the repository root:
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import tempfile
@@ -127,6 +128,62 @@ def stream(port, path, body):
         return response, events
     finally:
         conn.close()
+
+
+def open_stream(port, path, body):
+    """A streamed request whose events are still to read:
+    (connection, response)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=20)
+    conn.request('POST', path, body=json.dumps(body),
+                 headers={'Content-Type': 'application/json'})
+    return conn, conn.getresponse()
+
+
+def read_events(response, count=None):
+    """The next `count` Responses API events of a stream (all of them
+    when None): [(event name, decoded data)]."""
+    events = []
+    event_name = None
+    while count is None or len(events) < count:
+        line = response.readline()
+        if not line:
+            break
+        line = line.decode().rstrip('\n')
+        if line.startswith('event: '):
+            event_name = line[len('event: '):]
+        elif line.startswith('data: '):
+            events.append((event_name, json.loads(line[len('data: '):])))
+    return events
+
+
+def get_json(port, path):
+    """GETs path: (status, response, decoded JSON)."""
+    status, response, data = request(port, 'GET', path)
+    return status, response, json.loads(data)
+
+
+def respond(port, body):
+    """A non-streamed /v1/responses request that must succeed: its reply."""
+    status, _, reply = post_json(port, '/v1/responses', body)
+    assert status == 200, reply
+    return reply
+
+
+def output_text(reply):
+    return reply['output'][0]['content'][0]['text']
+
+
+def user_items_text(text):
+    """The prompt text of a string input in the item form."""
+    return chat_prompt_text([{'role': 'user', 'content': text}])
+
+
+def not_found(what, object_id, param=None):
+    """vLLM's 404 body for a response or conversation it does not keep."""
+    return {'error': {'message': "%s with id '%s' not found."
+                      % (what, object_id),
+                      'type': 'invalid_request_error', 'param': param,
+                      'code': None}}
 
 
 def raw_exchange(port, data, read_until_close=True):
@@ -450,6 +507,9 @@ class InferenceTest(unittest.TestCase):
                     ('POST', '/v1/completions', '{"prompt": "hi"}'),
                     ('POST', '/v1/completions', '{'),
                     ('GET', '/metrics', None),
+                    ('GET', '/v1/responses/resp_missing', None),
+                    ('POST', '/v1/responses', '{"input": "hi", '
+                     '"previous_response_id": "resp_missing"}'),
                     ('GET', '/missing', None)):
                 _, response, _ = request(port, method, path, body,
                                          {'X-Session-ID': 'session-1'})
@@ -513,6 +573,307 @@ class InferenceTest(unittest.TestCase):
         self.assertNotIn(b'chunked', head.lower())
         self.assertTrue(payload.startswith(b'data: {'))
         self.assertTrue(payload.endswith(b'data: [DONE]\n\n'))
+
+
+class ResponseStoreTest(unittest.TestCase):
+    """Each replica keeps its own responses and conversations, as vLLM's
+    in-memory store: a follow-up on its previous turn's replica extends the
+    cached prompt, elsewhere it is a 404.  Decoding takes 2 ms per token,
+    so that a stream of 100 tokens can be looked at while it runs."""
+
+    RESPONSE_ID = re.compile(r'resp_[0-9a-f]{32}')
+    MESSAGE_ID = re.compile(r'msg_[0-9a-f]{32}')
+
+    @classmethod
+    def setUpClass(cls):
+        cls.mock = MockProcess([0] * 2, '--prefill-ms-per-token', '0',
+                               '--decode-ms-per-token', '2')
+        cls.port, cls.other_port = cls.mock.ports
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.mock.stop()
+
+    def setUp(self):
+        for port in self.mock.ports:
+            request(port, 'POST', '/reset')
+
+    def assert_not_found(self, port, method, path, what, object_id,
+                         body=None, param=None):
+        status, response, data = request(port, method, path, body)
+        self.assertEqual(status, 404, data)
+        self.assertEqual(json.loads(data), not_found(what, object_id, param))
+        self.assertEqual(response.getheader('X-Replica-Port'), str(port))
+
+    def test_ids_are_unique_across_replicas_and_processes(self):
+        replies = [respond(port, {'input': 'same prompt',
+                                  'max_output_tokens': 1})
+                   for port in self.mock.ports * 3]
+        other = MockProcess([0], '--time-scale', '0.001')
+        try:
+            replies.append(respond(other.ports[0], {
+                'input': 'same prompt', 'max_output_tokens': 1}))
+        finally:
+            other.stop()
+        ids = [reply['id'] for reply in replies]
+        message_ids = [reply['output'][0]['id'] for reply in replies]
+        for response_id, message_id in zip(ids, message_ids):
+            self.assertRegex(response_id, self.RESPONSE_ID)
+            self.assertRegex(message_id, self.MESSAGE_ID)
+        self.assertEqual(len(set(ids)), len(ids))
+        self.assertEqual(len(set(message_ids)), len(message_ids))
+
+    def test_chain_of_turns_extends_the_cached_prompt(self):
+        instructions = block_text(8, 'chain')
+        first = respond(self.port, {'instructions': instructions,
+                                    'input': 'hello', 'max_output_tokens': 4})
+        prompt1 = instructions + '\nhello'
+        self.assertIsNone(first['previous_response_id'])
+        self.assertTrue(first['store'])
+        question = 'next question ' + block_text(3, 'question')
+        second = respond(self.port, {'previous_response_id': first['id'],
+                                     'instructions': instructions,
+                                     'input': question})
+        prompt2 = (prompt1 + 'assistant\n' + output_text(first) + '\n'
+                   + user_items_text(question))
+        self.assertEqual(second['previous_response_id'], first['id'])
+        self.assertEqual(second['usage']['input_tokens'],
+                         model.prompt_tokens(prompt2))
+        cached2 = second['usage']['input_tokens_details']['cached_tokens']
+        self.assertEqual(cached2, expected_cached([prompt1], prompt2))
+        self.assertEqual(cached2, 8 * BLOCK)
+        items = [{'role': 'user', 'content': [
+            {'type': 'input_text', 'text': block_text(3, 'third')}]}]
+        third = respond(self.port, {'previous_response_id': second['id'],
+                                    'input': items})
+        prompt3 = (prompt2 + 'assistant\n' + output_text(second) + '\n'
+                   + chat_prompt_text(items))
+        self.assertEqual(third['usage']['input_tokens'],
+                         model.prompt_tokens(prompt3))
+        cached3 = third['usage']['input_tokens_details']['cached_tokens']
+        self.assertEqual(cached3, expected_cached([prompt1, prompt2], prompt3))
+        self.assertGreater(cached3, cached2)
+        self.assertEqual(stats(self.port)['not_found_total'], 0)
+        self.assertEqual(stats(self.port)['stored_responses'], 3)
+
+    def test_follow_up_on_another_replica_is_not_found(self):
+        first = respond(self.port, {'input': block_text(4, 'elsewhere')})
+        body = {'previous_response_id': first['id'], 'input': 'more'}
+        self.assert_not_found(self.other_port, 'POST', '/v1/responses',
+                              'Response', first['id'], body,
+                              'previous_response_id')
+        status, response, data = request(self.other_port, 'POST',
+                                         '/v1/responses',
+                                         dict(body, stream=True))
+        self.assertEqual(status, 404)          # plain JSON, before any event
+        self.assertEqual(response.getheader('Content-Type'),
+                         'application/json')
+        self.assertEqual(response.getheader('X-Replica'), self.mock.names[1])
+        self.assertEqual(json.loads(data), not_found(
+            'Response', first['id'], 'previous_response_id'))
+        self.assert_not_found(self.other_port, 'GET',
+                              '/v1/responses/' + first['id'],
+                              'Response', first['id'])
+        figures = stats(self.other_port)
+        self.assertEqual(figures['not_found_total'], 3)
+        self.assertEqual(figures['requests_total'], 0)
+        self.assertEqual(stats(self.port)['not_found_total'], 0)
+        _, _, metrics = request(self.other_port, 'GET', '/metrics')
+        samples, described = parse_metrics(metrics.decode())
+        self.assertIn('mock_not_found_total', described['TYPE'])
+        self.assertEqual(samples[('mock_not_found_total', '{replica="%s"}'
+                                  % self.mock.names[1])], 3)
+        self.assertEqual(samples[('mock_stored_responses', '{replica="%s"}'
+                                  % self.mock.names[1])], 0)
+        # the follow-up where its previous turn is kept still works
+        respond(self.port, body)
+
+    def test_get_delete_cancel_and_input_items(self):
+        items = [{'role': 'system', 'content': 'be brief', 'id': 'msg_given'},
+                 {'type': 'message', 'role': 'user',
+                  'content': [{'type': 'input_text', 'text': 'hi'}]}]
+        reply = respond(self.port, {'input': items, 'max_output_tokens': 2})
+        path = '/v1/responses/' + reply['id']
+        status, response, got = get_json(self.port, path)
+        self.assertEqual(status, 200)
+        self.assertEqual(got, reply)
+        self.assertEqual(response.getheader('X-Replica'), self.mock.names[0])
+        status, _, cancelled = post_json(self.port, path + '/cancel', None)
+        self.assertEqual((status, cancelled), (200, reply))
+        status, _, listed = get_json(self.port,
+                                     path + '/input_items?order=asc')
+        self.assertEqual(status, 200)
+        self.assertEqual(listed['object'], 'list')
+        self.assertFalse(listed['has_more'])
+        data = listed['data']
+        self.assertEqual([item['role'] for item in data], ['system', 'user'])
+        self.assertEqual(data[0]['id'], 'msg_given')
+        self.assertRegex(data[1]['id'], self.MESSAGE_ID)
+        self.assertEqual((listed['first_id'], listed['last_id']),
+                         ('msg_given', data[1]['id']))
+        _, _, newest_first = get_json(self.port, path + '/input_items')
+        self.assertEqual(newest_first['data'], data[::-1])
+        self.assertEqual(request(self.port, 'GET',
+                                 path + '/input_items?order=up')[0], 400)
+        self.assertEqual(request(self.port, 'PUT', path)[0], 405)
+        status, _, deleted = request(self.port, 'DELETE', path)
+        self.assertEqual((status, json.loads(deleted)), (200, {
+            'id': reply['id'], 'object': 'response', 'deleted': True}))
+        for method, suffix in (('GET', ''), ('DELETE', ''),
+                               ('POST', '/cancel'), ('GET', '/input_items')):
+            self.assert_not_found(self.port, method, path + suffix,
+                                  'Response', reply['id'])
+        self.assertEqual(stats(self.port)['not_found_total'], 4)
+
+    def test_stream_is_stored_while_it_runs(self):
+        conn, response = open_stream(self.port, '/v1/responses', {
+            'input': 'stream me', 'max_output_tokens': 100, 'stream': True})
+        try:
+            self.assertEqual(response.status, 200)
+            [(name, created)] = read_events(response, 1)
+            self.assertEqual(name, 'response.created')
+            response_id = created['response']['id']
+            self.assertRegex(response_id, self.RESPONSE_ID)
+            path = '/v1/responses/' + response_id
+            status, _, during = get_json(self.port, path)
+            self.assertEqual(status, 200)
+            self.assertEqual(during['status'], 'in_progress')
+            self.assertEqual(during['id'], response_id)
+            events = read_events(response)
+        finally:
+            conn.close()
+        self.assertEqual(events[-1][0], 'response.completed')
+        completed = events[-1][1]['response']
+        _, _, after = get_json(self.port, path)
+        self.assertEqual(after, completed)
+        self.assertEqual(after['status'], 'completed')
+        self.assertEqual(len(output_text(after)), 100 * model.CHARS_PER_TOKEN)
+        _, _, listed = get_json(self.port, path + '/input_items')
+        self.assertEqual(listed['data'][0]['content'],
+                         [{'type': 'input_text', 'text': 'stream me'}])
+
+    def test_cancel_while_in_progress(self):
+        conn, response = open_stream(self.port, '/v1/responses', {
+            'input': 'cancel me', 'max_output_tokens': 100, 'stream': True})
+        try:
+            [(_, created)] = read_events(response, 1)
+            path = '/v1/responses/' + created['response']['id']
+            status, _, cancelled = post_json(self.port, path + '/cancel', None)
+            self.assertEqual(status, 200)
+            self.assertEqual(cancelled['status'], 'cancelled')
+            read_events(response)
+        finally:
+            conn.close()
+        self.assertEqual(get_json(self.port, path)[2]['status'], 'cancelled')
+
+    def test_client_gone_mid_stream_cancels(self):
+        conn, response = open_stream(self.port, '/v1/responses', {
+            'input': 'hang up', 'max_output_tokens': 100, 'stream': True})
+        [(_, created)] = read_events(response, 1)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        time.sleep(0.4)                         # past the end of decode
+        _, _, after = get_json(self.port,
+                               '/v1/responses/' + created['response']['id'])
+        self.assertEqual(after['status'], 'cancelled')
+
+    def test_conversation(self):
+        system = block_text(6, 'conversation')
+        status, _, conversation = post_json(self.port, '/v1/conversations', {
+            'items': [{'type': 'message', 'role': 'system',
+                       'content': system}],
+            'metadata': {'topic': 'tests'}})
+        self.assertEqual(status, 200)
+        conversation_id = conversation['id']
+        self.assertRegex(conversation_id, r'conv_[0-9a-f]{32}')
+        self.assertEqual(conversation['object'], 'conversation')
+        self.assertEqual(conversation['metadata'], {'topic': 'tests'})
+        path = '/v1/conversations/' + conversation_id
+        self.assertEqual(get_json(self.port, path)[2], conversation)
+        first = respond(self.port, {'conversation': conversation_id,
+                                    'input': 'q1', 'max_output_tokens': 3})
+        self.assertEqual(first['conversation'], {'id': conversation_id})
+        history = chat_prompt_text([{'role': 'system', 'content': system}])
+        prompt1 = '\n' + history + user_items_text('q1')
+        self.assertEqual(first['usage']['input_tokens'],
+                         model.prompt_tokens(prompt1))
+        second = respond(self.port, {'conversation': {'id': conversation_id},
+                                     'input': 'q2', 'max_output_tokens': 2})
+        prompt2 = (prompt1 + 'assistant\n' + output_text(first) + '\n'
+                   + user_items_text('q2'))
+        self.assertEqual(second['usage']['input_tokens'],
+                         model.prompt_tokens(prompt2))
+        cached = second['usage']['input_tokens_details']['cached_tokens']
+        self.assertEqual(cached, expected_cached([prompt1], prompt2))
+        self.assertGreater(cached, 0)
+        _, _, items = get_json(self.port, path + '/items?order=asc')
+        self.assertEqual([(item['type'], item['role'])
+                          for item in items['data']],
+                         [('message', 'system'), ('message', 'user'),
+                          ('message', 'assistant'), ('message', 'user'),
+                          ('message', 'assistant')])
+        self.assertEqual(items['data'][2]['id'], first['output'][0]['id'])
+        self.assertEqual(items['last_id'], second['output'][0]['id'])
+        _, _, newest_first = get_json(self.port, path + '/items')
+        self.assertEqual(newest_first['data'], items['data'][::-1])
+        # another replica does not keep it
+        self.assert_not_found(self.other_port, 'POST', '/v1/responses',
+                              'Conversation', conversation_id,
+                              {'conversation': conversation_id, 'input': 'q'},
+                              'conversation')
+        self.assert_not_found(self.other_port, 'GET', path, 'Conversation',
+                              conversation_id)
+        self.assertEqual(stats(self.other_port)['not_found_total'], 2)
+        status, _, both = post_json(self.port, '/v1/responses', {
+            'conversation': conversation_id, 'input': 'q',
+            'previous_response_id': first['id']})
+        self.assertEqual(status, 400)
+        self.assertIn('Mutually exclusive', both['error']['message'])
+        status, _, deleted = request(self.port, 'DELETE', path)
+        self.assertEqual((status, json.loads(deleted)), (200, {
+            'id': conversation_id, 'object': 'conversation.deleted',
+            'deleted': True}))
+        for method, suffix in (('GET', ''), ('DELETE', ''), ('GET', '/items')):
+            self.assert_not_found(self.port, method, path + suffix,
+                                  'Conversation', conversation_id)
+        status, _, empty = post_json(self.port, '/v1/conversations', None)
+        self.assertEqual((status, empty['metadata']), (200, {}))
+
+    def test_store_false_is_not_stored(self):
+        reply = respond(self.port, {'input': 'forget me', 'store': False})
+        self.assertFalse(reply['store'])
+        self.assert_not_found(self.port, 'GET', '/v1/responses/' + reply['id'],
+                              'Response', reply['id'])
+        self.assert_not_found(self.port, 'POST', '/v1/responses', 'Response',
+                              reply['id'],
+                              {'previous_response_id': reply['id'],
+                               'input': 'again'},
+                              'previous_response_id')
+        figures = stats(self.port)
+        self.assertEqual(figures['stored_responses'], 0)
+        self.assertEqual(figures['not_found_total'], 2)
+        status, _, _ = post_json(self.port, '/v1/responses',
+                                 {'input': 'x', 'store': 'no'})
+        self.assertEqual(status, 400)
+
+    def test_reset_empties_the_stores(self):
+        reply = respond(self.port, {'input': 'before reset'})
+        _, _, conversation = post_json(self.port, '/v1/conversations', {})
+        request(self.port, 'GET', '/v1/responses/resp_unknown')
+        figures = stats(self.port)
+        self.assertEqual((figures['stored_responses'],
+                          figures['stored_conversations'],
+                          figures['not_found_total']), (1, 1, 1))
+        request(self.port, 'POST', '/reset')
+        figures = stats(self.port)
+        self.assertEqual((figures['stored_responses'],
+                          figures['stored_conversations'],
+                          figures['not_found_total']), (0, 0, 0))
+        self.assert_not_found(self.port, 'GET', '/v1/responses/' + reply['id'],
+                              'Response', reply['id'])
+        self.assert_not_found(self.port, 'GET',
+                              '/v1/conversations/' + conversation['id'],
+                              'Conversation', conversation['id'])
 
 
 class TimingTest(unittest.TestCase):
