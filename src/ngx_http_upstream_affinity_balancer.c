@@ -58,18 +58,21 @@ ngx_http_upstream_init_affinity(ngx_conf_t *cf,
     ascf = ngx_http_conf_upstream_srv_conf(us,
                                            ngx_http_upstream_affinity_module);
 
-    if (ascf->session_zone == NULL && ascf->prefix_zone == NULL) {
+    if (ascf->session_zone == NULL && ascf->prefix_zone == NULL
+        && ascf->response_zone == NULL)
+    {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "\"affinity_balance\" in upstream \"%V\" requires "
-                      "\"session_affinity\" or \"prefix_affinity\"",
-                      &us->host);
+                      "\"session_affinity\", \"prefix_affinity\" or "
+                      "\"response_affinity\"", &us->host);
         return NGX_ERROR;
     }
 
     /* one zone counts the in-flight requests: the sessions' if any */
 
     ascf->counter_zone = ascf->session_zone ? ascf->session_zone
-                                            : ascf->prefix_zone;
+                         : ascf->prefix_zone ? ascf->prefix_zone
+                         : ascf->response_zone;
 
     shctx = ascf->counter_zone->data;
     shctx->counts = 1;
@@ -173,6 +176,11 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
         ap->request.prefix_timeout = (uint32_t) ascf->prefix_timeout;
     }
 
+    if (ctx->continues) {
+        ap->request.continues = 1;
+        ap->request.owner = ctx->owner;
+    }
+
     ap->request.timeout = (uint32_t) ascf->session_timeout;
     ap->request.rotate = (uint32_t) ngx_random();
     ap->request.row = ap->shctx->row;
@@ -186,8 +194,9 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
 
 
 /*
- * What the balancer needs of a request: its session key and its prompt
- * levels, read from the headers and from the body (parsed once for both).
+ * What the balancer needs of a request: its session key, the stored
+ * response it continues and its prompt levels, read from the headers, the
+ * path and the body (parsed once for all).
  * Done once per request and upstream, by whoever asks first: the balancer,
  * or $affinity_session when proxy_set_header evaluates it, before the
  * balancer runs.  NULL on allocation failure only: a request without a
@@ -221,6 +230,10 @@ ngx_http_upstream_affinity_request(ngx_http_request_t *r,
 
     if (ascf->session_zone) {
         rc = ngx_http_upstream_affinity_session_key(r, ascf, ctx, &body);
+    }
+
+    if (rc == NGX_OK && ascf->response_zone) {
+        rc = ngx_http_upstream_affinity_continued(r, ascf, ctx, &body);
     }
 
     if (rc == NGX_OK && ascf->prefix_zone) {

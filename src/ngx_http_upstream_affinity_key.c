@@ -21,9 +21,6 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_FIELD_MAX  1024
 
 
-static ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
-    ngx_str_t *value);
 static ngx_int_t ngx_http_upstream_affinity_route_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_upstream_affinity_session_variable(
@@ -150,7 +147,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_upstream_affinity_field(ngx_http_request_t *r,
     ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
     ngx_str_t *value)
@@ -224,7 +221,7 @@ ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
     if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE
-        || ctx->route > AFFINITY_ROUTE_PREFIX_NEW)
+        || ctx->route >= AFFINITY_ROUTES)
     {
         v->not_found = 1;
         return NGX_OK;

@@ -4,7 +4,8 @@
  * and the parsers of its directives.  The rest is split by the role it has
  * in nginx: zones (..._zone.c), the peer view (..._peers.c), the balancer
  * (..._balancer.c), session keys in and out and the variables (..._key.c),
- * the request body (..._body.c) and the status page (..._status.c).
+ * the request body (..._body.c), Responses API continuations
+ * (..._response.c) and the status page (..._status.c).
  */
 
 
@@ -47,6 +48,8 @@ typedef struct {
 
 static ngx_int_t ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_preconfiguration(ngx_conf_t *cf);
+static ngx_int_t ngx_http_upstream_affinity_postconfiguration(
+    ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_init_process(
     ngx_cycle_t *cycle);
 static void ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle);
@@ -55,6 +58,8 @@ static void *ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf);
 static char *ngx_http_upstream_affinity_session(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_upstream_affinity_prefix(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_upstream_affinity_response(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_upstream_affinity_balance(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
@@ -90,6 +95,13 @@ static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
       0,
       NULL },
 
+    { ngx_string("response_affinity"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
+      ngx_http_upstream_affinity_response,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("affinity_balance"),
       NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
       ngx_http_upstream_affinity_balance,
@@ -110,7 +122,7 @@ static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
 
 static ngx_http_module_t  ngx_http_upstream_affinity_module_ctx = {
     ngx_http_upstream_affinity_preconfiguration, /* preconfiguration */
-    ngx_http_upstream_affinity_init_filter, /* postconfiguration */
+    ngx_http_upstream_affinity_postconfiguration, /* postconfiguration */
 
     NULL,                                  /* create main configuration */
     NULL,                                  /* init main configuration */
@@ -148,7 +160,9 @@ ngx_str_t  ngx_http_upstream_affinity_route_names[AFFINITY_ROUTES] = {
     ngx_string("session_spill"),
     ngx_string("fallback"),
     ngx_string("prefix_hit"),
-    ngx_string("prefix_new")
+    ngx_string("prefix_new"),
+    ngx_string("response_hit"),
+    ngx_string("response_lost")
 };
 
 
@@ -237,6 +251,17 @@ ngx_http_upstream_affinity_preconfiguration(ngx_conf_t *cf)
 
 
 static ngx_int_t
+ngx_http_upstream_affinity_postconfiguration(ngx_conf_t *cf)
+{
+    if (ngx_http_upstream_affinity_init_filter(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_upstream_affinity_init_response_filter(cf);
+}
+
+
+static ngx_int_t
 ngx_http_upstream_affinity_init_process(ngx_cycle_t *cycle)
 {
     if (ngx_process == NGX_PROCESS_WORKER
@@ -278,6 +303,7 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
      *     conf->generate = 0;
      *     conf->session_zone = NULL;
      *     conf->prefix_zone = NULL;
+     *     conf->response_zone = NULL;
      *     conf->schedule = NULL;
      *     conf->nschedule = 0;
      *     conf->counter_zone = NULL;
@@ -288,6 +314,7 @@ ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
     conf->cookie_max_age = NGX_CONF_UNSET;
     conf->session_timeout = 3600;
     conf->prefix_timeout = 600;
+    conf->response_timeout = 3600;
     conf->factor = 1250;
     conf->slack = 2;
 
@@ -716,6 +743,79 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
                                              zone.data ? &zone : NULL,
                                              &suffix, AFFINITY_ZONE_PREFIXES,
                                              &ascf->prefix_zone);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
+           ? NGX_CONF_OK : NGX_CONF_ERROR;
+}
+
+
+/*
+ * response_affinity [zone=NAME:SIZE] [timeout=TIME]: the peer of each
+ * response id the upstream produces, for the requests that continue it.
+ */
+
+static char *
+ngx_http_upstream_affinity_response(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
+
+    char        *rv;
+    ngx_str_t   *value, s, zone;
+    ngx_uint_t   i;
+
+    static ngx_str_t  suffix = ngx_string("_responses");
+    static ngx_str_t  once[] = {
+        ngx_string("zone="),
+        ngx_string("timeout="),
+        ngx_null_string
+    };
+
+    if (ascf->response_zone) {
+        return "is duplicate";
+    }
+
+    if (ngx_http_upstream_affinity_once(cf, once) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    value = cf->args->elts;
+    ngx_str_null(&zone);
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
+            zone.data = value[i].data + 5;
+            zone.len = value[i].len - 5;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
+            s.data = value[i].data + 8;
+            s.len = value[i].len - 8;
+
+            if (ngx_http_upstream_affinity_timeout(cf, &value[i], &s,
+                                                   &ascf->response_timeout)
+                != NGX_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
+
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    rv = ngx_http_upstream_affinity_add_zone(cf, ascf,
+                                             zone.data ? &zone : NULL,
+                                             &suffix, AFFINITY_ZONE_RESPONSES,
+                                             &ascf->response_zone);
     if (rv != NGX_CONF_OK) {
         return rv;
     }

@@ -58,6 +58,14 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_CONTINUED_ID,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ENCODED,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_FILE,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MEMORY,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MALFORMED,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TRUNCATED,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ID,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_NO_EVENT,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
 } ngx_http_upstream_affinity_warning_e;
 
@@ -113,7 +121,12 @@ typedef struct {
     uint32_t                               *schedule;   /* level lengths */
     ngx_uint_t                              nschedule;
 
-    /* the zone holding the in-flight counters: sessions', else prefixes' */
+    /* response_affinity */
+    ngx_shm_zone_t                         *response_zone;
+    time_t                                  response_timeout;
+
+    /* the zone holding the in-flight counters: sessions', else prefixes',
+       else responses' */
     ngx_shm_zone_t                         *counter_zone;
 
     /* affinity_balance */
@@ -135,7 +148,11 @@ typedef struct {
     ngx_uint_t                              prefix_len; /* matched level */
     affinity_level_t                       *levels;
     ngx_uint_t                              nlevels;
+    uint64_t                                owner;      /* of the response
+                                                           continued */
+    affinity_response_scan_t               *scan;      /* of the response */
     unsigned                                keyed:1;
+    unsigned                                continues:1;
     unsigned                                generated:1;
     unsigned                                echo:1;     /* safe in a cookie */
     unsigned                                exposed:1;  /* in the variable */
@@ -189,6 +206,9 @@ ngx_int_t ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_ctx_t *ctx,
     ngx_http_upstream_affinity_body_t *body);
+ngx_int_t ngx_http_upstream_affinity_field(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body, ngx_str_t *path,
+    ngx_str_t *value);
 
 /* ngx_http_upstream_affinity_body.c: the request body and its prompt */
 ngx_int_t ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
@@ -203,6 +223,13 @@ void ngx_http_upstream_affinity_body_exit(void);
 void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
     ngx_http_upstream_affinity_warning_e warning, const char *fmt,
     ngx_str_t *arg);
+
+/* ngx_http_upstream_affinity_response.c: Responses API continuations */
+ngx_int_t ngx_http_upstream_affinity_continued(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_ctx_t *ctx,
+    ngx_http_upstream_affinity_body_t *body);
+ngx_int_t ngx_http_upstream_affinity_init_response_filter(ngx_conf_t *cf);
 
 /* ngx_http_upstream_affinity_status.c: affinity_status */
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,

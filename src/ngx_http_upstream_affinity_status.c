@@ -339,6 +339,14 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
             goto failed;
         }
 
+        if (us[i].conf->response_zone
+            && json_object_set_new(zones, "responses",
+                   ngx_http_upstream_affinity_json_zone(
+                                                 us[i].conf->response_zone)))
+        {
+            goto failed;
+        }
+
         for (k = 1; k < AFFINITY_ROUTES; k++) {
             name = (const char *)
                        ngx_http_upstream_affinity_route_names[k].data;
@@ -429,13 +437,14 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
 
     ngx_http_upstream_affinity_zone_info(shm_zone, &info);
 
-    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
                      "s:{s:I,s:I,s:I,s:I,s:I}}",
                      "name", (char *) shm_zone->shm.name.data,
                      shm_zone->shm.name.len,
                      "size", (json_int_t) shm_zone->shm.size,
                      "capacity", (json_int_t) info.capacity,
                      "entries", (json_int_t) info.used,
+                     "inserts", (json_int_t) info.inserts,
                      "evictions", (json_int_t) info.evictions,
                      "expiries", (json_int_t) info.expiries,
                      "peer_slots", (json_int_t) info.peer_slots_used,
@@ -483,6 +492,7 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
 typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CAPACITY = 0,
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ENTRIES,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_INSERTS,
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EVICTIONS,
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EXPIRIES,
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SLOTS,
@@ -504,6 +514,10 @@ static ngx_http_upstream_affinity_metric_t
     { "nginx_upstream_affinity_zone_entries", "gauge",
       "Entries in use.",
       NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ENTRIES },
+    { "nginx_upstream_affinity_zone_inserts_total", "counter",
+      "Entries added: sessions pinned, prompt levels recorded, response "
+      "ids learned.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_INSERTS },
     { "nginx_upstream_affinity_zone_evictions_total", "counter",
       "Entries evicted to make room (least recently used).",
       NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EVICTIONS },
@@ -544,6 +558,8 @@ ngx_http_upstream_affinity_zone_value(affinity_zone_info_t *info,
         return info->capacity;
     case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ENTRIES:
         return info->used;
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_INSERTS:
+        return info->inserts;
     case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EVICTIONS:
         return info->evictions;
     case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_EXPIRIES:
@@ -683,8 +699,10 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     nzones = 0;
 
     for (i = 0; i < upstreams->nelts; i++) {
-        for (k = 0; k < 2; k++) {
-            zone = k ? us[i].conf->prefix_zone : us[i].conf->session_zone;
+        for (k = 0; k < 3; k++) {
+            zone = (k == 0) ? us[i].conf->session_zone
+                   : (k == 1) ? us[i].conf->prefix_zone
+                   : us[i].conf->response_zone;
 
             if (zone == NULL) {
                 continue;
@@ -703,7 +721,8 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
             }
 
             zones[nzones].zone = zone;
-            zones[nzones].kind = k ? "prefixes" : "sessions";
+            zones[nzones].kind = (k == 0) ? "sessions"
+                                 : (k == 1) ? "prefixes" : "responses";
             zones[nzones].label = ngx_http_upstream_affinity_label(r->pool,
                                                             &zone->shm.name);
             if (zones[nzones].label == NULL) {

@@ -271,9 +271,7 @@ void ResponseScan::close_container() noexcept
 
     state_ = kDone;
 
-    bool wanted = format_ == AFFINITY_RESPONSE_JSON
-                  ? object_seen_ != AFFINITY_OBJECT_NONE
-                  : object_seen_ == AFFINITY_OBJECT_RESPONSE;
+    bool wanted = object_seen_ != AFFINITY_OBJECT_NONE;
 
     if (wanted && have_id_) {
         found_object_ = object_seen_;
@@ -435,11 +433,21 @@ void ResponseScan::end_string() noexcept
         id_escaped_ = unusable_;
         have_id_ = !unusable_ && !id_too_long_ && id_len_ > 0;
 
-    } else if (capture_ == kCaptureObject && !unusable_) {
-        if (equals(object_buf_, object_len_, "response")) {
+    } else if (capture_ == kCaptureObject) {
+        if (unusable_) {
+            object_seen_ = AFFINITY_OBJECT_NONE;
+        } else if (equals(object_buf_, object_len_, "response")) {
             object_seen_ = AFFINITY_OBJECT_RESPONSE;
-        } else if (equals(object_buf_, object_len_, "conversation")) {
+        } else if (equals(object_buf_, object_len_, "conversation")
+                   && format_ == AFFINITY_RESPONSE_JSON)
+        {
             object_seen_ = AFFINITY_OBJECT_CONVERSATION;
+        }
+
+        // Another kind of object (a chat completion, a list): the rest of
+        // the body, however long, is not read.
+        if (object_seen_ == AFFINITY_OBJECT_NONE) {
+            stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_NO_ID);
         }
     }
 

@@ -131,6 +131,8 @@ use Time::HiRes qw(time sleep);
 my $T_DIR     = dirname(dirname(abs_path(__FILE__)));    # .../t
 my $REPO_DIR  = dirname($T_DIR);
 my $BACKEND   = File::Spec->catfile($T_DIR, 'backend.pl');
+my $MOCK      = File::Spec->catfile($REPO_DIR, 'bench', 'sim', 'mock_backend.py');
+my $PYTHON    = $ENV{PYTHON} // (-x '/usr/bin/python3' ? '/usr/bin/python3' : 'python3');
 my $DNS       = File::Spec->catfile($T_DIR, 'dns.pl');
 my $LOCALHOST = '127.0.0.1';
 my $MODULE_SO = 'ngx_http_upstream_affinity_module.so';
@@ -387,6 +389,41 @@ sub _wait_backend {
             if time > $deadline;
         sleep 0.02;
     }
+}
+
+# $t->start_mock_replicas($n, @options) - $n mock inference replicas
+# (bench/sim/mock_backend.py: OpenAI endpoints, stored responses), one
+# process each so that one can be stopped; @options are the mock's own.
+# Returns their ports.
+sub start_mock_replicas {
+    my ($self, $n, @options) = @_;
+    my @ports = map { $self->port } 1 .. $n;
+
+    for my $port (@ports) {
+        $self->{mocks}{$port} = _spawn($self->path("logs/mock-$port.log"),
+            $PYTHON, $MOCK, '--ports', $port, '--name-prefix', "replica-$port",
+            @options);
+    }
+
+    my $deadline = time + 30 * $SLOW;
+    for my $port (@ports) {
+        until (_port_open($port, $LOCALHOST)) {
+            croak "mock replica on port $port did not start: "
+                . _slurp($self->path("logs/mock-$port.log"))
+                if time > $deadline
+                   || waitpid($self->{mocks}{$port}, WNOHANG) == $self->{mocks}{$port};
+            sleep 0.05;
+        }
+    }
+    return wantarray ? @ports : $ports[0];
+}
+
+# $t->stop_mock_replica($port) - stops it; its port refuses connections.
+sub stop_mock_replica {
+    my ($self, $port) = @_;
+    my $pid = delete $self->{mocks}{$port} or croak "no mock replica on $port";
+    _terminate($pid, 'TERM', 10);
+    return;
 }
 
 # $t->backend_stats($key) - { port, inflight, max_inflight, requests }, and
@@ -1068,6 +1105,11 @@ sub _cleanup {
         my $b = delete $self->{backends}{$key};
         kill 'TERM', $b->{pid};
         push @{ $self->{stopping} }, $b->{pid};
+    }
+    for my $port (keys %{ $self->{mocks} // {} }) {
+        my $pid = delete $self->{mocks}{$port};
+        kill 'TERM', $pid;
+        push @{ $self->{stopping} }, $pid;
     }
     if (my $dns = delete $self->{dns}) {
         kill 'TERM', $dns->{pid};
