@@ -185,6 +185,19 @@ TEST(ResponseScan, JsonOfOtherObjectsTeachesNothing)
     }
 }
 
+TEST(ResponseScan, OtherObjectsAreNotReadPastTheirType)
+{
+    std::string body = "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\","
+                       "\"choices\":[{\"message\":{\"content\":\""
+                       + std::string(100000, 'x') + "\"}}]}";
+    Scan s = scan_json(body);
+    EXPECT_EQ(s.status, AFFINITY_SCAN_NONE);
+    EXPECT_EQ(s.reason, AFFINITY_SCAN_NO_ID);
+    std::vector<size_t> cut = {60};
+    Scan split = scan_pieces(AFFINITY_RESPONSE_JSON, body, cut);
+    EXPECT_EQ(split.fed, 60u);
+}
+
 TEST(ResponseScan, JsonKeyOrderAndWhitespaceDoNotMatter)
 {
     Scan s = scan_json(" \r\n{ \"object\" :\t\"response\" ,\n"
