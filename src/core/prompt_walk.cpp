@@ -77,6 +77,7 @@ private:
     Step record(std::string_view tag, std::string_view text) noexcept;
     Step compact(std::string_view tag, element value);
     Step model(object body) noexcept;
+    Step salt(object body) noexcept;
     Step tools(object body);
     Step conversation(object body);
     Step responses(object body);
@@ -121,6 +122,21 @@ Step PromptWalker::model(object body) noexcept
     }
 
     return record("model", text_of(value));
+}
+
+// vLLM's cache_salt keeps tenants from sharing cached prefixes: it is part
+// of the prompt's scope, right after the model, so that prompts with
+// different salts (or one and none) never share a level.  Bodies without
+// one hash as they always did.
+Step PromptWalker::salt(object body) noexcept
+{
+    element value;
+
+    if (!member(body, "cache_salt", value) || !is_string(value)) {
+        return Step::More;
+    }
+
+    return record("salt", text_of(value));
 }
 
 Step PromptWalker::tools(object body)
@@ -432,6 +448,10 @@ Step PromptWalker::conversation(object body)
 affinity_prompt_e PromptWalker::walk(object body)
 {
     Step step = model(body);
+
+    if (step == Step::More) {
+        step = salt(body);
+    }
 
     if (step == Step::More) {
         step = tools(body);

@@ -628,6 +628,44 @@ TEST(PromptCanonical, DifferentModelDiffersAtEveryLevel)
     EXPECT_EQ(c.equal, 0u);
 }
 
+TEST(PromptCanonical, CacheSaltScopesThePrompt)
+{
+    std::string text(3000, 'q');
+    auto salted = [&](const std::string &salt) {
+        return "{\"model\":\"m\",\"cache_salt\":" + js(salt)
+               + ",\"messages\":[{\"role\":\"user\",\"content\":"
+               + js(text) + "}]}";
+    };
+
+    // Different salts, or a salt and none, share no level.
+    Comparison other = compare(ok_levels(salted("tenant-a"), default_schedule()),
+                               ok_levels(salted("tenant-b"), default_schedule()));
+    EXPECT_GT(other.common, 3u);
+    EXPECT_EQ(other.equal, 0u);
+    Comparison none = compare(ok_levels(salted("tenant-a"), default_schedule()),
+                              ok_levels(user_chat(text, "m"),
+                                        default_schedule()));
+    EXPECT_GT(none.common, 3u);
+    EXPECT_EQ(none.equal, 0u);
+
+    // The same salt hashes alike, and sits after the model.
+    Comparison same = compare(ok_levels(salted("tenant-a"), default_schedule()),
+                              ok_levels(salted("tenant-a"), default_schedule()));
+    EXPECT_EQ(same.equal, same.common);
+    expect_canonical(ok_levels(salted("t"), every(50, 5000)),
+                     "model" + US + "m" + RS + "salt" + US + "t" + RS + "user"
+                         + US + text + RS,
+                     every(50, 5000));
+
+    // A salt that is not a string is not one.
+    std::string odd = "{\"model\":\"m\",\"cache_salt\":7,\"messages\":"
+                      "[{\"role\":\"user\",\"content\":" + js(text) + "}]}";
+    Comparison ignored = compare(ok_levels(odd, default_schedule()),
+                                 ok_levels(user_chat(text, "m"),
+                                           default_schedule()));
+    EXPECT_EQ(ignored.equal, ignored.common);
+}
+
 TEST(PromptCanonical, DifferentRoleDiffers)
 {
     std::string text(600, 'r');
