@@ -4,6 +4,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -222,5 +223,106 @@ void BM_PromptLevels(benchmark::State &state)
 }
 BENCHMARK(BM_PromptLevels)
     ->Arg(4 << 10)->Arg(32 << 10)->Arg(128 << 10)->Arg(1 << 20);
+
+// A Responses API object as vLLM writes it: the id first, "object" after
+// the instructions, then the output text; about `bytes` long.
+std::string response_body(size_t bytes, const std::string &id)
+{
+    std::string head = "{\"id\":\"" + id + "\",\"created_at\":1763900000,"
+                       "\"incomplete_details\":null,\"instructions\":"
+                       "\"You are a helpful assistant.\",\"metadata\":{},"
+                       "\"model\":\"llm\",\"object\":\"response\","
+                       "\"output\":[{\"type\":\"message\",\"id\":\"msg_1\","
+                       "\"status\":\"completed\",\"role\":\"assistant\","
+                       "\"content\":[{\"type\":\"output_text\",\"text\":\"";
+    std::string tail = "\",\"annotations\":[]}]}],\"status\":\"completed\","
+                       "\"usage\":{\"input_tokens\":812,\"output_tokens\":96}}";
+    std::string text;
+    while (head.size() + text.size() + tail.size() < bytes) {
+        text += "The answer, with a \\\"quoted\\\" word and more words. ";
+    }
+    return head + text + tail;
+}
+
+// What the module does per response: reads the body as nginx passes it
+// (4 KB buffers) until the id is known, then remembers it in the
+// responses zone.  Arg: body bytes, 0 for a stream's first event.
+void BM_ResponseLearn(benchmark::State &state)
+{
+    size_t bytes = static_cast<size_t>(state.range(0));
+    std::string id = "resp_3f1c2a9b8e7d4c6b5a4f3e2d1c0b9a87";
+    std::string body = bytes
+        ? response_body(bytes, id)
+        : "event: response.created\ndata: {\"type\":\"response.created\","
+          "\"sequence_number\":0,\"response\":{\"id\":\"" + id
+          + "\",\"created_at\":1763900000,\"instructions\":\"You are a "
+          "helpful assistant.\",\"model\":\"llm\",\"object\":\"response\","
+          "\"output\":[],\"status\":\"in_progress\"}}\n\n"
+          "event: response.output_text.delta\ndata: {\"type\":"
+          "\"response.output_text.delta\",\"delta\":\"The\"}\n\n";
+    affinity_response_format_e format = bytes ? AFFINITY_RESPONSE_JSON
+                                              : AFFINITY_RESPONSE_EVENTS;
+    Fleet fleet(4);
+    void *region = std::aligned_alloc(64, 8 << 20);
+    affinity_zone_t *responses = nullptr;
+    affinity_zone_attach(region, 8 << 20, AFFINITY_ZONE_RESPONSES, 16,
+                         &responses, nullptr, 0);
+    uint32_t now = 1;
+
+    for (auto _ : state) {
+        affinity_response_scan_t scan;
+        affinity_response_scan_start(&scan, format);
+        affinity_scan_e rc = AFFINITY_SCAN_MORE;
+        for (size_t at = 0; at < body.size() && rc == AFFINITY_SCAN_MORE;
+             at += 4096)
+        {
+            rc = affinity_response_scan(&scan, body.data() + at,
+                                        std::min<size_t>(4096,
+                                                         body.size() - at));
+        }
+        size_t len;
+        affinity_object_e object;
+        const char *found = affinity_response_scan_id(&scan, &len, &object);
+        uint64_t hash = affinity_zone_key_hash(responses, found, len);
+        affinity_responses_learn(responses, hash, fleet.peers[now % 4].id,
+                                 now, 3600);
+        now++;
+    }
+
+    std::free(region);
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));
+}
+BENCHMARK(BM_ResponseLearn)->Arg(0)->Arg(1 << 10)->Arg(16 << 10)
+    ->Arg(128 << 10);
+
+// The owner of a continued response: the id's hash and the lookup.
+void BM_ResponseOwner(benchmark::State &state)
+{
+    void *region = std::aligned_alloc(64, 8 << 20);
+    affinity_zone_t *responses = nullptr;
+    affinity_zone_attach(region, 8 << 20, AFFINITY_ZONE_RESPONSES, 16,
+                         &responses, nullptr, 0);
+    std::vector<std::string> ids;
+    for (int i = 0; i < 4096; i++) {
+        ids.push_back("resp_" + std::to_string(1000000007ULL * i));
+        affinity_responses_learn(responses,
+                                 affinity_zone_key_hash(responses,
+                                                        ids.back().data(),
+                                                        ids.back().size()),
+                                 42, 1, 3600);
+    }
+    size_t i = 0;
+
+    for (auto _ : state) {
+        const std::string &id = ids[i++ % ids.size()];
+        uint64_t hash = affinity_zone_key_hash(responses, id.data(),
+                                               id.size());
+        benchmark::DoNotOptimize(affinity_responses_owner(responses, hash, 2,
+                                                          3600));
+    }
+
+    std::free(region);
+}
+BENCHMARK(BM_ResponseOwner);
 
 }  // namespace
