@@ -32,6 +32,7 @@ my $rr = $t->port;
 my $status = $t->port;
 my $junk = $t->port;
 my $junk_proxy = $t->port;
+my $both = $t->port;
 
 my $long_id = 'resp_' . ('x' x 300);
 
@@ -69,6 +70,12 @@ $t->write_conf(proxy_conf($t,
         . proxied_upstream(junk => "        server 127.0.0.1:$junk;\n"
                                    . "        response_affinity zone=junk_responses:1m;",
                            $junk_proxy)
+        . proxied_upstream(both => servers(\@replicas)
+                                   . "        session_affinity header=X-Session-ID zone=both_sessions:1m;\n"
+                                   . "        response_affinity zone=both_responses:1m;",
+                           $both,
+                           log => 'access_log "' . $t->path('logs/both.log')
+                                  . '" route;')
         . $junk_server
         . "    server {\n        listen 127.0.0.1:$status;\n"
         . "        location / { affinity_status; }\n    }\n"));
@@ -170,6 +177,38 @@ like $prom, qr/route="response_hit"\} \d+$/m, 'prometheus: response_hit';
 my (undef, undef, $rr_misses) = run_chains($rr, 4);
 cmp_ok $rr_misses, '>', 0, 'behind round robin, follow-ups miss';
 note "round robin: $rr_misses of 160 turns missed";
+
+# ---- with sessions: the pin follows where the responses live -------------
+
+{
+    my $log = $t->path('logs/both.log');
+    my $ask = sub {
+        my ($session, $previous) = @_;
+        my $res = $t->http(POST => '/v1/responses', port => $both,
+            headers => { %ct, 'X-Session-ID' => $session },
+            body => create_body("from $session", $previous, 0));
+        return ($res, replica($res));
+    };
+    my $route = sub { (split /\|/, (AffinityConf::log_lines($log))[-1])[0] };
+
+    # Two sessions on two different replicas.
+    my ($first, $a) = $ask->('session-a');
+    is $route->(), 'session_new', 'a session is pinned';
+    my ($other, $b, $n) = (undef, $a, 0);
+    while ($b eq $a && $n++ < 50) {
+        ($other, $b) = $ask->("session-b$n");
+    }
+    isnt $b, $a, 'another session is on another replica';
+
+    # Session a continues a response that session b's replica stored.
+    my ($res, $where) = $ask->('session-a', response_id($other));
+    is $res->{status}, 200, 'a session continuing another replica\'s response';
+    is $where, $b, '... goes to that replica';
+    is $route->(), 'response_hit', '... as response_hit';
+    (undef, $where) = $ask->('session-a');
+    is $where, $b, '... and its pin followed: the next turn goes there too';
+    is $route->(), 'session_hit', '... as session_hit';
+}
 
 # ---- a continuation at any path of the API --------------------------------
 
