@@ -16,6 +16,7 @@ PACKAGES="
     libbenchmark-dev
     libclang-rt-dev
     libgtest-dev
+    libhiredis-dev
     libjansson-dev
     libpcre2-dev
     libsimdjson-dev
@@ -26,6 +27,7 @@ PACKAGES="
     perl
     python3
     python3-matplotlib
+    redis-server
     valgrind
     wrk
     zlib1g-dev

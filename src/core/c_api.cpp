@@ -14,6 +14,8 @@
 #include "process.h"
 #include "response_scan.h"
 #include "session_table.h"
+#include "prefix_table.h"
+#include "store_message.h"
 #include "worker_rows.h"
 #include "zone.h"
 
@@ -356,20 +358,49 @@ void affinity_responses_learn(affinity_zone_t *zone, uint64_t key_hash,
                               uint64_t peer_id, uint32_t now,
                               uint32_t timeout) noexcept
 {
-    if (peer_id == 0) {
+    if (peer_id != 0) {
+        SessionTable(zone_of(zone), now, timeout).pin(key_hash, peer_id);
+    }
+}
+
+void affinity_sessions_pin(affinity_zone_t *zone, uint64_t key_hash,
+                           uint64_t peer_id, uint32_t now,
+                           uint32_t timeout) noexcept
+{
+    if (peer_id != 0) {
+        SessionTable(zone_of(zone), now, timeout).pin(key_hash, peer_id);
+    }
+}
+
+void affinity_prefixes_record(affinity_zone_t *zone,
+                              const uint64_t *level_hashes, size_t nlevels,
+                              uint64_t peer_id, uint32_t now,
+                              uint32_t timeout) noexcept
+{
+    if (peer_id == 0 || level_hashes == nullptr) {
         return;
     }
 
-    SessionTable table(zone_of(zone), now, timeout);
-    SessionEntry *entry = table.find(key_hash);
+    PrefixTable table(zone_of(zone), now, timeout);
 
-    if (entry == nullptr) {
-        entry = table.insert(key_hash);
+    for (size_t i = 0; i < nlevels && i < AFFINITY_MAX_LEVELS; i++) {
+        table.record(table.key(level_hashes[i]), peer_id);
     }
+}
 
-    if (entry->peer != peer_id) {
-        table.repin(entry, peer_id);
-    }
+size_t affinity_store_encode(const affinity_store_message_t *message,
+                             void *out, size_t cap) noexcept
+{
+    return encode_store_message(*message, static_cast<uint8_t *>(out), cap);
+}
+
+int affinity_store_decode(const void *data, size_t len,
+                          affinity_store_message_t *message,
+                          uint64_t *levels, size_t levels_cap) noexcept
+{
+    return decode_store_message(static_cast<const uint8_t *>(data), len,
+                                *message, levels, levels_cap)
+           ? 0 : -1;
 }
 
 static_assert(sizeof(ResponseScan) <= sizeof(affinity_response_scan_t),

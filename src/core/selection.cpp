@@ -324,22 +324,6 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
     return placed;
 }
 
-// Pins a session to a peer, as the request's own choice.
-void pin(Zone zone, const affinity_request_t &request,
-         uint64_t peer_id) noexcept
-{
-    SessionTable table(zone, request.now, request.timeout);
-    SessionEntry *entry = table.find(request.key_hash);
-
-    if (entry == nullptr) {
-        entry = table.insert(request.key_hash);
-    }
-
-    if (entry->peer != peer_id) {
-        table.repin(entry, peer_id);
-    }
-}
-
 // Records every level of the prompt for the peer that got it: later prompts
 // that extend any part of it will find it there.
 void record_levels(PrefixTable &table, const uint64_t *keys, size_t nkeys,
@@ -392,7 +376,8 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         decision = {owner, AFFINITY_ROUTE_RESPONSE_HIT, 0, kNoSlot};
 
         if (request.has_key && sessions) {
-            pin(zone, request, peers[owner].id);
+            SessionTable(zone, request.now, request.timeout)
+                .pin(request.key_hash, peers[owner].id);
         }
 
     } else if (request.has_key && sessions) {

@@ -50,4 +50,17 @@ void SessionTable::repin(SessionEntry *entry, uint64_t peer) noexcept
     zone_.add_pins(peer, 1);
 }
 
+void SessionTable::pin(uint64_t key, uint64_t peer) noexcept
+{
+    SessionEntry *entry = find(key);
+
+    if (entry == nullptr) {
+        entry = insert(key);
+    }
+
+    if (entry->peer != peer) {
+        repin(entry, peer);
+    }
+}
+
 }  // namespace affinity

@@ -48,6 +48,10 @@ public:
     // Points an entry at another peer, keeping the per-peer pin counts.
     void repin(SessionEntry *entry, uint64_t peer) noexcept;
 
+    // Pins key to peer: its entry, made the most recently used, or a new
+    // one.
+    void pin(uint64_t key, uint64_t peer) noexcept;
+
 private:
     size_t expire(SessionBucket &bucket) noexcept;
     void drop(const SessionEntry &entry) noexcept;

@@ -590,6 +590,58 @@ AFFINITY_API const char *affinity_response_scan_id(
     affinity_object_e *object) AFFINITY_NOEXCEPT;
 
 
+/* ---- several instances: what they share through a store ------------- */
+
+typedef enum {
+    AFFINITY_STORE_PIN = 1,         /* a session key pinned to a peer */
+    AFFINITY_STORE_RESPONSE,        /* a response id produced by a peer */
+    AFFINITY_STORE_LEVELS           /* a prompt's levels served by a peer */
+} affinity_store_kind_e;
+
+/* Longest key a message carries: session keys and response ids. */
+#define AFFINITY_STORE_KEY_MAX       1024
+
+/* Longest message: its header and AFFINITY_MAX_LEVELS level hashes. */
+#define AFFINITY_STORE_MESSAGE_MAX   (24 + 8 * AFFINITY_MAX_LEVELS)
+
+typedef struct {
+    uint32_t                 kind;      /* affinity_store_kind_e */
+    uint32_t                 time;      /* seconds, when it was learned */
+    uint64_t                 instance;  /* who learned it */
+    uint64_t                 peer;      /* affinity_peer_id(), not 0 */
+    const char              *key;       /* PIN, RESPONSE: the raw key */
+    size_t                   key_len;
+    const uint64_t          *levels;    /* LEVELS: affinity_level_t.hash */
+    size_t                   nlevels;
+} affinity_store_message_t;
+
+/* Writes a message to out (AFFINITY_STORE_MESSAGE_MAX bytes suffice);
+ * returns its length, or 0 when it is not valid. */
+AFFINITY_API size_t affinity_store_encode(
+    const affinity_store_message_t *message, void *out, size_t cap)
+    AFFINITY_NOEXCEPT;
+
+/* Reads a message of len bytes: 0, or -1 when it is not one this version
+ * knows.  key points into data; levels are copied to the caller's array
+ * (AFFINITY_MAX_LEVELS entries suffice). */
+AFFINITY_API int affinity_store_decode(const void *data, size_t len,
+    affinity_store_message_t *message, uint64_t *levels, size_t levels_cap)
+    AFFINITY_NOEXCEPT;
+
+/* Applying what another instance learned, to this instance's zones (caller
+ * holds the zone lock; now and timeout in seconds). */
+
+/* Pins the session of key_hash (affinity_zone_key_hash()) to peer_id. */
+AFFINITY_API void affinity_sessions_pin(affinity_zone_t *zone,
+    uint64_t key_hash, uint64_t peer_id, uint32_t now, uint32_t timeout)
+    AFFINITY_NOEXCEPT;
+
+/* Records that peer_id served the prompt levels of these hashes. */
+AFFINITY_API void affinity_prefixes_record(affinity_zone_t *zone,
+    const uint64_t *level_hashes, size_t nlevels, uint64_t peer_id,
+    uint32_t now, uint32_t timeout) AFFINITY_NOEXCEPT;
+
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,123 @@
+// fuzz_store_message: a message read from the shared store
+// (affinity_store_decode), which any client of the store can write, and
+// applying it to this instance's zones.
+//
+// The input is the message, copied into a heap block of its exact size so
+// that AddressSanitizer reports any read past it.  Checked:
+//
+//   - a message decoded is written back (affinity_store_encode) byte for
+//     byte: the decoder accepts nothing the encoder would not write;
+//   - its key lies inside the input, its levels fit the caller's array;
+//   - applying it to a sessions, a prefixes and a responses zone (as the
+//     module does) keeps their counts consistent: entries never exceed the
+//     capacity.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "affinity_core.h"
+
+namespace {
+
+#define CHECK(cond)                                                         \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            __builtin_printf("fuzz_store_message: check failed: %s "        \
+                             "(line %d)\n", #cond, __LINE__);               \
+            __builtin_trap();                                               \
+        }                                                                   \
+    } while (0)
+
+struct Zones {
+    void *memory[3];
+    affinity_zone_t *zone[3];
+};
+
+Zones zones;
+
+void check_zone(affinity_zone_t *zone)
+{
+    affinity_zone_info_t info;
+    affinity_zone_info(zone, &info);
+    CHECK(info.used <= info.capacity);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int *, char ***)
+{
+    const affinity_zone_kind_e kinds[] = {AFFINITY_ZONE_SESSIONS,
+                                          AFFINITY_ZONE_PREFIXES,
+                                          AFFINITY_ZONE_RESPONSES};
+    for (int i = 0; i < 3; i++) {
+        zones.memory[i] = std::aligned_alloc(64, AFFINITY_ZONE_MIN_SIZE);
+        CHECK(zones.memory[i] != nullptr);
+        CHECK(affinity_zone_attach(zones.memory[i], AFFINITY_ZONE_MIN_SIZE,
+                                   kinds[i], 4, &zones.zone[i], nullptr, 0)
+              == AFFINITY_ATTACH_CREATED);
+    }
+    return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    uint8_t *copy = static_cast<uint8_t *>(std::malloc(size ? size : 1));
+    CHECK(copy != nullptr);
+    if (size) {
+        std::memcpy(copy, data, size);
+    }
+
+    uint64_t levels[AFFINITY_MAX_LEVELS];
+    affinity_store_message_t m;
+
+    if (affinity_store_decode(copy, size, &m, levels, AFFINITY_MAX_LEVELS)
+        == 0)
+    {
+        CHECK(m.peer != 0);
+
+        if (m.kind == AFFINITY_STORE_LEVELS) {
+            CHECK(m.levels == levels);
+            CHECK(m.nlevels >= 1 && m.nlevels <= AFFINITY_MAX_LEVELS);
+        } else {
+            CHECK(m.key >= reinterpret_cast<const char *>(copy));
+            CHECK(m.key + m.key_len
+                  <= reinterpret_cast<const char *>(copy) + size);
+            CHECK(m.key_len >= 1 && m.key_len <= AFFINITY_STORE_KEY_MAX);
+        }
+
+        std::vector<uint8_t> again(AFFINITY_STORE_MESSAGE_MAX + 1024);
+        size_t n = affinity_store_encode(&m, again.data(), again.size());
+        CHECK(n == size);
+        CHECK(std::memcmp(again.data(), copy, size) == 0);
+
+        uint32_t now = m.time % 100000;
+
+        switch (m.kind) {
+        case AFFINITY_STORE_PIN:
+            affinity_sessions_pin(zones.zone[0],
+                affinity_zone_key_hash(zones.zone[0], m.key, m.key_len),
+                m.peer, now, 3600);
+            check_zone(zones.zone[0]);
+            break;
+        case AFFINITY_STORE_LEVELS:
+            affinity_prefixes_record(zones.zone[1], m.levels, m.nlevels,
+                                     m.peer, now, 600);
+            check_zone(zones.zone[1]);
+            break;
+        case AFFINITY_STORE_RESPONSE:
+            affinity_responses_learn(zones.zone[2],
+                affinity_zone_key_hash(zones.zone[2], m.key, m.key_len),
+                m.peer, now, 3600);
+            check_zone(zones.zone[2]);
+            break;
+        default:
+            CHECK(false);
+        }
+    }
+
+    std::free(copy);
+    return 0;
+}

@@ -1,0 +1,207 @@
+// What instances share through a store: messages (affinity_store_encode /
+// decode) and applying them to a zone (affinity_sessions_pin,
+// affinity_prefixes_record, affinity_responses_learn).
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+using namespace affinity_test;
+
+namespace {
+
+std::vector<uint8_t> encode(const affinity_store_message_t &m)
+{
+    std::vector<uint8_t> out(AFFINITY_STORE_MESSAGE_MAX);
+    size_t n = affinity_store_encode(&m, out.data(), out.size());
+    out.resize(n);
+    return out;
+}
+
+TEST(StoreMessage, KeyedMessagesRoundTrip)
+{
+    for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE}) {
+        std::string key = "resp_0123\x01\xff key";
+        affinity_store_message_t m{};
+        m.kind = kind;
+        m.time = 1763900000;
+        m.instance = 0x0102030405060708ULL;
+        m.peer = 0xfedcba9876543210ULL;
+        m.key = key.data();
+        m.key_len = key.size();
+
+        std::vector<uint8_t> bytes = encode(m);
+        ASSERT_EQ(bytes.size(), 24 + key.size());
+
+        affinity_store_message_t d;
+        ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d,
+                                        nullptr, 0),
+                  0);
+        EXPECT_EQ(d.kind, kind);
+        EXPECT_EQ(d.time, m.time);
+        EXPECT_EQ(d.instance, m.instance);
+        EXPECT_EQ(d.peer, m.peer);
+        EXPECT_EQ(std::string(d.key, d.key_len), key);
+    }
+}
+
+TEST(StoreMessage, LevelsRoundTrip)
+{
+    std::vector<uint64_t> hashes;
+    for (uint64_t i = 0; i < AFFINITY_MAX_LEVELS; i++) {
+        hashes.push_back(i * 0x9e3779b97f4a7c15ULL);
+    }
+    affinity_store_message_t m{};
+    m.kind = AFFINITY_STORE_LEVELS;
+    m.peer = 7;
+    m.levels = hashes.data();
+    m.nlevels = hashes.size();
+
+    std::vector<uint8_t> bytes = encode(m);
+    ASSERT_EQ(bytes.size(), size_t(AFFINITY_STORE_MESSAGE_MAX));
+
+    uint64_t levels[AFFINITY_MAX_LEVELS];
+    affinity_store_message_t d;
+    ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, levels,
+                                    AFFINITY_MAX_LEVELS),
+              0);
+    ASSERT_EQ(d.nlevels, hashes.size());
+    EXPECT_EQ(std::vector<uint64_t>(d.levels, d.levels + d.nlevels), hashes);
+
+    // A caller array too small for them refuses the message.
+    EXPECT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, levels,
+                                    3),
+              -1);
+}
+
+TEST(StoreMessage, InvalidMessagesAreNotWritten)
+{
+    std::string key(AFFINITY_STORE_KEY_MAX + 1, 'k');
+    affinity_store_message_t m{};
+    m.kind = AFFINITY_STORE_PIN;
+    m.peer = 1;
+    m.key = key.data();
+    m.key_len = key.size();
+    EXPECT_TRUE(encode(m).empty()) << "key too long";
+
+    m.key_len = 0;
+    EXPECT_TRUE(encode(m).empty()) << "no key";
+
+    m.key_len = 4;
+    m.peer = 0;
+    EXPECT_TRUE(encode(m).empty()) << "no peer";
+
+    m.peer = 1;
+    m.kind = 9;
+    EXPECT_TRUE(encode(m).empty()) << "unknown kind";
+
+    m.kind = AFFINITY_STORE_PIN;
+    uint8_t small[10];
+    EXPECT_EQ(affinity_store_encode(&m, small, sizeof(small)), 0u);
+}
+
+TEST(StoreMessage, DamagedMessagesAreRefused)
+{
+    std::string key = "session-1";
+    affinity_store_message_t m{};
+    m.kind = AFFINITY_STORE_PIN;
+    m.peer = 42;
+    m.key = key.data();
+    m.key_len = key.size();
+    std::vector<uint8_t> good = encode(m);
+    affinity_store_message_t d;
+
+    // Every truncation, and one byte more.
+    for (size_t n = 0; n < good.size(); n++) {
+        EXPECT_EQ(affinity_store_decode(good.data(), n, &d, nullptr, 0), -1)
+            << n;
+    }
+    std::vector<uint8_t> longer = good;
+    longer.push_back(0);
+    EXPECT_EQ(affinity_store_decode(longer.data(), longer.size(), &d,
+                                    nullptr, 0),
+              -1);
+
+    std::vector<uint8_t> version = good;
+    version[0] = 2;
+    EXPECT_EQ(affinity_store_decode(version.data(), version.size(), &d,
+                                    nullptr, 0),
+              -1);
+
+    std::vector<uint8_t> kind = good;
+    kind[1] = 0;
+    EXPECT_EQ(affinity_store_decode(kind.data(), kind.size(), &d, nullptr,
+                                    0),
+              -1);
+
+    // Levels whose length is not a multiple of 8.
+    std::vector<uint8_t> levels = good;
+    levels[1] = AFFINITY_STORE_LEVELS;
+    uint64_t out[AFFINITY_MAX_LEVELS];
+    EXPECT_EQ(affinity_store_decode(levels.data(), levels.size(), &d, out,
+                                    AFFINITY_MAX_LEVELS),
+              -1);
+}
+
+TEST(StoreApply, SessionPinsAndResponseIds)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    // Another instance pinned this session to peer 3: this one follows.
+    std::string key = "shared-session";
+    uint64_t hash = affinity_zone_key_hash(z.get(), key.data(), key.size());
+    affinity_sessions_pin(z.get(), hash, up.peer(3).id, router.now, 3600);
+    Routed r = router.route_key_released(key);
+    EXPECT_EQ(r.decision.peer, 3);
+    EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+
+    // And moves it when told so.
+    affinity_sessions_pin(z.get(), hash, up.peer(1).id, router.now, 3600);
+    EXPECT_EQ(router.route_key_released(key).decision.peer, 1);
+    EXPECT_EQ(up.total_pins(), 1);
+
+    TestZone responses(1 << 20, AFFINITY_ZONE_RESPONSES);
+    uint64_t id = affinity_zone_key_hash(responses.get(), "resp_1", 6);
+    affinity_responses_learn(responses.get(), id, up.peer(2).id, 10, 60);
+    EXPECT_EQ(affinity_responses_owner(responses.get(), id, 11, 60),
+              up.peer(2).id);
+}
+
+TEST(StoreApply, PrefixLevelsRouteLikeLocalOnes)
+{
+    TestZone z;
+    TestZone prefixes(1 << 20, AFFINITY_ZONE_PREFIXES);
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+
+    std::string body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"" + std::string(3000, 'p') + "\"}]}";
+    std::vector<affinity_level_t> levels =
+        prompt_levels(body, default_schedule()).levels;
+    ASSERT_GT(levels.size(), 3u);
+
+    // Where this instance would place the prompt on its own.
+    TestZone scratch(1 << 20, AFFINITY_ZONE_PREFIXES);
+    int own = router.route_prompt_released(scratch.get(), levels)
+                  .decision.peer;
+    int other = (own + 1) % 4;
+
+    std::vector<uint64_t> hashes;
+    for (const affinity_level_t &l : levels) {
+        hashes.push_back(l.hash);
+    }
+    affinity_prefixes_record(prefixes.get(), hashes.data(), hashes.size(),
+                             up.peer(size_t(other)).id, router.now, 600);
+
+    Routed r = router.route_prompt_released(prefixes.get(), levels);
+    EXPECT_EQ(r.decision.peer, other);
+    EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+    EXPECT_EQ(r.decision.prefix_len, levels.back().length);
+}
+
+}  // namespace
