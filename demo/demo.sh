@@ -2,11 +2,13 @@
 # make demo: a simulated LLM fleet (four mock OpenAI-compatible replicas with
 # KV caches) behind nginx with the affinity module.  Shows where requests go
 # with session ids and without, replays a slice of a real trace through
-# round robin and through the module to compare cache hit ratios, and runs a
-# short chat with the OpenAI Node client.  Everything listens on 127.0.0.1,
-# under build/demo/.
+# round robin and through the module to compare cache hit ratios, runs a
+# short chat with the OpenAI Node client, and a Responses API conversation
+# (previous_response_id) through the module and through round robin.
+# Everything listens on 127.0.0.1, under build/demo/.
 #
-#   DEMO_PORT=18080   nginx port (replicas on the next four ports)
+#   DEMO_PORT=18080   nginx port (replicas on the next four ports, nginx's
+#                     round robin on the fifth)
 #   DEMO_KEEP=1       leave nginx and the fleet running at the end
 set -euo pipefail
 
@@ -16,25 +18,51 @@ python="${PYTHON:-/usr/bin/python3}"
 port="${DEMO_PORT:-18080}"
 dir="$repo/build/demo"
 replicas=($((port + 1)) $((port + 2)) $((port + 3)) $((port + 4)))
+rr_port=$((port + 5))
 stats=$(printf 'http://127.0.0.1:%s/stats,' "${replicas[@]}")
 stats=${stats%,}
 
 [ -f "$module" ] || { echo "demo: $module missing; run make" >&2; exit 1; }
 
+mock_pid=""
+
+# stop: nginx and the fleet, this run's or a previous run's, and waits (up
+# to 5 s) until they are gone.
 stop() {
+    local pids=() pid alive _
     if [ -f "$dir/nginx.pid" ]; then
-        "$nginx" -p "$dir" -c "$dir/nginx.conf" -s quit 2>/dev/null || true
+        pid=$(cat "$dir/nginx.pid" 2>/dev/null || true)
+        "$nginx" -p "$dir" -c "$dir/nginx.conf" -s quit 2>/dev/null \
+            || { [ -n "$pid" ] && kill -QUIT "$pid" 2>/dev/null; } || true
+        [ -n "$pid" ] && pids+=("$pid")
     fi
     if [ -f "$dir/mock.pid" ]; then
-        kill "$(cat "$dir/mock.pid")" 2>/dev/null || true
+        pid=$(cat "$dir/mock.pid" 2>/dev/null || true)
+        [ -n "$pid" ] && kill "$pid" 2>/dev/null && pids+=("$pid")
         rm -f "$dir/mock.pid"
     fi
-    sleep 0.5
+    # the fleet started by this run, if it never wrote its pid file
+    if [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null; then
+        pids+=("$mock_pid")
+    fi
+    for _ in $(seq 50); do
+        alive=""
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ -z "$alive" ] && break
+        sleep 0.1
+    done
 }
 
 mkdir -p "$dir/tmp"
 stop
 rm -f "$dir"/*.log
+# From here on, however the script ends (an error, Ctrl-C), the fleet and
+# nginx are stopped, unless DEMO_KEEP=1.
+trap '[ "${DEMO_KEEP:-0}" = 1 ] || stop' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 servers=$(printf '        server 127.0.0.1:%s;\n' "${replicas[@]}")
 
@@ -55,16 +83,19 @@ http {
 
     # The module: sessions by id (header, cookie or the request's "user"),
     # ids generated for clients that send none; requests without an id are
-    # routed by their prompt.
+    # routed by their prompt; Responses API follow-ups (previous_response_id,
+    # /v1/responses/{id}) go to the replica that stored the response.
     upstream llm {
 $servers
         session_affinity header=X-Session-ID cookie=llm_session field=user
                          zone=demo_sessions:4m timeout=1h;
         prefix_affinity zone=demo_prefixes:8m;
+        response_affinity zone=demo_responses:4m timeout=1h;
         affinity_balance factor=1.25 slack=2;
     }
 
-    # The same fleet with nginx's default balancer, for comparison.
+    # The same fleet with nginx's default balancer, for comparison: under
+    # /round-robin/v1/ and on port $rr_port.
     upstream llm_round_robin {
 $servers
     }
@@ -85,6 +116,18 @@ $servers
             proxy_pass http://llm_round_robin/v1/;
         }
     }
+
+    server {
+        listen 127.0.0.1:$rr_port backlog=4096;
+
+        proxy_http_version 1.1;
+        proxy_buffering off;
+        proxy_read_timeout 300s;
+
+        location /v1/ {
+            proxy_pass http://llm_round_robin;
+        }
+    }
 }
 CONF
 
@@ -93,13 +136,18 @@ CONF
     --ports "$(IFS=,; echo "${replicas[*]}")" --time-scale 0.05 \
     --cache-tokens 4194304 --pidfile "$dir/mock.pid" \
     > "$dir/mock.log" 2>&1 &
+mock_pid=$!
 for _ in $(seq 50); do
     grep -q ready "$dir/mock.log" 2>/dev/null && break
     sleep 0.1
 done
+if ! grep -q ready "$dir/mock.log" 2>/dev/null; then
+    echo "demo: the mock replicas did not start; see $dir/mock.log:" >&2
+    tail -n 5 "$dir/mock.log" >&2
+    exit 1
+fi
 
 "$nginx" -p "$dir" -c "$dir/nginx.conf"
-trap '[ "${DEMO_KEEP:-0}" = 1 ] || stop' EXIT
 sleep 0.5
 
 # chat SESSION-ID TEXT...: one chat request; prints the replica, the route
@@ -187,13 +235,34 @@ done
 echo
 echo "4. A chat with the OpenAI Node client (defaultHeaders: X-Session-ID):"
 echo
+# The openai package at the version package-lock.json names (npm ci).
 client="$repo/demo/client"
-if [ ! -d "$client/node_modules/openai" ]; then
-    (cd "$client" && npm install --no-audit --no-fund --silent > /dev/null 2>&1) \
-        || echo "  (npm install openai failed; skipping the Node client)"
+locked=$(node -p 'require(process.argv[1]).packages["node_modules/openai"].version' \
+             "$client/package-lock.json" 2>/dev/null || true)
+installed=$(node -p 'require(process.argv[1]).version' \
+                "$client/node_modules/openai/package.json" 2>/dev/null || true)
+if [ -z "$installed" ] || [ "$installed" != "$locked" ]; then
+    (cd "$client" && npm ci --no-audit --no-fund --silent > /dev/null 2>&1) \
+        || echo "  (npm ci failed; skipping the Node client)"
 fi
-if [ -d "$client/node_modules/openai" ]; then
+node_client=0
+[ -f "$client/node_modules/openai/package.json" ] && node_client=1
+if [ "$node_client" = 1 ]; then
     node "$client/chat.mjs" "http://127.0.0.1:$port/v1" "node-demo-$$"
+fi
+
+echo
+echo "5. A Responses API conversation with the OpenAI Node client: each turn"
+echo "   sends only its new input and previous_response_id, and the replicas"
+echo "   keep stored responses in their own memory, as vLLM does. Through the"
+echo "   module every follow-up and the retrieve reach the replica that stored"
+echo "   the response (\$affinity_route response_hit). Round robin sends them"
+echo "   anywhere: a replica without the response answers 404, and the client"
+echo "   carries on from the last response it got."
+echo
+if [ "$node_client" = 1 ]; then
+    node "$client/responses.mjs" "http://127.0.0.1:$port/v1" \
+        "http://127.0.0.1:$rr_port/v1"
 fi
 
 echo
