@@ -45,6 +45,9 @@ static ngx_int_t ngx_http_upstream_affinity_round_robin(
     ngx_peer_connection_t *pc, ngx_http_upstream_affinity_peer_data_t *ap);
 static void ngx_http_upstream_affinity_count(
     ngx_http_upstream_affinity_peer_data_t *ap, affinity_peer_t *peer);
+static void ngx_http_upstream_affinity_share(
+    ngx_http_upstream_affinity_peer_data_t *ap,
+    affinity_decision_t *decision);
 
 
 ngx_int_t
@@ -414,6 +417,10 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     ap->ctx->route = decision.route;
     ap->ctx->prefix_len = decision.prefix_len;
 
+    if (ascf->store) {
+        ngx_http_upstream_affinity_share(ap, &decision);
+    }
+
 found:
 
     if (now - peer->checked > peer->fail_timeout) {
@@ -531,6 +538,54 @@ ngx_http_upstream_affinity_count(ngx_http_upstream_affinity_peer_data_t *ap,
     }
 
     ap->slot = slot;
+}
+
+
+/*
+ * What this decision taught, for the other instances (affinity_store): a
+ * session pinned or moved, and the peer that now holds the prompt's
+ * levels.  A session that stays where it was pinned teaches nothing new.
+ */
+
+static void
+ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
+    affinity_decision_t *decision)
+{
+    ngx_uint_t                         i;
+    uint64_t                           hashes[AFFINITY_MAX_LEVELS];
+    affinity_store_message_t           m;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ap->ctx;
+
+    ngx_memzero(&m, sizeof(affinity_store_message_t));
+    m.peer = ap->view->peers[decision->peer].id;
+
+    if (ap->request.has_key
+        && ap->conf->session_zone
+        && decision->route != AFFINITY_ROUTE_SESSION_HIT
+        && decision->route != AFFINITY_ROUTE_PREFIX_HIT
+        && decision->route != AFFINITY_ROUTE_PREFIX_NEW
+        && decision->route != AFFINITY_ROUTE_FALLBACK)
+    {
+        m.kind = AFFINITY_STORE_PIN;
+        m.key = (char *) ctx->key.data;
+        m.key_len = ctx->key.len;
+        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+    }
+
+    if (ap->request.nlevels) {
+        for (i = 0; i < ap->request.nlevels && i < AFFINITY_MAX_LEVELS; i++) {
+            hashes[i] = ap->request.levels[i].hash;
+        }
+
+        m.kind = AFFINITY_STORE_LEVELS;
+        m.key = NULL;
+        m.key_len = 0;
+        m.levels = hashes;
+        m.nlevels = i;
+        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+    }
 }
 
 

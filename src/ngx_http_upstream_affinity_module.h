@@ -104,6 +104,20 @@ typedef struct {
 } ngx_http_upstream_affinity_body_t;
 
 
+/* affinity_store: where the instances share what they learn */
+typedef struct {
+    ngx_str_t                               host;   /* NUL-terminated */
+    ngx_uint_t                              port;
+    ngx_str_t                               unix_path;  /* NUL-terminated */
+    ngx_str_t                               stream; /* NUL-terminated */
+    ngx_uint_t                              maxlen;
+    ngx_uint_t                              backlog;
+} ngx_http_upstream_affinity_store_conf_t;
+
+typedef struct ngx_http_upstream_affinity_store_s
+    ngx_http_upstream_affinity_store_t;
+
+
 typedef struct {
     /* session_affinity */
     ngx_array_t                            *sources;
@@ -124,6 +138,10 @@ typedef struct {
     /* response_affinity */
     ngx_shm_zone_t                         *response_zone;
     time_t                                  response_timeout;
+
+    /* affinity_store; the store is this worker's connections to it */
+    ngx_http_upstream_affinity_store_conf_t  *store_conf;
+    ngx_http_upstream_affinity_store_t      *store;
 
     /* the zone holding the in-flight counters: sessions', else prefixes',
        else responses' */
@@ -230,6 +248,13 @@ ngx_int_t ngx_http_upstream_affinity_continued(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx,
     ngx_http_upstream_affinity_body_t *body);
 ngx_int_t ngx_http_upstream_affinity_init_response_filter(ngx_conf_t *cf);
+
+/* ngx_http_upstream_affinity_store.c: several instances, one routing */
+void ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle);
+void ngx_http_upstream_affinity_store_exit(ngx_cycle_t *cycle);
+void ngx_http_upstream_affinity_store_publish(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    affinity_store_message_t *message);
 
 /* ngx_http_upstream_affinity_status.c: affinity_status */
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -397,6 +397,7 @@ ngx_http_upstream_affinity_learn(ngx_http_request_t *r,
     ngx_str_t                              *name;
     const char                             *id;
     affinity_object_e                       object;
+    affinity_store_message_t                m;
     ngx_http_upstream_affinity_shctx_t     *shctx;
     ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
@@ -421,6 +422,15 @@ ngx_http_upstream_affinity_learn(ngx_http_request_t *r,
     affinity_responses_learn(shctx->zone, hash, peer, (uint32_t) ngx_time(),
                              (uint32_t) ascf->response_timeout);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (ascf->store) {
+        ngx_memzero(&m, sizeof(affinity_store_message_t));
+        m.kind = AFFINITY_STORE_RESPONSE;
+        m.peer = peer;
+        m.key = id;
+        m.key_len = len;
+        ngx_http_upstream_affinity_store_publish(ascf, &m);
+    }
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "affinity learned %s \"%*s\"",

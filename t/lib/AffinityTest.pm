@@ -426,6 +426,32 @@ sub stop_mock_replica {
     return;
 }
 
+# $t->start_service($name, $port, @command) - runs @command (a server that
+# listens on 127.0.0.1:$port, e.g. redis-server) until stop_service or the
+# end of the test; its output goes to logs/$name.log.
+sub start_service {
+    my ($self, $name, $port, @command) = @_;
+    croak "service $name is already running" if $self->{services}{$name};
+    my $log = $self->path("logs/$name.log");
+    my $pid = _spawn($log, @command);
+    $self->{services}{$name} = $pid;
+    my $deadline = time + 15 * $SLOW;
+    until (_port_open($port, $LOCALHOST)) {
+        croak "$name did not start: " . _slurp($log)
+            if time > $deadline || waitpid($pid, WNOHANG) == $pid;
+        sleep 0.02;
+    }
+    return $pid;
+}
+
+# $t->stop_service($name, $signal = 'TERM') - stops it and waits for it.
+sub stop_service {
+    my ($self, $name, $signal) = @_;
+    my $pid = delete $self->{services}{$name} or croak "no service $name";
+    _terminate($pid, $signal // 'TERM', 10);
+    return;
+}
+
 # $t->backend_stats($key) - { port, inflight, max_inflight, requests }, and
 # addr for a backend not on 127.0.0.1.
 sub backend_stats {
@@ -1105,6 +1131,11 @@ sub _cleanup {
         my $b = delete $self->{backends}{$key};
         kill 'TERM', $b->{pid};
         push @{ $self->{stopping} }, $b->{pid};
+    }
+    for my $name (keys %{ $self->{services} // {} }) {
+        my $pid = delete $self->{services}{$name};
+        kill 'TERM', $pid;
+        push @{ $self->{stopping} }, $pid;
     }
     for my $port (keys %{ $self->{mocks} // {} }) {
         my $pid = delete $self->{mocks}{$port};

@@ -1,0 +1,829 @@
+
+/*
+ * Several nginx instances, one routing: what an instance learns (session
+ * pins, response ids, the peers that served a prompt's levels) is appended
+ * to a Redis stream, and every instance reads the stream and applies what
+ * the others learned to its own zones.  A request never waits for the
+ * store: publishing appends to the connection's output buffer, reading is
+ * done by the event loop; when the store is away, each instance routes on
+ * its own state, keeps what it learned meanwhile in a bounded backlog, and
+ * sends it when the store returns.
+ *
+ * The connections use hiredis' asynchronous API on nginx's event loop: a
+ * connection of nginx's own wraps the socket hiredis opened, and its read
+ * and write handlers call hiredis (level-triggered, since hiredis reads
+ * one buffer per call).  Each worker has two connections per upstream: one
+ * appends (XADD), one waits on the stream (XREAD BLOCK).
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_event.h>
+#include <ngx_http.h>
+
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+#include <hiredis/sds.h>
+
+#include "ngx_http_upstream_affinity_module.h"
+
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_CONNECT   2000    /* ms */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY     1000    /* ms */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK     5000    /* ms */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     1000    /* per read */
+
+/* output not yet written to the store beyond which messages are dropped */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
+
+
+/* a message kept while the store is away */
+typedef struct {
+    size_t                                  len;
+    u_char                                  data[AFFINITY_STORE_MESSAGE_MAX];
+} ngx_http_upstream_affinity_backlog_t;
+
+
+/* the store of one upstream, in one worker */
+struct ngx_http_upstream_affinity_store_s {
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
+    ngx_log_t                              *log;
+    redisAsyncContext                      *writer;
+    redisAsyncContext                      *reader;
+    ngx_event_t                             retry;
+    ngx_event_t                             timeout;
+    uint64_t                                instance;
+
+    /* the id of the last stream entry read */
+    char                                    last[64];
+
+    /* messages learned while the store was away: a ring */
+    ngx_http_upstream_affinity_backlog_t   *backlog;
+    ngx_uint_t                              first;
+    ngx_uint_t                              queued;
+
+    ngx_uint_t                              dropped;
+    unsigned                                up:1;       /* both connected */
+    unsigned                                warned:1;   /* since it left */
+    unsigned                                exiting:1;
+};
+
+
+static void ngx_http_upstream_affinity_store_connect(
+    ngx_http_upstream_affinity_store_t *store);
+static redisAsyncContext *ngx_http_upstream_affinity_store_open(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_connected(
+    const redisAsyncContext *ac, int status);
+static void ngx_http_upstream_affinity_store_disconnected(
+    const redisAsyncContext *ac, int status);
+static void ngx_http_upstream_affinity_store_lost(
+    ngx_http_upstream_affinity_store_t *store, const char *why);
+static void ngx_http_upstream_affinity_store_retry(ngx_event_t *ev);
+static void ngx_http_upstream_affinity_store_timeout(ngx_event_t *ev);
+static void ngx_http_upstream_affinity_store_send(
+    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len);
+static void ngx_http_upstream_affinity_store_flush(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac,
+    void *reply, void *data);
+static void ngx_http_upstream_affinity_store_read(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac,
+    void *reply, void *data);
+static void ngx_http_upstream_affinity_store_apply(
+    ngx_http_upstream_affinity_store_t *store, redisReply *fields);
+
+static ngx_int_t ngx_http_upstream_affinity_store_attach(
+    redisAsyncContext *ac, ngx_log_t *log);
+static void ngx_http_upstream_affinity_store_add_read(void *data);
+static void ngx_http_upstream_affinity_store_del_read(void *data);
+static void ngx_http_upstream_affinity_store_add_write(void *data);
+static void ngx_http_upstream_affinity_store_del_write(void *data);
+static void ngx_http_upstream_affinity_store_cleanup(void *data);
+static void ngx_http_upstream_affinity_store_readable(ngx_event_t *ev);
+static void ngx_http_upstream_affinity_store_writable(ngx_event_t *ev);
+
+
+/* each worker opens the stores of the upstreams that have one */
+
+void
+ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                               i;
+    affinity_zone_info_t                     info;
+    ngx_http_upstream_srv_conf_t           **uscfp;
+    ngx_http_upstream_main_conf_t           *umcf;
+    ngx_http_upstream_affinity_store_t      *store;
+    ngx_http_upstream_affinity_shctx_t      *shctx;
+    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+
+    umcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_upstream_module);
+    if (umcf == NULL) {
+        return;
+    }
+
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;
+        }
+
+        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (ascf == NULL || ascf->store_conf == NULL
+            || ascf->counter_zone == NULL)
+        {
+            continue;
+        }
+
+        store = ngx_pcalloc(cycle->pool,
+                            sizeof(ngx_http_upstream_affinity_store_t));
+        if (store == NULL) {
+            continue;
+        }
+
+        store->backlog = ngx_alloc(ascf->store_conf->backlog
+                                 * sizeof(ngx_http_upstream_affinity_backlog_t),
+                                   cycle->log);
+        if (store->backlog == NULL) {
+            continue;
+        }
+
+        /*
+         * The instance is known by the random seed of its counter zone:
+         * every worker of one nginx shares it, across reloads, and another
+         * nginx has its own.
+         */
+
+        shctx = ascf->counter_zone->data;
+        affinity_zone_info(shctx->zone, &info);
+
+        store->conf = ascf;
+        store->log = cycle->log;
+        store->instance = info.seed;
+
+        /* entries still in the stream are applied if not expired */
+        ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
+                    sizeof(store->last));
+
+        store->retry.handler = ngx_http_upstream_affinity_store_retry;
+        store->retry.data = store;
+        store->retry.log = cycle->log;
+        store->retry.cancelable = 1;
+
+        store->timeout.handler = ngx_http_upstream_affinity_store_timeout;
+        store->timeout.data = store;
+        store->timeout.log = cycle->log;
+        store->timeout.cancelable = 1;
+
+        ascf->store = store;
+
+        ngx_http_upstream_affinity_store_connect(store);
+    }
+}
+
+
+void
+ngx_http_upstream_affinity_store_exit(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                               i;
+    ngx_http_upstream_srv_conf_t           **uscfp;
+    ngx_http_upstream_main_conf_t           *umcf;
+    ngx_http_upstream_affinity_store_t      *store;
+    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+
+    umcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_upstream_module);
+    if (umcf == NULL) {
+        return;
+    }
+
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;
+        }
+
+        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (ascf == NULL || ascf->store == NULL) {
+            continue;
+        }
+
+        store = ascf->store;
+        store->exiting = 1;
+
+        if (store->writer) {
+            redisAsyncFree(store->writer);
+        }
+
+        if (store->reader) {
+            redisAsyncFree(store->reader);
+        }
+
+        ngx_free(store->backlog);
+        ascf->store = NULL;
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_connect(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    store->writer = ngx_http_upstream_affinity_store_open(store);
+    store->reader = ngx_http_upstream_affinity_store_open(store);
+
+    if (store->writer == NULL || store->reader == NULL) {
+        ngx_http_upstream_affinity_store_lost(store, "cannot connect");
+        return;
+    }
+
+    ngx_add_timer(&store->timeout, NGX_HTTP_UPSTREAM_AFFINITY_STORE_CONNECT);
+}
+
+
+static redisAsyncContext *
+ngx_http_upstream_affinity_store_open(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    redisAsyncContext                       *ac;
+    ngx_http_upstream_affinity_store_conf_t *scf;
+
+    scf = store->conf->store_conf;
+
+    if (scf->unix_path.len) {
+        ac = redisAsyncConnectUnix((char *) scf->unix_path.data);
+
+    } else {
+        ac = redisAsyncConnect((char *) scf->host.data, (int) scf->port);
+    }
+
+    if (ac == NULL) {
+        return NULL;
+    }
+
+    if (ac->err
+        || ngx_http_upstream_affinity_store_attach(ac, store->log) != NGX_OK)
+    {
+        redisAsyncFree(ac);
+        return NULL;
+    }
+
+    ac->data = store;
+
+    redisAsyncSetConnectCallback(ac,
+                                 ngx_http_upstream_affinity_store_connected);
+    redisAsyncSetDisconnectCallback(ac,
+                                 ngx_http_upstream_affinity_store_disconnected);
+
+    return ac;
+}
+
+
+static void
+ngx_http_upstream_affinity_store_connected(const redisAsyncContext *ac,
+    int status)
+{
+    ngx_http_upstream_affinity_store_t  *store = ac->data;
+
+    if (ac != store->writer && ac != store->reader) {
+        return;     /* given up on already */
+    }
+
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this callback */
+
+        if (ac == store->writer) {
+            store->writer = NULL;
+
+        } else if (ac == store->reader) {
+            store->reader = NULL;
+        }
+
+        ngx_http_upstream_affinity_store_lost(store, ac->errstr);
+        return;
+    }
+
+    if (!(store->writer && (store->writer->c.flags & REDIS_CONNECTED)
+          && store->reader && (store->reader->c.flags & REDIS_CONNECTED)))
+    {
+        return;
+    }
+
+    if (store->timeout.timer_set) {
+        ngx_del_timer(&store->timeout);
+    }
+
+    store->up = 1;
+
+    if (store->warned) {
+        ngx_log_error(NGX_LOG_NOTICE, store->log, 0,
+                      "affinity: store of upstream \"%V\" is back, "
+                      "%ui messages to send, %ui dropped",
+                      &store->conf->name, store->queued, store->dropped);
+        store->warned = 0;
+        store->dropped = 0;
+    }
+
+    ngx_http_upstream_affinity_store_flush(store);
+    ngx_http_upstream_affinity_store_read(store);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_disconnected(const redisAsyncContext *ac,
+    int status)
+{
+    ngx_http_upstream_affinity_store_t  *store = ac->data;
+
+    if (store->exiting || (ac != store->writer && ac != store->reader)) {
+        return;     /* closed on purpose */
+    }
+
+    if (ac == store->writer) {
+        store->writer = NULL;
+
+    } else {
+        store->reader = NULL;
+    }
+
+    ngx_http_upstream_affinity_store_lost(store,
+                            ac->errstr ? ac->errstr : "connection closed");
+}
+
+
+/*
+ * Either connection failed: both are closed and opened again after a
+ * while.  Said once per outage, with the reason.
+ */
+
+static void
+ngx_http_upstream_affinity_store_lost(
+    ngx_http_upstream_affinity_store_t *store, const char *why)
+{
+    redisAsyncContext  *ac;
+
+    if (store->exiting) {
+        return;
+    }
+
+    if (!store->warned) {
+        ngx_log_error(NGX_LOG_WARN, store->log, 0,
+                      "affinity: store of upstream \"%V\" unavailable (%s), "
+                      "routing on this instance's own state",
+                      &store->conf->name, why ? why : "unknown");
+        store->warned = 1;
+    }
+
+    store->up = 0;
+
+    if (store->timeout.timer_set) {
+        ngx_del_timer(&store->timeout);
+    }
+
+    /* the disconnect callbacks find the pointers cleared already */
+
+    ac = store->writer;
+    store->writer = NULL;
+
+    if (ac) {
+        redisAsyncFree(ac);
+    }
+
+    ac = store->reader;
+    store->reader = NULL;
+
+    if (ac) {
+        redisAsyncFree(ac);
+    }
+
+    if (!store->retry.timer_set) {
+        ngx_add_timer(&store->retry, NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_retry(ngx_event_t *ev)
+{
+    ngx_http_upstream_affinity_store_t  *store = ev->data;
+
+    if (ngx_exiting || ngx_terminate || ngx_quit) {
+        return;
+    }
+
+    ngx_http_upstream_affinity_store_connect(store);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_timeout(ngx_event_t *ev)
+{
+    ngx_http_upstream_affinity_store_lost(ev->data, "connect timed out");
+}
+
+
+/*
+ * What this instance learned, for the others: sent at once when the store
+ * is there, else kept in the backlog (the oldest give way).  Never blocks.
+ */
+
+void
+ngx_http_upstream_affinity_store_publish(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    affinity_store_message_t *message)
+{
+    size_t                                 len;
+    ngx_uint_t                             n;
+    ngx_http_upstream_affinity_store_t    *store;
+    ngx_http_upstream_affinity_backlog_t  *b;
+    u_char                                 buf[AFFINITY_STORE_MESSAGE_MAX];
+
+    store = ascf->store;
+
+    if (store == NULL) {
+        return;
+    }
+
+    message->instance = store->instance;
+    message->time = (uint32_t) ngx_time();
+
+    len = affinity_store_encode(message, buf, sizeof(buf));
+
+    if (len == 0) {
+        return;
+    }
+
+    if (store->up && store->queued == 0) {
+        ngx_http_upstream_affinity_store_send(store, buf, len);
+        return;
+    }
+
+    n = store->conf->store_conf->backlog;
+
+    if (store->queued == n) {
+        store->first = (store->first + 1) % n;
+        store->queued--;
+        store->dropped++;
+    }
+
+    b = &store->backlog[(store->first + store->queued) % n];
+    b->len = len;
+    ngx_memcpy(b->data, buf, len);
+    store->queued++;
+}
+
+
+static void
+ngx_http_upstream_affinity_store_send(
+    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len)
+{
+    ngx_http_upstream_affinity_store_conf_t  *scf;
+
+    scf = store->conf->store_conf;
+
+    /* a store that takes nothing in must not fill the worker's memory */
+
+    if (sdslen(store->writer->c.obuf)
+        > NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING)
+    {
+        store->dropped++;
+        return;
+    }
+
+    (void) redisAsyncCommand(store->writer,
+                             ngx_http_upstream_affinity_store_sent, store,
+                             "XADD %s MAXLEN ~ %lu * m %b",
+                             scf->stream.data, (unsigned long) scf->maxlen,
+                             data, len);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_flush(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    ngx_uint_t                             n;
+    ngx_http_upstream_affinity_backlog_t  *b;
+
+    n = store->conf->store_conf->backlog;
+
+    while (store->queued && store->writer) {
+        b = &store->backlog[store->first];
+        ngx_http_upstream_affinity_store_send(store, b->data, b->len);
+        store->first = (store->first + 1) % n;
+        store->queued--;
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
+    void *data)
+{
+    redisReply                          *r = reply;
+    ngx_http_upstream_affinity_store_t  *store = data;
+
+    static ngx_uint_t  warned;
+
+    if (r && r->type == REDIS_REPLY_ERROR && !warned) {
+        ngx_log_error(NGX_LOG_WARN, store->log, 0,
+                      "affinity: store of upstream \"%V\" refused a "
+                      "message: %*s", &store->conf->name,
+                      (size_t) r->len, r->str);
+        warned = 1;
+    }
+}
+
+
+/* the next entries of the stream, waiting for them on the store's side */
+
+static void
+ngx_http_upstream_affinity_store_read(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    if (store->reader == NULL) {
+        return;
+    }
+
+    (void) redisAsyncCommand(store->reader,
+                             ngx_http_upstream_affinity_store_entries, store,
+                             "XREAD COUNT %d BLOCK %d STREAMS %s %s",
+                             NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT,
+                             NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK,
+                             store->conf->store_conf->stream.data,
+                             store->last);
+}
+
+
+/*
+ * A reply of XREAD: nil when nothing came within the block time, else
+ * [[stream, [[id, [field, value, ...]], ...]]].  Anything else in it is
+ * skipped: the store is written by others.
+ */
+
+static void
+ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
+    void *data)
+{
+    redisReply                          *r = reply;
+    redisReply                          *stream, *entries, *entry;
+    ngx_uint_t                           i, j;
+    ngx_http_upstream_affinity_store_t  *store = data;
+
+    if (r == NULL || store->reader != ac) {
+        return;     /* the connection is going away */
+    }
+
+    if (r->type == REDIS_REPLY_ERROR) {
+        ngx_http_upstream_affinity_store_lost(store, r->str);
+        return;
+    }
+
+    if (r->type == REDIS_REPLY_ARRAY) {
+        for (i = 0; i < r->elements; i++) {
+            stream = r->element[i];
+
+            if (stream->type != REDIS_REPLY_ARRAY || stream->elements != 2
+                || stream->element[1]->type != REDIS_REPLY_ARRAY)
+            {
+                continue;
+            }
+
+            entries = stream->element[1];
+
+            for (j = 0; j < entries->elements; j++) {
+                entry = entries->element[j];
+
+                if (entry->type != REDIS_REPLY_ARRAY || entry->elements != 2
+                    || entry->element[0]->type != REDIS_REPLY_STRING
+                    || entry->element[0]->len >= sizeof(store->last))
+                {
+                    continue;
+                }
+
+                ngx_memcpy(store->last, entry->element[0]->str,
+                           entry->element[0]->len);
+                store->last[entry->element[0]->len] = '\0';
+
+                if (entry->element[1]->type == REDIS_REPLY_ARRAY) {
+                    ngx_http_upstream_affinity_store_apply(store,
+                                                           entry->element[1]);
+                }
+            }
+        }
+    }
+
+    ngx_http_upstream_affinity_store_read(store);
+}
+
+
+/* what another instance learned, into this instance's zones */
+
+static void
+ngx_http_upstream_affinity_store_apply(
+    ngx_http_upstream_affinity_store_t *store, redisReply *fields)
+{
+    time_t                                  now;
+    uint64_t                                hash;
+    uint64_t                                levels[AFFINITY_MAX_LEVELS];
+    ngx_uint_t                              i;
+    ngx_shm_zone_t                         *zone;
+    affinity_store_message_t                m;
+    ngx_http_upstream_affinity_shctx_t     *shctx;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    ascf = store->conf;
+    now = ngx_time();
+
+    for (i = 0; i + 1 < fields->elements; i += 2) {
+
+        if (fields->element[i]->type != REDIS_REPLY_STRING
+            || fields->element[i]->len != 1
+            || fields->element[i]->str[0] != 'm'
+            || fields->element[i + 1]->type != REDIS_REPLY_STRING)
+        {
+            continue;
+        }
+
+        if (affinity_store_decode(fields->element[i + 1]->str,
+                                  fields->element[i + 1]->len, &m, levels,
+                                  AFFINITY_MAX_LEVELS)
+            != 0
+            || m.instance == store->instance)
+        {
+            continue;
+        }
+
+        switch (m.kind) {
+
+        case AFFINITY_STORE_PIN:
+            zone = ascf->session_zone;
+
+            if (zone == NULL || now - m.time > ascf->session_timeout) {
+                continue;
+            }
+
+            shctx = zone->data;
+            hash = affinity_zone_key_hash(shctx->zone, m.key, m.key_len);
+
+            ngx_shmtx_lock(&shctx->shpool->mutex);
+            affinity_sessions_pin(shctx->zone, hash, m.peer, (uint32_t) now,
+                                  (uint32_t) ascf->session_timeout);
+            ngx_shmtx_unlock(&shctx->shpool->mutex);
+            break;
+
+        case AFFINITY_STORE_RESPONSE:
+            zone = ascf->response_zone;
+
+            if (zone == NULL || now - m.time > ascf->response_timeout) {
+                continue;
+            }
+
+            shctx = zone->data;
+            hash = affinity_zone_key_hash(shctx->zone, m.key, m.key_len);
+
+            ngx_shmtx_lock(&shctx->shpool->mutex);
+            affinity_responses_learn(shctx->zone, hash, m.peer,
+                                     (uint32_t) now,
+                                     (uint32_t) ascf->response_timeout);
+            ngx_shmtx_unlock(&shctx->shpool->mutex);
+            break;
+
+        case AFFINITY_STORE_LEVELS:
+            zone = ascf->prefix_zone;
+
+            if (zone == NULL || now - m.time > ascf->prefix_timeout) {
+                continue;
+            }
+
+            shctx = zone->data;
+
+            ngx_shmtx_lock(&shctx->shpool->mutex);
+            affinity_prefixes_record(shctx->zone, m.levels, m.nlevels,
+                                     m.peer, (uint32_t) now,
+                                     (uint32_t) ascf->prefix_timeout);
+            ngx_shmtx_unlock(&shctx->shpool->mutex);
+            break;
+        }
+    }
+}
+
+
+/*
+ * hiredis on nginx's event loop: the socket hiredis opened gets a
+ * connection of nginx's own, whose events call hiredis back.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_store_attach(redisAsyncContext *ac,
+    ngx_log_t *log)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_get_connection(ac->c.fd, log);
+    if (c == NULL) {
+        return NGX_ERROR;
+    }
+
+    c->data = ac;
+    c->log = log;
+    c->read->log = log;
+    c->write->log = log;
+    c->read->handler = ngx_http_upstream_affinity_store_readable;
+    c->write->handler = ngx_http_upstream_affinity_store_writable;
+
+    ac->ev.data = c;
+    ac->ev.addRead = ngx_http_upstream_affinity_store_add_read;
+    ac->ev.delRead = ngx_http_upstream_affinity_store_del_read;
+    ac->ev.addWrite = ngx_http_upstream_affinity_store_add_write;
+    ac->ev.delWrite = ngx_http_upstream_affinity_store_del_write;
+    ac->ev.cleanup = ngx_http_upstream_affinity_store_cleanup;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_upstream_affinity_store_add_read(void *data)
+{
+    ngx_connection_t  *c = data;
+
+    if (!c->read->active) {
+        (void) ngx_add_event(c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_del_read(void *data)
+{
+    ngx_connection_t  *c = data;
+
+    if (c->read->active) {
+        (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_add_write(void *data)
+{
+    ngx_connection_t  *c = data;
+
+    if (!c->write->active) {
+        (void) ngx_add_event(c->write, NGX_WRITE_EVENT, NGX_LEVEL_EVENT);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_del_write(void *data)
+{
+    ngx_connection_t  *c = data;
+
+    if (c->write->active) {
+        (void) ngx_del_event(c->write, NGX_WRITE_EVENT, 0);
+    }
+}
+
+
+/* hiredis closes the socket itself, after this */
+
+static void
+ngx_http_upstream_affinity_store_cleanup(void *data)
+{
+    ngx_connection_t  *c = data;
+
+    ngx_http_upstream_affinity_store_del_read(c);
+    ngx_http_upstream_affinity_store_del_write(c);
+
+    c->fd = (ngx_socket_t) -1;
+    ngx_free_connection(c);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_readable(ngx_event_t *ev)
+{
+    ngx_connection_t  *c = ev->data;
+
+    redisAsyncHandleRead(c->data);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_writable(ngx_event_t *ev)
+{
+    ngx_connection_t  *c = ev->data;
+
+    redisAsyncHandleWrite(c->data);
+}

@@ -1,0 +1,189 @@
+#!/usr/bin/env perl
+
+# Two nginx instances in front of the same four mock replicas share what
+# they learn through a real redis-server (affinity_store).  Instance A
+# sees three of the replicas as down, so everything it routes goes to the
+# fourth; instance B sees all four up, so on its own it would place
+# sessions and prompts on the ring and miss responses stored by A's
+# replica.  With the store, B follows A: sessions, prompts and response
+# ids learned on A route the same way on B.  Then the store is killed
+# under load (no request fails, each worker says so once) and restarted
+# (what A learned meanwhile reaches B within seconds).
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use JSON::PP;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers routes chat);
+
+my $redis_server = (grep { -x } map { "$_/redis-server" }
+                    split /:/, "$ENV{PATH}:/usr/bin:/usr/sbin")[0];
+plan skip_all => 'redis-server not installed' unless $redis_server;
+
+my $a = AffinityTest->new(workers => 2);
+my $b = AffinityTest->new(workers => 2);
+my @replicas = $a->start_mock_replicas(4, '--decode-ms-per-token', 0.5);
+my $redis = $a->port;
+my $stream = "affinity-test-$$";
+
+sub start_redis {
+    $a->start_service(redis => $redis, $redis_server, '--port', $redis,
+        '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
+}
+
+start_redis();
+
+my $only = $replicas[3];
+my %down = map { $_ => 'down' } @replicas[0 .. 2];
+
+sub upstream {
+    my (%extra) = @_;
+    return servers(\@replicas, %extra)
+        . "        session_affinity header=X-Session-ID zone=s:1m;\n"
+        . "        prefix_affinity zone=p:4m;\n"
+        . "        response_affinity zone=r:1m;\n"
+        . "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
+}
+
+$a->write_conf(proxy_conf($a, upstream(%down)));
+$b->write_conf(proxy_conf($b, upstream()));
+$a->start_nginx;
+$b->start_nginx;
+
+my $json = JSON::PP->new;
+my %ct = ('Content-Type' => 'application/json');
+
+sub replica { $_[0]{headers}{'x-replica-port'} // 'none' }
+
+sub ask {
+    my ($t, $session, %opt) = @_;
+    return $t->http(POST => '/v1/chat/completions',
+        headers => { %ct, defined $session ? ('X-Session-ID' => $session) : () },
+        body => $opt{body} // chat([ user => "Hello from $session" ]));
+}
+
+sub last_routes {
+    my ($t, $n) = @_;
+    my @r = routes($t);
+    return @r[-$n .. -1];
+}
+
+# Waits until $check returns true, at most $seconds.
+sub eventually {
+    my ($check, $seconds) = @_;
+    my $deadline = time + $seconds;
+    until ($check->()) {
+        return 0 if time > $deadline;
+        sleep 0.1;
+    }
+    return 1;
+}
+
+# ---- sessions --------------------------------------------------------------
+
+my @sessions = map { "shared-$_" } 1 .. 20;
+is scalar(grep { replica(ask($a, $_)) eq $only } @sessions), 20,
+    'instance A pins every session to the one replica it sees';
+sleep 0.5;
+
+my @on_b = map { replica(ask($b, $_)) } @sessions;
+is scalar(grep { $_ eq $only } @on_b), 20,
+    'instance B routes them to the same replica';
+is_deeply [ map { $_->{route} } last_routes($b, 20) ], [ ('session_hit') x 20 ],
+    '... as sessions it knows (session_hit)';
+
+# Without the store B would have spread them: where its ring puts new ones.
+my @fresh = map { replica(ask($b, "b-only-$_")) } 1 .. 20;
+cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
+    'sessions B places itself land elsewhere too (the test can tell)';
+
+# ---- prompts ---------------------------------------------------------------
+
+{
+    my $prompt = chat([ system => 'Shared instructions. ' x 40 ],
+                      [ user => 'A question only A has seen.' ]);
+    is replica(ask($a, undef, body => $prompt)), $only,
+        'a prompt without a session goes to A\'s replica';
+    sleep 0.5;
+    is replica(ask($b, undef, body => $prompt)), $only,
+        'B sends the same prompt there';
+    is((last_routes($b, 1))[0]{route}, 'prefix_hit', '... as prefix_hit');
+}
+
+# ---- response ids ----------------------------------------------------------
+
+{
+    my @ids;
+    for my $i (1 .. 10) {
+        my $res = $a->http(POST => '/v1/responses', headers => \%ct,
+            body => $json->encode({ model => 'm', input => "chain $i",
+                                    max_output_tokens => 4 }));
+        push @ids, $json->decode($res->{body})->{id} if $res->{status} == 200;
+    }
+    is scalar(@ids), 10, 'responses created through A';
+    sleep 0.5;
+    my @res = map {
+        $b->http(POST => '/v1/responses', headers => \%ct,
+            body => $json->encode({ model => 'm', input => 'next',
+                                    previous_response_id => $_,
+                                    max_output_tokens => 4 }))
+    } @ids;
+    is scalar(grep { $_->{status} == 200 } @res), 10,
+        'their follow-ups through B find them';
+    is_deeply [ map { $_->{route} } last_routes($b, 10) ],
+        [ ('response_hit') x 10 ], '... as response_hit';
+}
+
+# ---- the store goes away under load, and comes back ------------------------
+
+{
+    my @load = map {
+        my $t = $_ % 2 ? $a : $b;
+        { method => 'POST', path => '/v1/chat/completions', port => $t->listen_port,
+          headers => { %ct, 'X-Session-ID' => "load-$_" },
+          body => chat([ user => "load $_" ]) }
+    } 1 .. 40;
+
+    my @first = $a->parallel([ @load[0 .. 19] ]);
+    $a->stop_service('redis', 'KILL');
+    my @second = $a->parallel([ @load[20 .. 39] ]);
+    is scalar(grep { $_->{status} == 200 } @first, @second), 40,
+        'no request fails while the store goes away';
+
+    # Learned on A while the store is away.
+    my @outage = map { "outage-$_" } 1 .. 10;
+    is scalar(grep { replica(ask($a, $_)) eq $only } @outage), 10,
+        'A keeps routing on its own state';
+
+    for my $t ($a, $b) {
+        ok eventually(sub { $t->error_log =~ /store of upstream "llm" unavailable/ }, 5),
+            'the store\'s absence is logged';
+    }
+
+    start_redis();
+    ok eventually(sub { $a->error_log =~ /store of upstream "llm" is back/ }, 10),
+        'A finds the store back';
+    ok eventually(sub { $b->error_log =~ /store of upstream "llm" is back/ }, 10),
+        'B finds the store back';
+    sleep 1;
+
+    is scalar(grep { replica(ask($b, $_)) eq $only } @outage), 10,
+        'what A learned while the store was away reaches B';
+
+    for my $t ($a, $b) {
+        my $n = () = $t->error_log =~ /store of upstream "llm" unavailable/g;
+        cmp_ok $n, '<=', 2, "logged once per worker, not per request ($n)";
+    }
+}
+
+is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
+is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
+
+done_testing;
