@@ -114,10 +114,16 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
         }
     }
 
+    /* a GET, HEAD or DELETE has no body to miss: nothing to say */
+
     if (total == 0) {
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY,
-            "affinity: request without a body, balancing without it", NULL);
+        if (r->method & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH)) {
+            ngx_http_upstream_affinity_warn(r,
+                NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY,
+                "affinity: request without a body, balancing without it",
+                NULL);
+        }
+
         return NGX_DECLINED;
     }
 

@@ -19,11 +19,17 @@
 
 /*
  * A resource path: ".../NAME/{id}" followed by one of the tails (a tail
- * ending in "*" takes one more path segment).
+ * ending in "*" takes one more path segment), with the methods that act on
+ * the stored object there.
  */
 typedef struct {
+    ngx_str_t                               tail;
+    ngx_uint_t                              methods;
+} ngx_http_upstream_affinity_tail_t;
+
+typedef struct {
     ngx_str_t                               name;
-    ngx_str_t                              *tails;
+    ngx_http_upstream_affinity_tail_t      *tails;
 } ngx_http_upstream_affinity_resource_t;
 
 
@@ -47,23 +53,40 @@ static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 /*
  * GET and DELETE /v1/responses/{id}, POST .../{id}/cancel, GET
- * .../{id}/input_items; GET and DELETE /v1/conversations/{id}, and its
- * items.  Matched at any depth, so that a location prefix in front of
- * "/v1" does not matter.
+ * .../{id}/input_items; GET, POST (its metadata) and DELETE
+ * /v1/conversations/{id}, GET and POST its items, GET and DELETE one item.
+ * Matched at any depth, so that a location prefix in front of "/v1" does
+ * not matter.  Only these methods: POST /v1/responses/compact or
+ * /v1/responses/input_tokens name no stored response (their body may).
  */
 
-static ngx_str_t  ngx_http_upstream_affinity_response_tails[] = {
-    ngx_string(""),
-    ngx_string("/cancel"),
-    ngx_string("/input_items"),
-    { 0, NULL }
+#define NGX_HTTP_UPSTREAM_AFFINITY_READ  (NGX_HTTP_GET|NGX_HTTP_HEAD)
+
+static ngx_http_upstream_affinity_tail_t
+    ngx_http_upstream_affinity_response_tails[] = {
+    { ngx_string(""), NGX_HTTP_UPSTREAM_AFFINITY_READ|NGX_HTTP_DELETE },
+    { ngx_string("/cancel"), NGX_HTTP_POST },
+    { ngx_string("/input_items"), NGX_HTTP_UPSTREAM_AFFINITY_READ },
+    { ngx_null_string, 0 }
 };
 
-static ngx_str_t  ngx_http_upstream_affinity_conversation_tails[] = {
-    ngx_string(""),
-    ngx_string("/items"),
-    ngx_string("/items/*"),
-    { 0, NULL }
+static ngx_http_upstream_affinity_tail_t
+    ngx_http_upstream_affinity_conversation_tails[] = {
+    { ngx_string(""),
+      NGX_HTTP_UPSTREAM_AFFINITY_READ|NGX_HTTP_POST|NGX_HTTP_DELETE },
+    { ngx_string("/items"), NGX_HTTP_UPSTREAM_AFFINITY_READ|NGX_HTTP_POST },
+    { ngx_string("/items/*"),
+      NGX_HTTP_UPSTREAM_AFFINITY_READ|NGX_HTTP_DELETE },
+    { ngx_null_string, 0 }
+};
+
+/* the requests whose body may name what they continue */
+
+static ngx_str_t  ngx_http_upstream_affinity_body_paths[] = {
+    ngx_string("/responses"),
+    ngx_string("/responses/compact"),
+    ngx_string("/responses/input_tokens"),
+    ngx_null_string
 };
 
 static ngx_http_upstream_affinity_resource_t
@@ -137,6 +160,7 @@ ngx_http_upstream_affinity_path_id(ngx_http_request_t *r, ngx_str_t *id)
     u_char                                 *p, *start, *end, *last;
     size_t                                  rest;
     ngx_str_t                              *tail;
+    ngx_http_upstream_affinity_tail_t      *t;
     ngx_http_upstream_affinity_resource_t  *res;
 
     last = r->uri.data + r->uri.len;
@@ -165,7 +189,14 @@ ngx_http_upstream_affinity_path_id(ngx_http_request_t *r, ngx_str_t *id)
 
             rest = last - end;
 
-            for (tail = res->tails; tail->data; tail++) {
+            for (t = res->tails; t->tail.data; t++) {
+
+                if (!(r->method & t->methods)) {
+                    continue;
+                }
+
+                tail = &t->tail;
+
                 if (tail->len && tail->data[tail->len - 1] == '*') {
                     /* a sub-resource with an id of its own */
 
@@ -219,6 +250,20 @@ ngx_http_upstream_affinity_body_id(ngx_http_request_t *r,
     if (r->method != NGX_HTTP_POST
         || (r->headers_in.content_length_n <= 0 && !r->headers_in.chunked))
     {
+        return NGX_DECLINED;
+    }
+
+    for (field = ngx_http_upstream_affinity_body_paths; field->len; field++) {
+        if (r->uri.len >= field->len
+            && ngx_strncasecmp(r->uri.data + r->uri.len - field->len,
+                               field->data, field->len)
+               == 0)
+        {
+            break;
+        }
+    }
+
+    if (field->len == 0) {
         return NGX_DECLINED;
     }
 
@@ -359,8 +404,9 @@ ngx_http_upstream_affinity_response_body_filter(ngx_http_request_t *r,
 
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_FILE,
-                "affinity: response body went to a temporary file before "
-                "its id, not learned (raise proxy_buffers)", NULL);
+                "affinity: response body went to a temporary file, its id "
+                "is not learned (set proxy_max_temp_file_size 0; "
+                "proxy_cache and proxy_store always write one)", NULL);
             ctx->scan = NULL;
             return ngx_http_next_body_filter(r, in);
         }

@@ -221,6 +221,16 @@ note "round robin: $rr_misses of 160 turns missed";
     $res = $t->http(POST => "/v1/responses/$id/cancel",
                     port => $t->listen_port, headers => \%ct, body => '{}');
     is $res->{status}, 200, 'cancel reaches its replica';
+
+    # Not a response named "compact": the body says what it continues.
+    $t->http(POST => '/v1/responses/compact', port => $t->listen_port,
+             headers => \%ct,
+             body => $json->encode({ model => 'llm-test',
+                                     previous_response_id => $id }));
+    my $last = (routes($t))[-1];
+    is $last->{route}, 'response_hit',
+        'POST /v1/responses/compact is routed by its previous_response_id';
+    like $last->{upstream}, qr/:$owner->[3]$/, '... to its replica';
 }
 
 # ---- reload keeps the table -----------------------------------------------

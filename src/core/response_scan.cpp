@@ -102,7 +102,8 @@ affinity_scan_e ResponseScan::finish() noexcept
             stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_NO_EVENT);
 
         } else if (depth_ == 0 && state_ == kValue) {
-            stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_MALFORMED);
+            // An empty body: no object at all.
+            stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_NO_ID);
 
         } else {
             stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_TRUNCATED);
@@ -157,7 +158,12 @@ bool ResponseScan::structural(char c) noexcept
         }
 
         if (depth_ == 0) {
-            return false;       // the body is an object
+            if (c == '[' || c == '"') {
+                // JSON, but not an object: nothing to learn.
+                stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_NO_ID);
+                return true;
+            }
+            return false;
         }
 
         if (c == ']' && !in_object()) {
@@ -192,6 +198,12 @@ bool ResponseScan::structural(char c) noexcept
         }
 
         if (scalar_char(c)) {
+            if (c == 'f' && depth_ == level() && key_ == kStore
+                && (format_ == AFFINITY_RESPONSE_JSON || in_response_))
+            {
+                not_stored_ = true;
+            }
+
             state_ = kScalar;
             return true;
         }
@@ -250,8 +262,9 @@ void ResponseScan::open_container(bool object) noexcept
         key_ = kOther;
     }
 
-    uint64_t bit = uint64_t(1) << depth_;
-    objects_ = object ? (objects_ | bit) : (objects_ & ~bit);
+    uint64_t bit = uint64_t(1) << (depth_ % 64);
+    uint64_t &word = objects_[depth_ / 64];
+    word = object ? (word | bit) : (word & ~bit);
     depth_++;
     state_ = object ? kKey : kValue;
 }
@@ -273,7 +286,10 @@ void ResponseScan::close_container() noexcept
 
     bool wanted = object_seen_ != AFFINITY_OBJECT_NONE;
 
-    if (wanted && have_id_) {
+    if (wanted && not_stored_) {
+        stop(AFFINITY_SCAN_NONE, AFFINITY_SCAN_NOT_STORED);
+
+    } else if (wanted && have_id_) {
         found_object_ = object_seen_;
         stop(AFFINITY_SCAN_FOUND, AFFINITY_SCAN_OK);
 
@@ -411,6 +427,8 @@ void ResponseScan::end_string() noexcept
                 key = kObject;
             } else if (equals(key_buf_, key_len_, "response")) {
                 key = kResponse;
+            } else if (equals(key_buf_, key_len_, "store")) {
+                key = kStore;
             }
         }
 

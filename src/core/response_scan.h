@@ -67,14 +67,16 @@ private:
     };
 
     // What a key names, at the levels that matter.
-    enum Key : uint8_t { kOther, kId, kObject, kResponse };
+    enum Key : uint8_t { kOther, kId, kObject, kResponse, kStore };
 
     // Where a string value goes.
     enum Capture : uint8_t { kNone, kCaptureId, kCaptureObject };
 
     static constexpr size_t kKeyMax = 8;       // longest key compared
     static constexpr size_t kObjectMax = 12;   // "conversation"
-    static constexpr uint32_t kMaxDepth = 64;
+    // As deep as simdjson's default: real bodies (JSON schemas in a
+    // response's "text.format") nest deeper than a few dozen levels.
+    static constexpr uint32_t kMaxDepth = 1024;
     // Event-stream bytes read before a first event's data: pings and
     // comments, which a server may send while the request waits.
     static constexpr uint64_t kMaxPreamble = 1 << 20;
@@ -92,14 +94,15 @@ private:
     void stop(affinity_scan_e status, affinity_scan_reason_e reason) noexcept;
     bool in_object() const noexcept
     {
-        return depth_ > 0 && (objects_ >> (depth_ - 1) & 1) != 0;
+        return depth_ > 0 && (objects_[(depth_ - 1) / 64]
+                              >> ((depth_ - 1) % 64) & 1) != 0;
     }
     // The level whose keys and values are read: the body's own members,
     // or those of its "response" member in an event.
     uint32_t level() const noexcept { return format_ == AFFINITY_RESPONSE_JSON
                                              ? 1 : 2; }
 
-    uint64_t objects_;      // bit d-1 set: level d is an object
+    uint64_t objects_[kMaxDepth / 64];  // bit d-1 set: level d is an object
     uint64_t scanned_;      // event-stream bytes before the first data
     affinity_response_format_e format_;
     affinity_scan_e status_;
@@ -121,6 +124,7 @@ private:
     bool have_id_;          // id_ holds the id read
     bool id_too_long_;
     bool id_escaped_;
+    bool not_stored_;       // "store": false
     affinity_object_e object_seen_;     // the "object" value read
     uint8_t field_len_;     // bytes of the event field name matched
     uint8_t key_len_;

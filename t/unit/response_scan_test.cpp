@@ -318,7 +318,7 @@ TEST(ResponseScan, EventStreamWithoutAnIdTeachesNothing)
         {"data: {\"id\":\"resp_1\",\"object\":\"response\"}\n\n",
          AFFINITY_SCAN_NO_ID},
         {"data: {\"type\":\"error\",\"code\":\"x\"}\n\n", AFFINITY_SCAN_NO_ID},
-        {"data: [DONE]\n\n", AFFINITY_SCAN_MALFORMED},
+        {"data: [DONE]\n\n", AFFINITY_SCAN_NO_ID},
         {"data: hello\n\n", AFFINITY_SCAN_MALFORMED},
         {"data:\n\n", AFFINITY_SCAN_MALFORMED},
         // the event ends before its object does
@@ -381,15 +381,60 @@ TEST(ResponseScan, JunkTeachesNothing)
     }
 }
 
-TEST(ResponseScan, DeepNestingIsRefused)
+TEST(ResponseScan, DeepNesting)
 {
-    std::string deep = "{\"id\":\"resp_1\",\"object\":\"response\",\"x\":";
-    for (int i = 0; i < 100; i++) {
-        deep += "[";
+    // A JSON schema in "text.format" may nest deeply: read through.
+    std::string deep = "{\"id\":\"resp_1\",\"text\":";
+    for (int i = 0; i < 500; i++) {
+        deep += i % 2 ? "[" : "{\"a\":";
     }
+    for (int i = 500; i-- > 0;) {
+        deep += i % 2 ? "]" : "}";
+    }
+    deep += ",\"object\":\"response\"}";
     Scan s = scan_json(deep);
+    EXPECT_EQ(s.status, AFFINITY_SCAN_FOUND);
+    EXPECT_EQ(s.id, "resp_1");
+
+    // Past 1024 levels, as simdjson, it is refused.
+    std::string deeper = "{\"id\":\"resp_1\",\"x\":";
+    for (int i = 0; i < 1100; i++) {
+        deeper += "[";
+    }
+    Scan r = scan_json(deeper);
+    EXPECT_EQ(r.status, AFFINITY_SCAN_NONE);
+    EXPECT_EQ(r.reason, AFFINITY_SCAN_MALFORMED);
+}
+
+TEST(ResponseScan, ResponsesNotStoredAreNotLearned)
+{
+    Scan s = scan_json("{\"id\":\"resp_1\",\"object\":\"response\","
+                       "\"store\":false}");
     EXPECT_EQ(s.status, AFFINITY_SCAN_NONE);
-    EXPECT_EQ(s.reason, AFFINITY_SCAN_MALFORMED);
+    EXPECT_EQ(s.reason, AFFINITY_SCAN_NOT_STORED);
+
+    Scan stored = scan_json("{\"id\":\"resp_1\",\"store\":true,"
+                            "\"object\":\"response\"}");
+    EXPECT_EQ(stored.status, AFFINITY_SCAN_FOUND);
+
+    Scan events = scan_events("data: {\"type\":\"response.created\","
+                              "\"response\":{\"id\":\"resp_2\",\"store\":"
+                              "false,\"object\":\"response\"}}\n\n");
+    EXPECT_EQ(events.reason, AFFINITY_SCAN_NOT_STORED);
+
+    // Only the object's own "store" counts.
+    Scan nested = scan_json("{\"id\":\"resp_3\",\"metadata\":{\"store\":"
+                            "false},\"object\":\"response\"}");
+    EXPECT_EQ(nested.status, AFFINITY_SCAN_FOUND);
+}
+
+TEST(ResponseScan, EmptyBodiesAndArraysAreNotMalformed)
+{
+    EXPECT_EQ(scan_json("").reason, AFFINITY_SCAN_NO_ID);
+    EXPECT_EQ(scan_json(" \n").reason, AFFINITY_SCAN_NO_ID);
+    EXPECT_EQ(scan_json("[{\"id\":\"resp_1\",\"object\":\"response\"}]")
+                  .reason,
+              AFFINITY_SCAN_NO_ID);
 }
 
 TEST(ResponseScan, FeedingAfterTheEndChangesNothing)

@@ -544,8 +544,9 @@ typedef enum {
     AFFINITY_SCAN_NO_ID,            /* no id of a response or conversation */
     AFFINITY_SCAN_ID_TOO_LONG,      /* over AFFINITY_RESPONSE_ID_MAX */
     AFFINITY_SCAN_ID_ESCAPED,       /* an escape other than \" \\ \/ */
-    AFFINITY_SCAN_NO_EVENT          /* an event stream without data (in its
+    AFFINITY_SCAN_NO_EVENT,         /* an event stream without data (in its
                                        first MiB, or at all) */
+    AFFINITY_SCAN_NOT_STORED        /* a response with "store": false */
 } affinity_scan_reason_e;
 
 typedef enum {
@@ -562,7 +563,7 @@ typedef enum {
  * "conversation") closes, or when the first event of a stream (the
  * "response" member of response.created) does.
  */
-#define AFFINITY_RESPONSE_SCAN_SIZE  384
+#define AFFINITY_RESPONSE_SCAN_SIZE  512
 
 typedef struct {
     uint64_t    opaque[AFFINITY_RESPONSE_SCAN_SIZE / 8];
