@@ -57,6 +57,17 @@ my @bad = (
     [ 'prefix_affinity timeout=1m timeout=1m;', qr/duplicate parameter "timeout=1m"/ ],
     [ 'prefix_affinity step=x;',              qr/invalid step size "step=x"/ ],
     [ 'prefix_affinity max=0;',               qr/max "max=0" is too small, the minimum is 1/ ],
+    [ "response_affinity;\n response_affinity;", qr/"response_affinity" directive is duplicate/ ],
+    [ 'response_affinity timeout=0;',         qr/invalid timeout "timeout=0"/ ],
+    [ 'response_affinity zone=r:1m zone=s:1m;', qr/duplicate parameter "zone=s:1m"/ ],
+    [ 'response_affinity sessions=1;',        qr/invalid parameter "sessions=1"/ ],
+    [ "response_affinity;\n affinity_store redis.example:6379;", qr/"affinity_store" needs an IPv4 address or unix:PATH, not "redis.example:6379"/ ],
+    [ "response_affinity;\n affinity_store 127.0.0.1:0;", qr/invalid address "127.0.0.1:0"/ ],
+    [ "response_affinity;\n affinity_store 127.0.0.1 maxlen=10;", qr/invalid "maxlen=10", it must be a number of 1000 or more/ ],
+    [ "response_affinity;\n affinity_store 127.0.0.1 backlog=0;", qr/invalid "backlog=0"/ ],
+    [ "response_affinity;\n affinity_store 127.0.0.1 stream=a stream=b;", qr/duplicate parameter "stream=b"/ ],
+    [ "response_affinity;\n affinity_store 127.0.0.1;\n affinity_store 127.0.0.1;", qr/"affinity_store" directive is duplicate/ ],
+    [ 'affinity_store 127.0.0.1:6379;',       qr/"affinity_balance" in upstream "llm" requires "session_affinity", "prefix_affinity" or "response_affinity"/ ],
 );
 
 for my $case (@bad) {

@@ -52,8 +52,21 @@ sub upstream {
         . "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
 }
 
+# Instance B uses the shipped snippet, as a deployment would (the store's
+# port aside).
+my $snippet = do {
+    local $/;
+    open my $fh, '<', "$FindBin::Bin/../conf-examples/multi-instance/upstream.conf"
+        or die "conf-examples/multi-instance/upstream.conf: $!";
+    <$fh>;
+};
+like $snippet, qr/^affinity_store 127\.0\.0\.1:6379;$/m,
+    'the snippet names the store at 127.0.0.1:6379';
+(my $b_upstream = $snippet) =~ s/127\.0\.0\.1:6379;/127.0.0.1:$redis stream=$stream;/;
+$b_upstream =~ s/zone=llm_(\w+):\d+m/zone=b_$1:1m/g;
+
 $a->write_conf(proxy_conf($a, upstream(%down)));
-$b->write_conf(proxy_conf($b, upstream()));
+$b->write_conf(proxy_conf($b, servers(\@replicas) . $b_upstream));
 $a->start_nginx;
 $b->start_nginx;
 
