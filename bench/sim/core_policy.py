@@ -101,7 +101,8 @@ class Level(ctypes.Structure):
 
 
 class Balance(ctypes.Structure):
-    _fields_ = [('factor', ctypes.c_double), ('slack', ctypes.c_double)]
+    _fields_ = [('factor', ctypes.c_double), ('slack', ctypes.c_double),
+                ('engine_ttl', c_u32), ('reserved', c_u32)]
 
 
 class RouteRequest(ctypes.Structure):
@@ -123,7 +124,10 @@ class Decision(ctypes.Structure):
 class PeerStats(ctypes.Structure):
     _fields_ = [('id', c_u64), ('inflight', ctypes.c_int64),
                 ('requests', c_u64), ('failures', c_u64),
-                ('pins', ctypes.c_int64), ('routes', c_u64 * len(ROUTES))]
+                ('pins', ctypes.c_int64), ('routes', c_u64 * len(ROUTES)),
+                ('engine_load', ctypes.c_int64),
+                ('cache_usage', ctypes.c_double),
+                ('engine_time', c_u32), ('reserved', c_u32)]
 
 
 class ZoneInfo(ctypes.Structure):

@@ -555,7 +555,31 @@ class ServedReplica:
             lines.append('# HELP %s %s' % (full, help_text))
             lines.append('# TYPE %s %s' % (full, kind))
             lines.append('%s%s %d' % (full, label, figures[name]))
+        lines.extend(self.vllm_metrics(figures))
         return '\n'.join(lines) + '\n'
+
+    def vllm_metrics(self, figures):
+        """The scheduler gauges of vLLM's /metrics, under its names and
+        labels, that a balancer polls for the replica's own load."""
+        label = '{engine="0",model_name="mock"}'
+        capacity = self.replica.params.cache_blocks
+        usage = figures['cache_blocks'] / capacity if capacity else 0.0
+        gauges = (
+            ('vllm:num_requests_running',
+             'Number of requests in model execution batches.',
+             float(figures['running'])),
+            ('vllm:num_requests_waiting',
+             'Number of requests waiting to be processed.',
+             float(figures['waiting'])),
+            ('vllm:kv_cache_usage_perc',
+             'KV-cache usage. 1 means 100 percent usage.', usage),
+        )
+        lines = []
+        for name, help_text, value in gauges:
+            lines.append('# HELP %s %s' % (name, help_text))
+            lines.append('# TYPE %s gauge' % name)
+            lines.append('%s%s %r' % (name, label, value))
+        return lines
 
     # Stores
 

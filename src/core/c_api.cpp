@@ -2,9 +2,11 @@
 // between the POD structs and the C++ pieces, and keep exceptions inside.
 #include "affinity_core.h"
 
+#include <algorithm>
 #include <new>
 #include <type_traits>
 
+#include "engine_metrics.h"
 #include "hashing.h"
 #include "json_body.h"
 #include "level_hasher.h"
@@ -172,6 +174,56 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     for (size_t i = 0; i < kRoutes; i++) {
         stats->routes[i] = atomic_load(&s.routes[i]);
     }
+
+    uint64_t reported = atomic_load(&s.engine_time);
+    stats->engine_time = uint32_t(reported);
+    stats->engine_load = reported ? atomic_load(&s.engine_load) : -1;
+    uint64_t usage = atomic_load(&s.cache_usage);
+    stats->cache_usage = reported && usage != UINT64_MAX
+                         ? double(usage) / 1e6 : -1.0;
+}
+
+int affinity_engine_metrics(const char *text, size_t len,
+                            affinity_engine_load_t *load) noexcept
+{
+    return parse_engine_metrics(text, len, *load) ? 0 : -1;
+}
+
+void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
+                               const affinity_engine_load_t *load,
+                               uint32_t now) noexcept
+{
+    if (slot >= kPeerSlots || now == 0) {
+        return;
+    }
+
+    PeerSlot &s = zone_of(zone).peer_slots()[slot];
+    double total = load->running + load->waiting;
+
+    atomic_store<int64_t>(&s.engine_load,
+                          total < 1e9 ? int64_t(total + 0.5) : int64_t(1e9));
+    atomic_store<int64_t>(&s.engine_base,
+                          std::max<int64_t>(atomic_load(&s.inflight), 0));
+    atomic_store<uint64_t>(&s.cache_usage,
+                           (load->found & AFFINITY_ENGINE_CACHE)
+                               ? uint64_t(load->cache_usage * 1e6)
+                               : UINT64_MAX);
+    atomic_store<uint64_t>(&s.engine_time, now);
+}
+
+int affinity_zone_poll_due(affinity_zone_t *zone, uint64_t now_ms,
+                           uint32_t interval_ms) noexcept
+{
+    uint64_t *last = &zone_of(zone).header().last_poll;
+    uint64_t seen = atomic_load(last);
+
+    if (now_ms < seen + interval_ms) {
+        return 0;
+    }
+
+    return __atomic_compare_exchange_n(last, &seen, now_ms, false,
+                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)
+           ? 1 : 0;
 }
 
 void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t row,

@@ -31,7 +31,20 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
         // A worker killed in the middle of counting may leave a count one
         // below the truth (worker_rows.h): never read below zero.
         if (slot != kNoSlot) {
-            n = std::max<int64_t>(atomic_load(&slots[slot].inflight), 0);
+            const PeerSlot &s = slots[slot];
+            n = std::max<int64_t>(atomic_load(&s.inflight), 0);
+
+            // Other instances' requests, as the engine counts them: its
+            // figure, plus what this instance sent it since.
+            uint64_t reported = atomic_load(&s.engine_time);
+
+            if (balance.engine_ttl && reported
+                && now <= reported + balance.engine_ttl)
+            {
+                int64_t sent = n - atomic_load(&s.engine_base);
+                n = std::max<int64_t>(
+                    n, atomic_load(&s.engine_load) + std::max<int64_t>(sent, 0));
+            }
         }
 
         slots_[i] = slot;

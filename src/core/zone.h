@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 4;
+constexpr uint32_t kLayoutVersion = 5;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -71,6 +71,7 @@ struct alignas(64) ZoneHeader {
     uint64_t inflight_recovered;    // their requests given back
     uint64_t rows_missing;          // workers that found no row
     uint64_t last_reap;             // atomic: seconds, last look for dead
+    uint64_t last_poll;             // atomic: ms, last poll of the engines
 };
 
 constexpr size_t kRoutes = AFFINITY_ROUTES;
@@ -83,9 +84,17 @@ struct alignas(64) PeerSlot {
     uint64_t failures;          // atomic: tries that failed
     uint64_t last_used;         // atomic: seconds, last claim or request
     uint64_t routes[kRoutes];   // atomic: requests by routing outcome
+    // The engine's own load, as it last reported it (affinity_metrics),
+    // and the in-flight count here at that moment.  Atomic, one by one: a
+    // reader may see a figure with the previous one's base, off by the
+    // requests sent in between, for one routing decision.
+    int64_t engine_load;        // running + waiting
+    int64_t engine_base;        // inflight when it was reported
+    uint64_t engine_time;       // seconds; 0: never reported
+    uint64_t cache_usage;       // per million
 };
 
-static_assert(sizeof(PeerSlot) == 128, "a peer slot is two cache lines");
+static_assert(sizeof(PeerSlot) == 192, "a peer slot is three cache lines");
 
 // The owner of a worker row: a process, known by its pid and its start
 // time (so that a pid the system gave to another process is not taken for

@@ -192,6 +192,11 @@ typedef struct {
     uint64_t    failures;   /* tries reported failed */
     int64_t     pins;       /* sessions pinned to the peer */
     uint64_t    routes[AFFINITY_ROUTES];    /* requests by affinity_route_e */
+    int64_t     engine_load;    /* running + waiting as the engine last
+                                   reported it, -1 if it never did */
+    double      cache_usage;    /* its KV cache usage, 0..1, -1 unknown */
+    uint32_t    engine_time;    /* when it reported them, seconds */
+    uint32_t    reserved;
 } affinity_peer_stats_t;
 
 /* Lock-free; counters are read atomically one by one. */
@@ -285,6 +290,9 @@ typedef enum {
 typedef struct {
     double      factor;     /* bound = max(factor * mean, mean + slack) */
     double      slack;
+    uint32_t    engine_ttl; /* seconds an engine's own load figure counts
+                               (affinity_zone_peer_polled()), 0: never */
+    uint32_t    reserved;
 } affinity_balance_t;
 
 typedef enum {
@@ -589,6 +597,48 @@ AFFINITY_API affinity_scan_reason_e affinity_response_scan_reason(
 AFFINITY_API const char *affinity_response_scan_id(
     const affinity_response_scan_t *scan, size_t *len,
     affinity_object_e *object) AFFINITY_NOEXCEPT;
+
+
+/* ---- the engines' own load ------------------------------------------- */
+
+/*
+ * Another nginx instance's requests are not in this one's counters, but
+ * the engine that serves them counts them all.  Its metrics (vLLM's and
+ * SGLang's Prometheus names) give its requests running and waiting, and
+ * how full its KV cache is.
+ */
+#define AFFINITY_ENGINE_RUNNING  1
+#define AFFINITY_ENGINE_WAITING  2
+#define AFFINITY_ENGINE_CACHE    4
+
+typedef struct {
+    double      running;        /* summed over label sets */
+    double      waiting;
+    double      cache_usage;    /* 0..1, the largest */
+    uint32_t    found;          /* AFFINITY_ENGINE_* read */
+    uint32_t    reserved;
+} affinity_engine_load_t;
+
+/* Reads a Prometheus text exposition: 0 when it gives running or waiting
+ * requests, else -1. */
+AFFINITY_API int affinity_engine_metrics(const char *text, size_t len,
+    affinity_engine_load_t *load) AFFINITY_NOEXCEPT;
+
+/*
+ * Lock-free: the load a peer's engine reported at now (seconds), with the
+ * peer's in-flight count here at that moment.  Routing then counts the
+ * peer as max(in-flight here, engine's running + waiting + what this
+ * instance sent it since), while the figure is younger than the balance's
+ * engine_ttl.
+ */
+AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
+    uint32_t slot, const affinity_engine_load_t *load, uint32_t now)
+    AFFINITY_NOEXCEPT;
+
+/* Lock-free: whether it is the caller's turn to poll the engines; true for
+ * at most one caller per interval (milliseconds, now too). */
+AFFINITY_API int affinity_zone_poll_due(affinity_zone_t *zone,
+    uint64_t now_ms, uint32_t interval_ms) AFFINITY_NOEXCEPT;
 
 
 /* ---- several instances: what they share through a store ------------- */

@@ -1,0 +1,25 @@
+// The load an inference engine reports about itself, read from its
+// Prometheus text (/metrics): requests running and waiting, and how full
+// its KV cache is.  Several nginx instances each see only their own
+// requests; the engine sees everyone's.
+//
+// Names read (summed over label sets, e.g. one per engine of a
+// data-parallel server; the cache usage is the largest):
+//   running  vllm:num_requests_running   sglang:num_running_reqs
+//   waiting  vllm:num_requests_waiting   sglang:num_queue_reqs
+//   cache    vllm:kv_cache_usage_perc    vllm:gpu_cache_usage_perc (older)
+//            sglang:token_usage
+// Everything else is skipped.  The text comes from a server over the
+// network: the parser reads only inside [text, text + len) and is fuzzed.
+#pragma once
+
+#include <cstddef>
+
+#include "affinity_core.h"
+
+namespace affinity {
+
+bool parse_engine_metrics(const char *text, size_t len,
+                          affinity_engine_load_t &load) noexcept;
+
+}  // namespace affinity

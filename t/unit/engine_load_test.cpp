@@ -1,0 +1,182 @@
+// The engines' own load: reading their Prometheus text
+// (affinity_engine_metrics) and counting it in the load bound
+// (affinity_zone_peer_polled, affinity_balance_t.engine_ttl).
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+using namespace affinity_test;
+
+namespace {
+
+affinity_engine_load_t parse(const std::string &text, int *rc = nullptr)
+{
+    affinity_engine_load_t load;
+    int r = affinity_engine_metrics(text.data(), text.size(), &load);
+    if (rc) {
+        *rc = r;
+    }
+    return load;
+}
+
+TEST(EngineMetrics, Vllm)
+{
+    int rc;
+    affinity_engine_load_t l = parse(
+        "# HELP vllm:num_requests_running Number of requests in model "
+        "execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n"
+        "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2.0\n"
+        "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 7.0\n"
+        "vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n"
+        "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n"
+        "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.75\n"
+        "vllm:prompt_tokens_total{model_name=\"m\"} 123456.0\n",
+        &rc);
+    EXPECT_EQ(rc, 0);
+    EXPECT_DOUBLE_EQ(l.running, 5.0);
+    EXPECT_DOUBLE_EQ(l.waiting, 7.0);
+    EXPECT_DOUBLE_EQ(l.cache_usage, 0.75);
+    EXPECT_EQ(l.found, uint32_t(AFFINITY_ENGINE_RUNNING
+                                | AFFINITY_ENGINE_WAITING
+                                | AFFINITY_ENGINE_CACHE));
+}
+
+TEST(EngineMetrics, SglangAndOlderVllm)
+{
+    affinity_engine_load_t s = parse(
+        "sglang:num_running_reqs{model_name=\"m\"} 4\n"
+        "sglang:num_queue_reqs{model_name=\"m\"} 1\r\n"
+        "sglang:token_usage{model_name=\"m\"} 0.5 1763900000000\n");
+    EXPECT_DOUBLE_EQ(s.running, 4.0);
+    EXPECT_DOUBLE_EQ(s.waiting, 1.0);
+    EXPECT_DOUBLE_EQ(s.cache_usage, 0.5);
+
+    affinity_engine_load_t v = parse(
+        "vllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.1\n");
+    EXPECT_DOUBLE_EQ(v.running, 1.0);
+    EXPECT_DOUBLE_EQ(v.cache_usage, 0.1);
+}
+
+TEST(EngineMetrics, LabelsMayHoldBracesAndQuotes)
+{
+    affinity_engine_load_t l = parse(
+        "vllm:num_requests_running{model_name=\"a}b\\\"c} 9\"} 2\n");
+    EXPECT_DOUBLE_EQ(l.running, 2.0);
+}
+
+TEST(EngineMetrics, JunkGivesNothing)
+{
+    const char *texts[] = {
+        "",
+        "<html>502 Bad Gateway</html>",
+        "vllm:num_requests_running{model_name=\"m\"\n",
+        "vllm:num_requests_running{model_name=\"m\"} abc\n",
+        "vllm:num_requests_running -1\n",
+        "vllm:num_requests_running NaN\n",
+        "vllm:num_requests_running +Inf\n",
+        "vllm:num_requests_running 1e400\n",
+        "vllm:num_requests_running_x 3\n",
+        "# vllm:num_requests_running 3\n",
+        "vllm:kv_cache_usage_perc 0.5\n",
+    };
+    for (const char *t : texts) {
+        int rc = 0;
+        affinity_engine_load_t l = parse(t, &rc);
+        EXPECT_EQ(rc, -1) << t;
+        EXPECT_DOUBLE_EQ(l.running + l.waiting, 0.0) << t;
+    }
+}
+
+// The n-th session key whose ring peer, among four equal peers, is 0.
+std::string key_on_peer0(int n)
+{
+    TestZone scratch;
+    Upstream other(scratch.get(), {1, 1, 1, 1});
+    Router r(scratch.get(), other);
+    for (int i = 0;; i++) {
+        std::string k = key_name(size_t(i));
+        if (r.route_key_released(k).decision.peer == 0 && n-- == 0) {
+            return k;
+        }
+    }
+}
+
+// Peer 0 is busy with another instance's requests: its engine says 10 in
+// flight where this instance counts none.
+TEST(EngineLoad, OtherInstancesRequestsCount)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    affinity_engine_load_t busy{};
+    busy.running = 4;
+    busy.waiting = 6;
+    busy.found = AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_WAITING;
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &busy, 1000);
+
+    affinity_peer_stats_t s = up.stats(0);
+    EXPECT_EQ(s.engine_load, 10);
+    EXPECT_EQ(s.engine_time, 1000u);
+    EXPECT_DOUBLE_EQ(s.cache_usage, -1.0);
+
+    affinity_balance_t without{1.25, 2.0, 0, 0};
+    affinity_balance_t with{1.25, 2.0, 3, 0};
+    Router blind(z.get(), up, without);
+    Router seeing(z.get(), up, with);
+    blind.now = seeing.now = 1001;
+
+    EXPECT_EQ(blind.route_key_released(key_on_peer0(0)).decision.peer, 0)
+        << "without engine_ttl the figure is not used";
+    EXPECT_NE(seeing.route_key_released(key_on_peer0(1)).decision.peer, 0)
+        << "with it, the session is placed past the busy peer";
+
+    // A figure older than engine_ttl counts no more.
+    seeing.now = 1004;
+    EXPECT_EQ(seeing.route_key_released(key_on_peer0(2)).decision.peer, 0);
+}
+
+TEST(EngineLoad, RequestsSentSinceTheReportAreAdded)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    affinity_engine_load_t load{};
+    load.running = 5;
+    load.found = AFFINITY_ENGINE_RUNNING;
+
+    // 2 in flight here when the engine said 5 (these 2 among them).
+    up.acquire(0);
+    up.acquire(0);
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1000);
+    // 3 more sent since: 5 + 3 = 8 as far as routing knows.
+    up.acquire(0);
+    up.acquire(0);
+    up.acquire(0);
+
+    affinity_balance_t with{1.0, 0.0, 3, 0};
+    Router router(z.get(), up, with);
+    router.now = 1001;
+    // Peer 1 has 7 here: below 8, so a keyless request goes there.
+    for (int i = 0; i < 7; i++) {
+        up.acquire(1);
+    }
+    EXPECT_EQ(router.route_nokey().decision.peer, 1);
+
+    // Without the engine's figure, peer 0 (5 here) looks less loaded.
+    affinity_balance_t without{1.0, 0.0, 0, 0};
+    Router blind(z.get(), up, without);
+    EXPECT_EQ(blind.route_nokey().decision.peer, 0);
+}
+
+TEST(EngineLoad, PollingIsOneCallerPerInterval)
+{
+    TestZone z;
+    EXPECT_EQ(affinity_zone_poll_due(z.get(), 10000, 1000), 1);
+    EXPECT_EQ(affinity_zone_poll_due(z.get(), 10500, 1000), 0);
+    EXPECT_EQ(affinity_zone_poll_due(z.get(), 11000, 1000), 1);
+    EXPECT_EQ(affinity_zone_poll_due(z.get(), 11000, 1000), 0);
+}
+
+}  // namespace
