@@ -367,6 +367,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
 
     balance.factor = (double) ascf->factor / 1000;
     balance.slack = (double) ascf->slack;
+    balance.engine_ttl = (uint32_t) ascf->engine_ttl;
+    balance.reserved = 0;
 
     ap->request.now = (uint32_t) now;
 

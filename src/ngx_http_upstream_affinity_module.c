@@ -5,7 +5,8 @@
  * in nginx: zones (..._zone.c), the peer view (..._peers.c), the balancer
  * (..._balancer.c), session keys in and out and the variables (..._key.c),
  * the request body (..._body.c), Responses API continuations
- * (..._response.c) and the status page (..._status.c).
+ * (..._response.c), the engines' own load (..._metrics.c), what several
+ * instances share (..._store.c) and the status page (..._status.c).
  */
 
 
@@ -65,6 +66,8 @@ static char *ngx_http_upstream_affinity_balance(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_upstream_affinity_store(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_upstream_affinity_metrics(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static ngx_int_t ngx_http_upstream_affinity_key_source(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_uint_t type,
     ngx_str_t *param, ngx_str_t *name);
@@ -114,6 +117,13 @@ static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
     { ngx_string("affinity_store"),
       NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
       ngx_http_upstream_affinity_store,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("affinity_metrics"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
+      ngx_http_upstream_affinity_metrics,
       NGX_HTTP_SRV_CONF_OFFSET,
       0,
       NULL },
@@ -278,6 +288,7 @@ ngx_http_upstream_affinity_init_process(ngx_cycle_t *cycle)
     {
         ngx_http_upstream_affinity_claim_rows(cycle);
         ngx_http_upstream_affinity_store_init(cycle);
+        ngx_http_upstream_affinity_metrics_init(cycle);
     }
 
     return NGX_OK;
@@ -1026,6 +1037,116 @@ invalid:
     return NGX_CONF_ERROR;
 
 invalid_parameter:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid parameter \"%V\"", &value[i]);
+    return NGX_CONF_ERROR;
+}
+
+
+/*
+ * affinity_metrics [path=URI] [interval=TIME] [timeout=TIME]: poll each
+ * server's own metrics page for its requests running and waiting.
+ */
+
+static char *
+ngx_http_upstream_affinity_metrics(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
+
+    ngx_str_t                                  *value, s;
+    ngx_msec_t                                  ms;
+    ngx_uint_t                                  i;
+    ngx_http_upstream_affinity_metrics_conf_t  *mcf;
+
+    static ngx_str_t  once[] = {
+        ngx_string("path="),
+        ngx_string("interval="),
+        ngx_string("timeout="),
+        ngx_null_string
+    };
+
+    if (ascf->metrics_conf) {
+        return "is duplicate";
+    }
+
+    if (ngx_http_upstream_affinity_once(cf, once) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    mcf = ngx_pcalloc(cf->pool,
+                      sizeof(ngx_http_upstream_affinity_metrics_conf_t));
+    if (mcf == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_str_set(&mcf->path, "/metrics");
+    mcf->interval = 1000;
+    mcf->timeout = 1000;
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "path=", 5) == 0) {
+            mcf->path.data = value[i].data + 5;
+            mcf->path.len = value[i].len - 5;
+
+            if (mcf->path.len == 0 || mcf->path.data[0] != '/') {
+                goto invalid;
+            }
+
+            for (s.data = mcf->path.data;
+                 s.data < mcf->path.data + mcf->path.len;
+                 s.data++)
+            {
+                if (*s.data <= ' ' || *s.data >= 0x7f) {
+                    goto invalid;
+                }
+            }
+
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "interval=", 9) == 0
+            || ngx_strncmp(value[i].data, "timeout=", 8) == 0)
+        {
+            s.data = (u_char *) ngx_strchr(value[i].data, '=') + 1;
+            s.len = value[i].data + value[i].len - s.data;
+
+            ms = ngx_parse_time(&s, 0);
+
+            if (ms == (ngx_msec_t) NGX_ERROR || ms < 100 || ms > 3600000) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\", it must be a time from "
+                                   "100ms to 1h", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            if (value[i].data[0] == 'i') {
+                mcf->interval = ms;
+
+            } else {
+                mcf->timeout = ms;
+            }
+
+            continue;
+        }
+
+        goto invalid;
+    }
+
+    ascf->metrics_conf = mcf;
+
+    /* a figure counts for three intervals: a late poll does not drop it */
+
+    ascf->engine_ttl = ngx_max(2, (3 * mcf->interval + 999) / 1000);
+
+    return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
+           ? NGX_CONF_OK : NGX_CONF_ERROR;
+
+invalid:
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "invalid parameter \"%V\"", &value[i]);

@@ -118,6 +118,14 @@ typedef struct ngx_http_upstream_affinity_store_s
     ngx_http_upstream_affinity_store_t;
 
 
+/* affinity_metrics: the engines' own load */
+typedef struct {
+    ngx_str_t                               path;
+    ngx_msec_t                              interval;
+    ngx_msec_t                              timeout;
+} ngx_http_upstream_affinity_metrics_conf_t;
+
+
 typedef struct {
     /* session_affinity */
     ngx_array_t                            *sources;
@@ -138,6 +146,10 @@ typedef struct {
     /* response_affinity */
     ngx_shm_zone_t                         *response_zone;
     time_t                                  response_timeout;
+
+    /* affinity_metrics, and how long a figure it gave counts (seconds) */
+    ngx_http_upstream_affinity_metrics_conf_t  *metrics_conf;
+    ngx_uint_t                              engine_ttl;
 
     /* affinity_store; the store is this worker's connections to it */
     ngx_http_upstream_affinity_store_conf_t  *store_conf;
@@ -248,6 +260,9 @@ ngx_int_t ngx_http_upstream_affinity_continued(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx,
     ngx_http_upstream_affinity_body_t *body);
 ngx_int_t ngx_http_upstream_affinity_init_response_filter(ngx_conf_t *cf);
+
+/* ngx_http_upstream_affinity_metrics.c: the engines' own load */
+void ngx_http_upstream_affinity_metrics_init(ngx_cycle_t *cycle);
 
 /* ngx_http_upstream_affinity_store.c: several instances, one routing */
 void ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle);

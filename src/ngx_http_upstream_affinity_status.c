@@ -377,6 +377,19 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
                 goto failed;
             }
 
+            /* the engine's own figures (affinity_metrics), once it gave any */
+
+            if (ps[j].stats.engine_load >= 0
+                && json_object_set_new(p, "engine",
+                       json_pack("{s:I,s:f,s:I}",
+                                 "load", (json_int_t) ps[j].stats.engine_load,
+                                 "cache_usage", ps[j].stats.cache_usage,
+                                 "age", (json_int_t) (ngx_time()
+                                              - ps[j].stats.engine_time))))
+            {
+                goto failed;
+            }
+
             for (k = 1; k < AFFINITY_ROUTES; k++) {
                 n = (json_int_t) ps[j].stats.routes[k];
                 name = (const char *)
@@ -471,7 +484,8 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_INFLIGHT = 0,
     NGX_HTTP_UPSTREAM_AFFINITY_REQUESTS,
     NGX_HTTP_UPSTREAM_AFFINITY_FAILURES,
-    NGX_HTTP_UPSTREAM_AFFINITY_PINS
+    NGX_HTTP_UPSTREAM_AFFINITY_PINS,
+    NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD
 } ngx_http_upstream_affinity_metric_e;
 
 
@@ -483,7 +497,10 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
     { "nginx_upstream_affinity_peer_failures_total", "counter",
       "Tries that failed on the peer." },
     { "nginx_upstream_affinity_peer_pins", "gauge",
-      "Sessions pinned to the peer." }
+      "Sessions pinned to the peer." },
+    { "nginx_upstream_affinity_peer_engine_load", "gauge",
+      "Requests running and waiting, as the peer's engine last reported "
+      "them (affinity_metrics)." }
 };
 
 
@@ -621,7 +638,7 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
         }
     }
 
-    for (m = 0; m < 4; m++) {
+    for (m = 0; m < 5; m++) {
         if (ngx_http_upstream_affinity_printf(&t,
                 "# HELP %s %s\n# TYPE %s %s\n",
                 ngx_http_upstream_affinity_peer_metrics[m][0],
@@ -648,9 +665,16 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                 case NGX_HTTP_UPSTREAM_AFFINITY_FAILURES:
                     v = (int64_t) ps[j].stats.failures;
                     break;
-                default: /* NGX_HTTP_UPSTREAM_AFFINITY_PINS */
+                case NGX_HTTP_UPSTREAM_AFFINITY_PINS:
                     v = ngx_max(ps[j].stats.pins, 0);
                     break;
+                default: /* NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD */
+                    v = ps[j].stats.engine_load;
+                    break;
+                }
+
+                if (v < 0) {
+                    continue;   /* never reported */
                 }
 
                 if (ngx_http_upstream_affinity_printf(&t,

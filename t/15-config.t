@@ -67,6 +67,10 @@ my @bad = (
     [ "response_affinity;\n affinity_store 127.0.0.1 backlog=0;", qr/invalid "backlog=0"/ ],
     [ "response_affinity;\n affinity_store 127.0.0.1 stream=a stream=b;", qr/duplicate parameter "stream=b"/ ],
     [ "response_affinity;\n affinity_store 127.0.0.1;\n affinity_store 127.0.0.1;", qr/"affinity_store" directive is duplicate/ ],
+    [ "session_affinity;\n affinity_metrics interval=10ms;", qr/invalid "interval=10ms", it must be a time from 100ms to 1h/ ],
+    [ "session_affinity;\n affinity_metrics path=metrics;", qr/invalid parameter "path=metrics"/ ],
+    [ "session_affinity;\n affinity_metrics timeout=1s timeout=2s;", qr/duplicate parameter "timeout=2s"/ ],
+    [ "session_affinity;\n affinity_metrics;\n affinity_metrics;", qr/"affinity_metrics" directive is duplicate/ ],
     [ 'affinity_store 127.0.0.1:6379;',       qr/"affinity_balance" in upstream "llm" requires "session_affinity", "prefix_affinity" or "response_affinity"/ ],
 );
 

@@ -1,0 +1,468 @@
+
+/*
+ * The engines' own load: every interval, one worker (whichever's turn it
+ * is, across all workers) fetches each primary server's metrics page
+ * (vLLM's or SGLang's /metrics) on nginx's event loop, reads the requests
+ * it is running and queuing, and keeps them in the zone, where the load
+ * bound of every worker counts them: requests other nginx instances sent
+ * are seen too.  A server that does not answer, answers late or answers
+ * junk keeps its last figure until it expires, then is counted by this
+ * instance's own requests only.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_event.h>
+#include <ngx_event_connect.h>
+#include <ngx_http.h>
+
+#include "ngx_http_upstream_affinity_module.h"
+
+
+/* the largest metrics page read (vLLM's is a few tens of KB) */
+#define NGX_HTTP_UPSTREAM_AFFINITY_METRICS_MAX  (1024 * 1024)
+
+
+typedef struct {
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
+    ngx_http_upstream_srv_conf_t           *upstream;
+    ngx_event_t                             timer;
+    ngx_log_t                              *log;
+    ngx_uint_t                              warned;
+} ngx_http_upstream_affinity_poller_t;
+
+
+/* one fetch of one server's page */
+typedef struct {
+    ngx_http_upstream_affinity_poller_t    *poller;
+    ngx_peer_connection_t                   pc;
+    ngx_pool_t                             *pool;
+    ngx_str_t                               name;
+    uint64_t                                peer;
+    ngx_buf_t                              *out;
+    ngx_buf_t                              *in;
+} ngx_http_upstream_affinity_fetch_t;
+
+
+static void ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev);
+static void ngx_http_upstream_affinity_metrics_fetch(
+    ngx_http_upstream_affinity_poller_t *poller,
+    ngx_http_upstream_rr_peer_t *peer);
+static void ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev);
+static void ngx_http_upstream_affinity_metrics_recv(ngx_event_t *rev);
+static void ngx_http_upstream_affinity_metrics_done(
+    ngx_http_upstream_affinity_fetch_t *f, const char *error);
+static void ngx_http_upstream_affinity_metrics_read(
+    ngx_http_upstream_affinity_fetch_t *f);
+
+
+void
+ngx_http_upstream_affinity_metrics_init(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                               i;
+    ngx_http_upstream_srv_conf_t           **uscfp;
+    ngx_http_upstream_main_conf_t           *umcf;
+    ngx_http_upstream_affinity_poller_t     *poller;
+    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+
+    umcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_upstream_module);
+    if (umcf == NULL) {
+        return;
+    }
+
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;
+        }
+
+        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (ascf == NULL || ascf->metrics_conf == NULL
+            || ascf->counter_zone == NULL)
+        {
+            continue;
+        }
+
+        poller = ngx_pcalloc(cycle->pool,
+                             sizeof(ngx_http_upstream_affinity_poller_t));
+        if (poller == NULL) {
+            continue;
+        }
+
+        poller->conf = ascf;
+        poller->upstream = uscfp[i];
+        poller->log = cycle->log;
+
+        poller->timer.handler = ngx_http_upstream_affinity_metrics_tick;
+        poller->timer.data = poller;
+        poller->timer.log = cycle->log;
+        poller->timer.cancelable = 1;
+
+        /* workers start at once: the zone gives one of them the turn */
+
+        ngx_add_timer(&poller->timer, 10 + ngx_random() % 100);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev)
+{
+    ngx_msec_t                              interval;
+    ngx_uint_t                              n;
+    ngx_http_upstream_rr_peer_t            *peer, *list[AFFINITY_MAX_PEERS];
+    ngx_http_upstream_rr_peers_t           *peers;
+    ngx_http_upstream_affinity_shctx_t     *shctx;
+    ngx_http_upstream_affinity_poller_t    *poller = ev->data;
+
+    if (ngx_exiting || ngx_terminate || ngx_quit) {
+        return;
+    }
+
+    interval = poller->conf->metrics_conf->interval;
+    ngx_add_timer(ev, interval);
+
+    shctx = poller->conf->counter_zone->data;
+
+    if (!affinity_zone_poll_due(shctx->zone, (uint64_t) ngx_current_msec,
+                                (uint32_t) interval))
+    {
+        return;
+    }
+
+    peers = poller->upstream->peer.data;
+
+    if (peers == NULL) {
+        return;
+    }
+
+    /*
+     * The list may change at run time (servers with "resolve"): only the
+     * peers are noted under the lock, the fetches start after it.  Peers
+     * stay allocated while the list they are in is current, and a fetch
+     * copies what it needs of them before it yields.
+     */
+
+    n = 0;
+
+    ngx_http_upstream_rr_peers_rlock(peers);
+
+    for (peer = peers->peer; peer && n < AFFINITY_MAX_PEERS;
+         peer = peer->next)
+    {
+        if (!peer->down) {
+            list[n++] = peer;
+        }
+    }
+
+    while (n) {
+        ngx_http_upstream_affinity_metrics_fetch(poller, list[--n]);
+    }
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+}
+
+
+static void
+ngx_http_upstream_affinity_metrics_fetch(
+    ngx_http_upstream_affinity_poller_t *poller,
+    ngx_http_upstream_rr_peer_t *peer)
+{
+    ngx_int_t                                   rc;
+    ngx_pool_t                                 *pool;
+    ngx_connection_t                           *c;
+    ngx_http_upstream_affinity_fetch_t         *f;
+    ngx_http_upstream_affinity_metrics_conf_t  *mcf;
+
+    mcf = poller->conf->metrics_conf;
+
+    pool = ngx_create_pool(1024, poller->log);
+    if (pool == NULL) {
+        return;
+    }
+
+    f = ngx_pcalloc(pool, sizeof(ngx_http_upstream_affinity_fetch_t));
+    if (f == NULL) {
+        goto failed;
+    }
+
+    f->poller = poller;
+    f->pool = pool;
+
+    f->name.data = ngx_pstrdup(pool, &peer->name);
+    if (f->name.data == NULL) {
+        goto failed;
+    }
+
+    f->name.len = peer->name.len;
+    f->peer = affinity_peer_id((char *) f->name.data, f->name.len);
+
+    f->pc.sockaddr = ngx_palloc(pool, peer->socklen);
+    if (f->pc.sockaddr == NULL) {
+        goto failed;
+    }
+
+    ngx_memcpy(f->pc.sockaddr, peer->sockaddr, peer->socklen);
+    f->pc.socklen = peer->socklen;
+    f->pc.name = &f->name;
+    f->pc.get = ngx_event_get_peer;
+    f->pc.log = poller->log;
+    f->pc.log_error = NGX_ERROR_INFO;
+    f->pc.tries = 1;
+
+    f->out = ngx_create_temp_buf(pool, sizeof("GET  HTTP/1.0" CRLF
+                                              "Host: " CRLF
+                                              "Accept: text/plain" CRLF
+                                              "Connection: close" CRLF CRLF)
+                                       + mcf->path.len + f->name.len);
+    if (f->out == NULL) {
+        goto failed;
+    }
+
+    f->out->last = ngx_sprintf(f->out->last,
+                               "GET %V HTTP/1.0" CRLF
+                               "Host: %V" CRLF
+                               "Accept: text/plain" CRLF
+                               "Connection: close" CRLF CRLF,
+                               &mcf->path, &f->name);
+
+    rc = ngx_event_connect_peer(&f->pc);
+
+    if (rc == NGX_ERROR || rc == NGX_DECLINED || rc == NGX_BUSY) {
+        ngx_http_upstream_affinity_metrics_done(f, "cannot connect");
+        return;
+    }
+
+    c = f->pc.connection;
+    c->data = f;
+    c->pool = pool;
+    c->read->handler = ngx_http_upstream_affinity_metrics_recv;
+    c->write->handler = ngx_http_upstream_affinity_metrics_send;
+
+    ngx_add_timer(c->write, mcf->timeout);
+
+    if (rc == NGX_OK) {
+        ngx_http_upstream_affinity_metrics_send(c->write);
+    }
+
+    return;
+
+failed:
+
+    ngx_destroy_pool(pool);
+}
+
+
+static void
+ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
+{
+    ssize_t                              n;
+    ngx_connection_t                    *c;
+    ngx_http_upstream_affinity_fetch_t  *f;
+
+    c = wev->data;
+    f = c->data;
+
+    if (wev->timedout) {
+        ngx_http_upstream_affinity_metrics_done(f, "timed out");
+        return;
+    }
+
+    while (f->out->pos < f->out->last) {
+        n = c->send(c, f->out->pos, f->out->last - f->out->pos);
+
+        if (n == NGX_AGAIN) {
+            if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+                ngx_http_upstream_affinity_metrics_done(f, "send failed");
+            }
+
+            return;
+        }
+
+        if (n == NGX_ERROR) {
+            ngx_http_upstream_affinity_metrics_done(f, "send failed");
+            return;
+        }
+
+        f->out->pos += n;
+    }
+
+    /* all sent: the timer moves to the reply */
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+
+    c->write->handler = ngx_http_upstream_affinity_metrics_send;
+    ngx_add_timer(c->read, f->poller->conf->metrics_conf->timeout);
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        ngx_http_upstream_affinity_metrics_done(f, "recv failed");
+        return;
+    }
+
+    if (c->read->ready) {
+        ngx_http_upstream_affinity_metrics_recv(c->read);
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_metrics_recv(ngx_event_t *rev)
+{
+    size_t                               size;
+    ssize_t                              n;
+    ngx_buf_t                           *b;
+    ngx_connection_t                    *c;
+    ngx_http_upstream_affinity_fetch_t  *f;
+
+    c = rev->data;
+    f = c->data;
+
+    if (rev->timedout) {
+        ngx_http_upstream_affinity_metrics_done(f, "timed out");
+        return;
+    }
+
+    if (f->out->pos < f->out->last) {
+        return;     /* a reply before the request: wait for the write */
+    }
+
+    for ( ;; ) {
+        b = f->in;
+
+        if (b == NULL || b->last == b->end) {
+            size = b ? 2 * (size_t) (b->end - b->start) : 64 * 1024;
+
+            if (size > NGX_HTTP_UPSTREAM_AFFINITY_METRICS_MAX) {
+                ngx_http_upstream_affinity_metrics_done(f,
+                                                  "page larger than 1 MB");
+                return;
+            }
+
+            b = ngx_create_temp_buf(f->pool, size);
+            if (b == NULL) {
+                ngx_http_upstream_affinity_metrics_done(f, "no memory");
+                return;
+            }
+
+            if (f->in) {
+                b->last = ngx_cpymem(b->last, f->in->pos,
+                                     f->in->last - f->in->pos);
+            }
+
+            f->in = b;
+        }
+
+        n = c->recv(c, b->last, b->end - b->last);
+
+        if (n == NGX_AGAIN) {
+            if (ngx_handle_read_event(rev, 0) != NGX_OK) {
+                ngx_http_upstream_affinity_metrics_done(f, "recv failed");
+            }
+
+            return;
+        }
+
+        if (n == NGX_ERROR) {
+            ngx_http_upstream_affinity_metrics_done(f, "recv failed");
+            return;
+        }
+
+        if (n == 0) {
+            ngx_http_upstream_affinity_metrics_read(f);
+            return;
+        }
+
+        b->last += n;
+    }
+}
+
+
+/* the whole reply is here (the server closed): a 200 and its page */
+
+static void
+ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
+{
+    u_char                              *p, *last;
+    uint32_t                             slot;
+    affinity_engine_load_t               load;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    if (f->in == NULL) {
+        ngx_http_upstream_affinity_metrics_done(f, "empty reply");
+        return;
+    }
+
+    p = f->in->pos;
+    last = f->in->last;
+
+    if (last - p < 12
+        || ngx_strncmp(p, "HTTP/1.", 7) != 0
+        || ngx_strncmp(p + 8, " 200", 4) != 0)
+    {
+        ngx_http_upstream_affinity_metrics_done(f, "not a 200 reply");
+        return;
+    }
+
+    p = ngx_strlcasestrn(p, last, (u_char *) CRLF CRLF, 4 - 1);
+
+    if (p == NULL) {
+        ngx_http_upstream_affinity_metrics_done(f, "truncated reply");
+        return;
+    }
+
+    p += 4;
+
+    if (affinity_engine_metrics((char *) p, last - p, &load) != 0) {
+        ngx_http_upstream_affinity_metrics_done(f,
+                                   "no requests running or waiting in it");
+        return;
+    }
+
+    shctx = f->poller->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    slot = affinity_zone_peer_find(shctx->zone, f->peer);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    affinity_zone_peer_polled(shctx->zone, slot, &load,
+                              (uint32_t) ngx_time());
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, f->poller->log, 0,
+                   "affinity metrics of %V: %.0f running, %.0f waiting, "
+                   "cache %.3f", &f->name, load.running, load.waiting,
+                   load.cache_usage);
+
+    ngx_http_upstream_affinity_metrics_done(f, NULL);
+}
+
+
+static void
+ngx_http_upstream_affinity_metrics_done(ngx_http_upstream_affinity_fetch_t *f,
+    const char *error)
+{
+    ngx_http_upstream_affinity_poller_t  *poller;
+
+    poller = f->poller;
+
+    if (error && !poller->warned) {
+        ngx_log_error(NGX_LOG_WARN, poller->log, 0,
+                      "affinity: metrics of %V in upstream \"%V\": %s; "
+                      "counting its requests from here only until it "
+                      "answers", &f->name, &poller->conf->name, error);
+        poller->warned = 1;
+    }
+
+    if (f->pc.connection) {
+        ngx_close_connection(f->pc.connection);
+        f->pc.connection = NULL;
+    }
+
+    ngx_destroy_pool(f->pool);
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env perl
+
+# affinity_metrics: the module polls each server's own /metrics (vLLM's
+# gauges, from the mock replicas) and counts the requests the engine runs
+# and queues -- also those another nginx instance sent it.  Here a client
+# that bypasses nginx keeps one replica busy: with affinity_metrics new
+# sessions avoid it, without they do not.  A server whose metrics hang or
+# are junk changes nothing but its own figure, and says so once.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use IO::Socket::INET;
+use JSON::PP;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers routes chat proxied_upstream);
+
+my $t = AffinityTest->new(workers => 2);
+my @replicas = $t->start_mock_replicas(4, '--decode-ms-per-token', 100);
+my $blind = $t->port;
+my $status = $t->port;
+my $faulty = $t->port;
+my $junk = $t->port;
+my ($hang) = $t->start_backends(1, delay_ms => 60_000);    # t/backend.pl
+
+my $engine = "        affinity_metrics interval=200ms timeout=300ms;\n";
+
+$t->write_conf(proxy_conf($t,
+    servers(\@replicas) . "        session_affinity zone=seeing:1m;\n"
+        . $engine,
+    http => proxied_upstream(blind => servers(\@replicas)
+                                      . "        session_affinity zone=blind:1m;",
+                             $blind)
+        . proxied_upstream(faulty => servers([ $replicas[0], $junk, $hang ])
+                                     . "        session_affinity zone=faulty:1m;\n"
+                                     . $engine, $faulty)
+        . "    server {\n        listen 127.0.0.1:$junk;\n"
+        . "        location = /metrics { return 200 'vllm:num_requests_running{ garbage\\n<html>'; }\n"
+        . "        location / { return 200 'ok'; }\n    }\n"
+        . "    server {\n        listen 127.0.0.1:$status;\n"
+        . "        location / { affinity_status; }\n    }\n"));
+$t->start_nginx;
+
+my $json = JSON::PP->new;
+
+sub engines {
+    my ($upstream) = @_;
+    my $s = $json->decode($t->http(GET => '/', port => $status)->{body});
+    return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine} }
+             @{ $s->{upstreams}{$upstream}{peers} } };
+}
+
+sub eventually {
+    my ($check, $seconds) = @_;
+    my $deadline = time + $seconds;
+    until ($check->()) {
+        return 0 if time > $deadline;
+        sleep 0.1;
+    }
+    return 1;
+}
+
+ok eventually(sub { my $e = engines('llm');
+                    4 == grep { defined $e->{$_} } @replicas }, 5),
+    'every replica\'s own load is known';
+is engines('llm')->{ $replicas[0] }{load}, 0, '... idle at first';
+ok !defined engines('blind')->{ $replicas[0] },
+    'an upstream without affinity_metrics polls nothing';
+
+# ---- another client keeps replica 0 busy ----------------------------------
+
+my $busy = $replicas[0];
+my @socks;
+for my $i (1 .. 24) {
+    my $body = $json->encode({ model => 'm', stream => JSON::PP::true,
+        max_tokens => 60, messages => [ { role => 'user',
+                                          content => "elsewhere $i" } ] });
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $busy)
+        or die "connect: $!";
+    print {$s} "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        . "Content-Type: application/json\r\nContent-Length: "
+        . length($body) . "\r\n\r\n$body";
+    push @socks, $s;
+}
+
+ok eventually(sub { (engines('llm')->{$busy}{load} // 0) >= 20 }, 5),
+    'the busy replica reports its load';
+note 'engine load of the busy replica: ', engines('llm')->{$busy}{load};
+
+sub place {
+    my ($port, $prefix) = @_;
+    my %on;
+    for my $i (1 .. 40) {
+        my $res = $t->http(POST => '/v1/chat/completions', port => $port,
+            headers => { 'Content-Type' => 'application/json',
+                         'X-Session-ID' => "$prefix-$i" },
+            body => chat([ user => 'hi' ]) =~ s/"max_tokens":64/"max_tokens":1/r);
+        $on{ $res->{headers}{'x-replica-port'} // 'none' }++;
+    }
+    return \%on;
+}
+
+my $seeing = place($t->listen_port, 'new');
+my $without = place($blind, 'new');
+note 'new sessions on the busy replica: ', $seeing->{$busy} // 0,
+    ' with affinity_metrics, ', $without->{$busy} // 0, ' without';
+is $seeing->{$busy} // 0, 0,
+    'with affinity_metrics no new session goes to the busy replica';
+cmp_ok $without->{$busy} // 0, '>=', 4,
+    'without, the busy replica takes its share (the test can tell)';
+
+close $_ for @socks;
+
+# ---- servers whose metrics hang or are junk --------------------------------
+
+my @res = map {
+    $t->http(POST => '/v1/chat/completions', port => $faulty,
+             headers => { 'Content-Type' => 'application/json',
+                          'X-Session-ID' => "f-$_",
+                          # the hanging server answers requests at once,
+                          # only its metrics never come
+                          'X-Delay-Ms' => 0 },
+             body => chat([ user => 'hi' ]) =~ s/"max_tokens":64/"max_tokens":1/r)
+} 1 .. 12;
+my %served;
+$served{ $_->{status} }++ for @res;
+is_deeply \%served, { 200 => 12 }, 'requests to that upstream are served';
+
+ok eventually(sub { defined engines('faulty')->{ $replicas[0] } }, 5),
+    'the healthy server\'s figure is known';
+my $e = engines('faulty');
+ok !defined $e->{$junk} && !defined $e->{$hang},
+    'the junk and the hanging servers have none';
+
+sleep 1;
+my $log = $t->error_log;
+my $n = () = $log =~ /affinity: metrics of 127\.0\.0\.1:(?:$junk|$hang) in upstream "faulty"/g;
+ok $n >= 1 && $n <= 2, "logged once per worker ($n)";
+
+is_deeply [ $t->log_problems ], [], 'no alerts, crashes or sanitizer reports';
+
+done_testing;
