@@ -45,6 +45,9 @@ typedef struct {
 } ngx_http_upstream_affinity_fetch_t;
 
 
+static void ngx_http_upstream_affinity_metrics_start(ngx_cycle_t *cycle,
+    ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
 static void ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev);
 static void ngx_http_upstream_affinity_metrics_fetch(
     ngx_http_upstream_affinity_poller_t *poller,
@@ -60,53 +63,40 @@ static void ngx_http_upstream_affinity_metrics_read(
 void
 ngx_http_upstream_affinity_metrics_init(ngx_cycle_t *cycle)
 {
-    ngx_uint_t                               i;
-    ngx_http_upstream_srv_conf_t           **uscfp;
-    ngx_http_upstream_main_conf_t           *umcf;
-    ngx_http_upstream_affinity_poller_t     *poller;
-    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+    ngx_http_upstream_affinity_each_upstream(cycle,
+                                     ngx_http_upstream_affinity_metrics_start);
+}
 
-    umcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                               ngx_http_upstream_module);
-    if (umcf == NULL) {
+
+static void
+ngx_http_upstream_affinity_metrics_start(ngx_cycle_t *cycle,
+    ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    ngx_http_upstream_affinity_poller_t  *poller;
+
+    if (ascf->metrics_conf == NULL) {
         return;
     }
 
-    uscfp = umcf->upstreams.elts;
-
-    for (i = 0; i < umcf->upstreams.nelts; i++) {
-
-        if (uscfp[i]->srv_conf == NULL) {
-            continue;
-        }
-
-        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
-
-        if (ascf == NULL || ascf->metrics_conf == NULL
-            || ascf->counter_zone == NULL)
-        {
-            continue;
-        }
-
-        poller = ngx_pcalloc(cycle->pool,
-                             sizeof(ngx_http_upstream_affinity_poller_t));
-        if (poller == NULL) {
-            continue;
-        }
-
-        poller->conf = ascf;
-        poller->upstream = uscfp[i];
-        poller->log = cycle->log;
-
-        poller->timer.handler = ngx_http_upstream_affinity_metrics_tick;
-        poller->timer.data = poller;
-        poller->timer.log = cycle->log;
-        poller->timer.cancelable = 1;
-
-        /* workers start at once: the zone gives one of them the turn */
-
-        ngx_add_timer(&poller->timer, 10 + ngx_random() % 100);
+    poller = ngx_pcalloc(cycle->pool,
+                         sizeof(ngx_http_upstream_affinity_poller_t));
+    if (poller == NULL) {
+        return;
     }
+
+    poller->conf = ascf;
+    poller->upstream = uscf;
+    poller->log = cycle->log;
+
+    poller->timer.handler = ngx_http_upstream_affinity_metrics_tick;
+    poller->timer.data = poller;
+    poller->timer.log = cycle->log;
+    poller->timer.cancelable = 1;
+
+    /* workers start at once: the zone gives one of them the turn */
+
+    ngx_add_timer(&poller->timer, 10 + ngx_random() % 100);
 }
 
 

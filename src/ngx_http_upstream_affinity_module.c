@@ -82,6 +82,9 @@ static ngx_int_t ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
     ngx_http_upstream_affinity_cookie_t *cookie);
 static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf);
+static char *ngx_http_upstream_affinity_table(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *zone,
+    ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **shm_zone);
 
 
 static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
@@ -304,6 +307,43 @@ ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
 }
 
 
+/*
+ * Calls handler with each upstream of the cycle that this module balances:
+ * what a worker starts and stops per upstream (stores, pollers).
+ */
+
+void
+ngx_http_upstream_affinity_each_upstream(ngx_cycle_t *cycle,
+    ngx_http_upstream_affinity_upstream_pt handler)
+{
+    ngx_uint_t                               i;
+    ngx_http_upstream_srv_conf_t           **uscfp;
+    ngx_http_upstream_main_conf_t           *umcf;
+    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+
+    umcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_upstream_module);
+    if (umcf == NULL) {
+        return;
+    }
+
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;           /* an implicit upstream of proxy_pass */
+        }
+
+        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (ascf && ascf->counter_zone) {
+            handler(cycle, uscfp[i], ascf);
+        }
+    }
+}
+
+
 static void *
 ngx_http_upstream_affinity_create_conf(ngx_conf_t *cf)
 {
@@ -350,7 +390,6 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
-    char                                 *rv;
     ngx_int_t                             rc;
     ngx_str_t                            *value, s, zone;
     ngx_uint_t                            i;
@@ -483,16 +522,9 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
                            "\"cookie=\"");
     }
 
-    rv = ngx_http_upstream_affinity_add_zone(cf, ascf,
-                                             zone.data ? &zone : NULL,
-                                             &suffix, AFFINITY_ZONE_SESSIONS,
-                                             &ascf->session_zone);
-    if (rv != NGX_CONF_OK) {
-        return rv;
-    }
-
-    return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
-           ? NGX_CONF_OK : NGX_CONF_ERROR;
+    return ngx_http_upstream_affinity_table(cf, ascf, &zone, &suffix,
+                                            AFFINITY_ZONE_SESSIONS,
+                                            &ascf->session_zone);
 }
 
 
@@ -609,7 +641,6 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
     u_char      *p, *last, *start;
-    char        *rv;
     ssize_t      size;
     ngx_int_t    n;
     ngx_str_t   *value, s, zone;
@@ -761,16 +792,9 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
 
     ngx_memcpy(ascf->schedule, schedule, ascf->nschedule * sizeof(uint32_t));
 
-    rv = ngx_http_upstream_affinity_add_zone(cf, ascf,
-                                             zone.data ? &zone : NULL,
-                                             &suffix, AFFINITY_ZONE_PREFIXES,
-                                             &ascf->prefix_zone);
-    if (rv != NGX_CONF_OK) {
-        return rv;
-    }
-
-    return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
-           ? NGX_CONF_OK : NGX_CONF_ERROR;
+    return ngx_http_upstream_affinity_table(cf, ascf, &zone, &suffix,
+                                            AFFINITY_ZONE_PREFIXES,
+                                            &ascf->prefix_zone);
 }
 
 
@@ -785,7 +809,6 @@ ngx_http_upstream_affinity_response(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
-    char        *rv;
     ngx_str_t   *value, s, zone;
     ngx_uint_t   i;
 
@@ -834,16 +857,9 @@ ngx_http_upstream_affinity_response(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    rv = ngx_http_upstream_affinity_add_zone(cf, ascf,
-                                             zone.data ? &zone : NULL,
-                                             &suffix, AFFINITY_ZONE_RESPONSES,
-                                             &ascf->response_zone);
-    if (rv != NGX_CONF_OK) {
-        return rv;
-    }
-
-    return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
-           ? NGX_CONF_OK : NGX_CONF_ERROR;
+    return ngx_http_upstream_affinity_table(cf, ascf, &zone, &suffix,
+                                            AFFINITY_ZONE_RESPONSES,
+                                            &ascf->response_zone);
 }
 
 
@@ -1496,6 +1512,30 @@ ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
     ascf->cookie_max_age = cookie->max_age;
 
     return NGX_OK;
+}
+
+
+/*
+ * The zone of a directive's table ("zone=", else the upstream's default
+ * one), and the balancer set for the upstream.
+ */
+
+static char *
+ngx_http_upstream_affinity_table(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *zone,
+    ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **shm_zone)
+{
+    char  *rv;
+
+    rv = ngx_http_upstream_affinity_add_zone(cf, ascf,
+                                             zone->data ? zone : NULL,
+                                             suffix, kind, shm_zone);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
+           ? NGX_CONF_OK : NGX_CONF_ERROR;
 }
 
 

@@ -197,7 +197,14 @@ extern ngx_module_t  ngx_http_upstream_affinity_module;
 extern ngx_str_t     ngx_http_upstream_affinity_route_names[AFFINITY_ROUTES];
 
 
+typedef void (*ngx_http_upstream_affinity_upstream_pt)(ngx_cycle_t *cycle,
+    ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
+
+
 /* ngx_http_upstream_affinity_module.c: configuration */
+void ngx_http_upstream_affinity_each_upstream(ngx_cycle_t *cycle,
+    ngx_http_upstream_affinity_upstream_pt handler);
 ssize_t ngx_http_upstream_affinity_parse_size(ngx_conf_t *cf,
     const char *what, ngx_str_t *shown, ngx_str_t *value, size_t min,
     off_t max);

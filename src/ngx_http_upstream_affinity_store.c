@@ -70,6 +70,12 @@ struct ngx_http_upstream_affinity_store_s {
 };
 
 
+static void ngx_http_upstream_affinity_store_open_upstream(
+    ngx_cycle_t *cycle, ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
+static void ngx_http_upstream_affinity_store_close_upstream(
+    ngx_cycle_t *cycle, ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
 static void ngx_http_upstream_affinity_store_connect(
     ngx_http_upstream_affinity_store_t *store);
 static redisAsyncContext *ngx_http_upstream_affinity_store_open(
@@ -111,126 +117,103 @@ static void ngx_http_upstream_affinity_store_writable(ngx_event_t *ev);
 void
 ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle)
 {
-    ngx_uint_t                               i;
-    affinity_zone_info_t                     info;
-    ngx_http_upstream_srv_conf_t           **uscfp;
-    ngx_http_upstream_main_conf_t           *umcf;
-    ngx_http_upstream_affinity_store_t      *store;
-    ngx_http_upstream_affinity_shctx_t      *shctx;
-    ngx_http_upstream_affinity_srv_conf_t   *ascf;
-
-    umcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                               ngx_http_upstream_module);
-    if (umcf == NULL) {
-        return;
-    }
-
-    uscfp = umcf->upstreams.elts;
-
-    for (i = 0; i < umcf->upstreams.nelts; i++) {
-
-        if (uscfp[i]->srv_conf == NULL) {
-            continue;
-        }
-
-        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
-
-        if (ascf == NULL || ascf->store_conf == NULL
-            || ascf->counter_zone == NULL)
-        {
-            continue;
-        }
-
-        store = ngx_pcalloc(cycle->pool,
-                            sizeof(ngx_http_upstream_affinity_store_t));
-        if (store == NULL) {
-            continue;
-        }
-
-        store->backlog = ngx_alloc(ascf->store_conf->backlog
-                                 * sizeof(ngx_http_upstream_affinity_backlog_t),
-                                   cycle->log);
-        if (store->backlog == NULL) {
-            continue;
-        }
-
-        /*
-         * The instance is known by the random seed of its counter zone:
-         * every worker of one nginx shares it, across reloads, and another
-         * nginx has its own.
-         */
-
-        shctx = ascf->counter_zone->data;
-        affinity_zone_info(shctx->zone, &info);
-
-        store->conf = ascf;
-        store->log = cycle->log;
-        store->instance = info.seed;
-
-        /* entries still in the stream are applied if not expired */
-        ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
-                    sizeof(store->last));
-
-        store->retry.handler = ngx_http_upstream_affinity_store_retry;
-        store->retry.data = store;
-        store->retry.log = cycle->log;
-        store->retry.cancelable = 1;
-
-        store->timeout.handler = ngx_http_upstream_affinity_store_timeout;
-        store->timeout.data = store;
-        store->timeout.log = cycle->log;
-        store->timeout.cancelable = 1;
-
-        ascf->store = store;
-
-        ngx_http_upstream_affinity_store_connect(store);
-    }
+    ngx_http_upstream_affinity_each_upstream(cycle,
+                              ngx_http_upstream_affinity_store_open_upstream);
 }
 
 
 void
 ngx_http_upstream_affinity_store_exit(ngx_cycle_t *cycle)
 {
-    ngx_uint_t                               i;
-    ngx_http_upstream_srv_conf_t           **uscfp;
-    ngx_http_upstream_main_conf_t           *umcf;
-    ngx_http_upstream_affinity_store_t      *store;
-    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+    ngx_http_upstream_affinity_each_upstream(cycle,
+                             ngx_http_upstream_affinity_store_close_upstream);
+}
 
-    umcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                               ngx_http_upstream_module);
-    if (umcf == NULL) {
+
+static void
+ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
+    ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    affinity_zone_info_t                 info;
+    ngx_http_upstream_affinity_store_t  *store;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    if (ascf->store_conf == NULL) {
         return;
     }
 
-    uscfp = umcf->upstreams.elts;
-
-    for (i = 0; i < umcf->upstreams.nelts; i++) {
-
-        if (uscfp[i]->srv_conf == NULL) {
-            continue;
-        }
-
-        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
-
-        if (ascf == NULL || ascf->store == NULL) {
-            continue;
-        }
-
-        store = ascf->store;
-        store->exiting = 1;
-
-        if (store->writer) {
-            redisAsyncFree(store->writer);
-        }
-
-        if (store->reader) {
-            redisAsyncFree(store->reader);
-        }
-
-        ngx_free(store->backlog);
-        ascf->store = NULL;
+    store = ngx_pcalloc(cycle->pool,
+                        sizeof(ngx_http_upstream_affinity_store_t));
+    if (store == NULL) {
+        return;
     }
+
+    store->backlog = ngx_alloc(ascf->store_conf->backlog
+                               * sizeof(ngx_http_upstream_affinity_backlog_t),
+                               cycle->log);
+    if (store->backlog == NULL) {
+        return;
+    }
+
+    /*
+     * The instance is known by the random seed of its counter zone: every
+     * worker of one nginx shares it, across reloads, and another nginx has
+     * its own.
+     */
+
+    shctx = ascf->counter_zone->data;
+    affinity_zone_info(shctx->zone, &info);
+
+    store->conf = ascf;
+    store->log = cycle->log;
+    store->instance = info.seed;
+
+    /* entries still in the stream are applied if not expired */
+    ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
+                sizeof(store->last));
+
+    store->retry.handler = ngx_http_upstream_affinity_store_retry;
+    store->retry.data = store;
+    store->retry.log = cycle->log;
+    store->retry.cancelable = 1;
+
+    store->timeout.handler = ngx_http_upstream_affinity_store_timeout;
+    store->timeout.data = store;
+    store->timeout.log = cycle->log;
+    store->timeout.cancelable = 1;
+
+    ascf->store = store;
+
+    ngx_http_upstream_affinity_store_connect(store);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_close_upstream(ngx_cycle_t *cycle,
+    ngx_http_upstream_srv_conf_t *uscf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    ngx_http_upstream_affinity_store_t  *store;
+
+    store = ascf->store;
+
+    if (store == NULL) {
+        return;
+    }
+
+    store->exiting = 1;
+
+    if (store->writer) {
+        redisAsyncFree(store->writer);
+    }
+
+    if (store->reader) {
+        redisAsyncFree(store->reader);
+    }
+
+    ngx_free(store->backlog);
+    ascf->store = NULL;
 }
 
 
@@ -282,7 +265,7 @@ ngx_http_upstream_affinity_store_open(
     redisAsyncSetConnectCallback(ac,
                                  ngx_http_upstream_affinity_store_connected);
     redisAsyncSetDisconnectCallback(ac,
-                                 ngx_http_upstream_affinity_store_disconnected);
+                              ngx_http_upstream_affinity_store_disconnected);
 
     return ac;
 }

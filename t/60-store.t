@@ -21,7 +21,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes chat);
+use AffinityConf qw(proxy_conf servers routes chat eventually);
 
 my $redis_server = (grep { -x } map { "$_/redis-server" }
                     split /:/, "$ENV{PATH}:/usr/bin:/usr/sbin")[0];
@@ -86,17 +86,6 @@ sub last_routes {
     my ($t, $n) = @_;
     my @r = routes($t);
     return @r[-$n .. -1];
-}
-
-# Waits until $check returns true, at most $seconds.
-sub eventually {
-    my ($check, $seconds) = @_;
-    my $deadline = time + $seconds;
-    until ($check->()) {
-        return 0 if time > $deadline;
-        sleep 0.1;
-    }
-    return 1;
 }
 
 # ---- sessions --------------------------------------------------------------

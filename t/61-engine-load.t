@@ -19,7 +19,8 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes chat proxied_upstream);
+use AffinityConf qw(proxy_conf servers routes chat proxied_upstream
+                    eventually);
 
 my $t = AffinityTest->new(workers => 2);
 my @replicas = $t->start_mock_replicas(4, '--decode-ms-per-token', 100);
@@ -56,15 +57,6 @@ sub engines {
              @{ $s->{upstreams}{$upstream}{peers} } };
 }
 
-sub eventually {
-    my ($check, $seconds) = @_;
-    my $deadline = time + $seconds;
-    until ($check->()) {
-        return 0 if time > $deadline;
-        sleep 0.1;
-    }
-    return 1;
-}
 
 ok eventually(sub { my $e = engines('llm');
                     4 == grep { defined $e->{$_} } @replicas }, 5),

@@ -9,7 +9,7 @@ use warnings;
 
 use Exporter 'import';
 our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
-                    placement moved chat proxied_upstream);
+                    placement moved chat proxied_upstream eventually);
 
 use Time::HiRes qw(sleep time);
 
@@ -138,6 +138,18 @@ sub session_request {
     $h{'X-Session-ID'} = $id if defined $id;
     return { method => $opt{method} // 'GET', path => $opt{path} // '/',
              headers => \%h, (defined $opt{body} ? (body => $opt{body}) : ()) };
+}
+
+# eventually($check, $seconds) - whether $check returns true within
+# $seconds, asking every 100 ms.
+sub eventually {
+    my ($check, $seconds) = @_;
+    my $deadline = time + $seconds;
+    until ($check->()) {
+        return 0 if time > $deadline;
+        sleep 0.1;
+    }
+    return 1;
 }
 
 # json_string($text) - $text as a JSON string literal.
