@@ -53,7 +53,7 @@ PYTHON    ?= /usr/bin/python3
 .PHONY: all deps module module-asan unit unit-asan pytests e2e test-asan \
         fuzz fuzz-replay test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
-        bench-instructions bench-micro bench-faults clean
+        bench-instructions bench-micro bench-faults bench-instances clean
 
 all: module
 
@@ -114,6 +114,10 @@ test: unit unit-asan fuzz-replay pytests e2e test-asan
 bench-quick: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    $(PYTHON) bench/bench.py --quick
+
+bench-instances: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) bench/bench.py --instances
 
 bench-levels: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \

@@ -16,6 +16,10 @@ oracle router reaches on the same workload offline.
         --seeds 1 --policies session_prefix,least_conn
     bench/bench.py --levels                 prefix_affinity's level
                                             variants on the trace (roomy)
+    bench/bench.py --instances              1, 2 and 4 instances of the
+                                            module behind a random spreader,
+                                            on their own and sharing a Redis
+                                            store (tight, quick slices)
 
 Workloads (bench/sim/workloads.py): conversation (slices of the Mooncake
 trace: seed N is slice N), shared-docs, agentic, chat (generated, seeded
@@ -121,6 +125,25 @@ POLICIES = {
                     False),
 }
 
+# Several instances of the module (both directives) behind a spreader that
+# sends each request to one of them at random: name -> (instances, shared),
+# shared meaning that they share what they learn through a Redis server
+# (affinity_store) and count the engines' own load (affinity_metrics).
+INSTANCES = {'x1': (1, False), 'x2': (2, False), 'x2_shared': (2, True),
+             'x4': (4, False), 'x4_shared': (4, True)}
+for _name, (_n, _shared) in INSTANCES.items():
+    POLICIES[_name] = (
+        'nginx',
+        f'session_affinity; prefix_affinity; x{_n} instances'
+        + (', affinity_store + affinity_metrics' if _shared else
+           (', on their own' if _n > 1 else '')),
+        SESSION_ZONE + '\n        ' + PREFIX_ZONE, False)
+INSTANCE_POLICIES = list(INSTANCES)
+REDIS_PORT = 19390
+# The engines are polled as often as the module allows: the replay runs
+# its workload faster than real time.
+METRICS_LINE = 'affinity_metrics interval=100ms timeout=1s;'
+
 MAIN_POLICIES = ['session_prefix', 'session_affinity', 'prefix_affinity',
                  'round_robin', 'least_conn', 'hash_consistent',
                  'haproxy_hdr', 'haproxy_body']
@@ -176,9 +199,12 @@ def start_mock(workdir, profile, cache_tokens, speed):
 class Proxy:
     """nginx (with the module loaded) or HAProxy in front of the fleet."""
 
-    def __init__(self, workdir, kind, lines, ports, module, nginx_bin):
+    def __init__(self, workdir, kind, lines, ports, module, nginx_bin,
+                 port=PROXY_PORT, index=0):
         self.kind = kind
-        self.dir = os.path.join(workdir, 'proxy')
+        self.port = port
+        self.dir = os.path.join(workdir, 'proxy' if index == 0
+                                else f'proxy-{index}')
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(os.path.join(self.dir, 'tmp'))
         servers = ports
@@ -200,7 +226,7 @@ class Proxy:
         self.proc = subprocess.Popen(self.cmd, stdout=self.out,
                                      stderr=subprocess.STDOUT)
         try:
-            wait_port(PROXY_PORT)
+            wait_port(self.port)
         except RuntimeError:
             self.proc.kill()
             with open(log_path) as f:
@@ -229,7 +255,7 @@ http {{
     }}
 
     server {{
-        listen 127.0.0.1:{PROXY_PORT} backlog=4096;
+        listen 127.0.0.1:{self.port} backlog=4096;
         location / {{
             proxy_pass http://fleet;
             proxy_http_version 1.1;
@@ -338,14 +364,57 @@ class Case:
         return max(1.0, round(speed, 1))
 
 
-def run_policy(case, name, mode, fleet, workdir):
-    """One replay through one policy; its figures (summary())."""
+class Redis:
+    """A redis-server of its own for a run, empty, without persistence."""
+
+    def __init__(self, workdir):
+        self.log = open(os.path.join(workdir, 'redis.log'), 'w')
+        self.proc = subprocess.Popen(
+            ['redis-server', '--port', str(REDIS_PORT), '--bind',
+             '127.0.0.1', '--save', '', '--appendonly', 'no'],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_port(REDIS_PORT)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+        self.log.close()
+
+
+def start_proxies(case, name, fleet, workdir):
+    """The policy's balancers: one, or several instances (and the store
+    they share).  Returns (proxies, redis or None)."""
     kind, label, lines, _ = POLICIES[name]
     args = case.args
-    proxy = Proxy(workdir, kind, lines, fleet.ports, args.module, args.nginx)
+    count, shared = INSTANCES.get(name, (1, False))
+    redis = Redis(workdir) if shared else None
+    if shared:
+        lines += (f'\n        affinity_store 127.0.0.1:{REDIS_PORT};'
+                  f'\n        {METRICS_LINE}')
+    proxies = []
+    try:
+        for i in range(count):
+            proxies.append(Proxy(workdir, kind, lines, fleet.ports,
+                                 args.module, args.nginx,
+                                 port=PROXY_PORT + 10 * i, index=i))
+    except Exception:
+        for p in proxies:
+            p.stop()
+        if redis:
+            redis.stop()
+        raise
+    return proxies, redis
+
+
+def run_policy(case, name, mode, fleet, workdir):
+    """One replay through one policy; its figures (summary())."""
+    args = case.args
+    proxies, redis = start_proxies(case, name, fleet, workdir)
     out = os.path.join(workdir, f'{name}-{mode}.json')
+    urls = ','.join(f'http://127.0.0.1:{p.port}/v1/chat/completions'
+                    for p in proxies)
     cmd = [PYTHON, os.path.join(SIM, 'replay.py'),
-           '--url', f'http://127.0.0.1:{PROXY_PORT}/v1/chat/completions',
+           '--url', urls,
            '--speed', str(case.speed),
            '--rate-multiplier', str(case.profile.rate_multiplier),
            '--sessions', mode, '--stats-urls', ','.join(fleet.stats_urls()),
@@ -355,7 +424,10 @@ def run_policy(case, name, mode, fleet, workdir):
     try:
         subprocess.run(cmd, check=True)
     finally:
-        proxy.stop()
+        for proxy in proxies:
+            proxy.stop()
+        if redis:
+            redis.stop()
     with open(out) as f:
         s = json.load(f)['summary']
     # replay.py resets the replicas' counters before it starts, so the
@@ -625,6 +697,10 @@ def parse_args(argv=None):
     ap.add_argument('--quick', action='store_true',
                     help='tight, every workload, both session modes, 1 seed, '
                          'quick slices, the quick policies')
+    ap.add_argument('--instances', action='store_true',
+                    help='tight, every workload, both session modes, 1 seed, '
+                         'quick slices: 1, 2 and 4 instances of the module, '
+                         'on their own and sharing a store')
     ap.add_argument('--levels', action='store_true',
                     help='roomy, the first 2000 requests of the trace, '
                          'prefix_affinity level variants')
@@ -665,6 +741,10 @@ def parse_args(argv=None):
         preset = dict(profile='roomy', workload='conversation',
                       sessions='on', seeds=1, limit=2000,
                       policies=','.join(LEVEL_POLICIES), name='levels')
+    elif args.instances:
+        preset = dict(profile='tight', workload='all', sessions='both',
+                      seeds=1, size='quick',
+                      policies=','.join(INSTANCE_POLICIES), name='instances')
     elif args.quick:
         preset = dict(profile='tight', workload='all', sessions='both',
                       seeds=1, size='quick',

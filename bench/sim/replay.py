@@ -180,7 +180,7 @@ async def replay_one(request, at, body, options, clock):
             headers.append(('X-Session-ID', session))
         rec['send'] = clock()
         await asyncio.wait_for(
-            exchange(options.target, body, headers, rec, clock),
+            exchange(options.target_of(request), body, headers, rec, clock),
             options.timeout)
     except asyncio.TimeoutError:
         rec['err'] = 'timeout'
@@ -195,12 +195,24 @@ class ReplayOptions:
 
     def __init__(self, url, speed=1.0, session_header=False, timeout=120.0,
                  model='mock-llm', rate_multiplier=1.0):
-        self.target = http1.split_url(url)
+        # Several URLs: several balancer instances behind a spreader that
+        # sends each request to one of them at random (as a cloud load
+        # balancer in front of ingress pods does), reproducibly.
+        self.targets = [http1.split_url(u) for u in url.split(',') if u]
+        self.target = self.targets[0]
         self.speed = speed
         self.rate_multiplier = rate_multiplier
         self.session_header = session_header
         self.timeout = timeout
         self.model = model
+
+    def target_of(self, request):
+        """The instance a request goes to: one at random, the same for a
+        request index in every run."""
+        if len(self.targets) == 1:
+            return self.target
+        pick = (request.index * 0x9E3779B97F4A7C15 + 12345) % (1 << 64)
+        return self.targets[(pick >> 33) % len(self.targets)]
 
 
 async def replay(requests, options):
@@ -404,7 +416,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--url', required=True,
                    help='chat completions URL, e.g. '
-                        'http://127.0.0.1:8080/v1/chat/completions')
+                        'http://127.0.0.1:8080/v1/chat/completions; '
+                        'several, comma-separated: each request goes to one '
+                        'of them at random')
     trace.add_trace_arguments(p, 'replay')
     workloads.add_workload_arguments(p)
     p.add_argument('--rate-multiplier', type=float, default=1.0,
