@@ -126,19 +126,24 @@ POLICIES = {
 }
 
 # Several instances of the module (both directives) behind a spreader that
-# sends each request to one of them at random: name -> (instances, shared),
-# shared meaning that they share what they learn through a Redis server
-# (affinity_store) and count the engines' own load (affinity_metrics).
-INSTANCES = {'x1': (1, False), 'x2': (2, False), 'x2_shared': (2, True),
-             'x4': (4, False), 'x4_shared': (4, True)}
-for _name, (_n, _shared) in INSTANCES.items():
+# sends each request to one of them at random: name -> (instances, store,
+# metrics): whether they share what they learn through a Redis server
+# (affinity_store), whether they count the engines' own load
+# (affinity_metrics).
+INSTANCES = {'x1': (1, False, False), 'x2': (2, False, False),
+             'x2_shared': (2, True, True), 'x4': (4, False, False),
+             'x4_shared': (4, True, True),
+             'x2_store': (2, True, False), 'x4_store': (4, True, False),
+             'x2_metrics': (2, False, True)}
+for _name, (_n, _store, _metrics) in INSTANCES.items():
+    _how = ' + '.join(d for d, on in (('affinity_store', _store),
+                                      ('affinity_metrics', _metrics)) if on)
     POLICIES[_name] = (
         'nginx',
         f'session_affinity; prefix_affinity; x{_n} instances'
-        + (', affinity_store + affinity_metrics' if _shared else
-           (', on their own' if _n > 1 else '')),
+        + (f', {_how}' if _how else (', on their own' if _n > 1 else '')),
         SESSION_ZONE + '\n        ' + PREFIX_ZONE, False)
-INSTANCE_POLICIES = list(INSTANCES)
+INSTANCE_POLICIES = ['x1', 'x2', 'x2_shared', 'x4', 'x4_shared']
 REDIS_PORT = 19390
 # The engines are polled as often as the module allows: the replay runs
 # its workload faster than real time.
@@ -386,11 +391,12 @@ def start_proxies(case, name, fleet, workdir):
     they share).  Returns (proxies, redis or None)."""
     kind, label, lines, _ = POLICIES[name]
     args = case.args
-    count, shared = INSTANCES.get(name, (1, False))
-    redis = Redis(workdir) if shared else None
-    if shared:
-        lines += (f'\n        affinity_store 127.0.0.1:{REDIS_PORT};'
-                  f'\n        {METRICS_LINE}')
+    count, store, metrics = INSTANCES.get(name, (1, False, False))
+    redis = Redis(workdir) if store else None
+    if store:
+        lines += f'\n        affinity_store 127.0.0.1:{REDIS_PORT};'
+    if metrics:
+        lines += f'\n        {METRICS_LINE}'
     proxies = []
     try:
         for i in range(count):

@@ -66,7 +66,7 @@ struct Fleet {
     uint32_t row = AFFINITY_NO_ROW;     // the worker row, as a worker has
     std::vector<affinity_peer_t> peers;
     std::vector<uint8_t> states;        // per request, as in get_peer
-    affinity_balance_t balance{1.25, 2};
+    affinity_balance_t balance{1.25, 2, 0, 0};
 };
 
 // The in-flight count of one request start and end, without (0) and with

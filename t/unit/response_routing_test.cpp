@@ -206,7 +206,7 @@ TEST(ResponseRouting, OwnerIdWithoutContinuesIsIgnored)
     for (int i = 0; i < 6; i++) {
         up.acquire(1);
     }
-    affinity_balance_t balance{1.25, 2.0};
+    affinity_balance_t balance{1.25, 2.0, 0, 0};
     affinity_decision_t d{};
     ASSERT_EQ(affinity_route(z.get(), up.ring(), up.peers().data(),
                              up.states().data(), up.size(), &balance, &r, &d),

@@ -643,7 +643,7 @@ TEST(Selection, PinsSurviveAReorderedPeerList)
     std::vector<affinity_peer_t> peers(up.peers().rbegin(), up.peers().rend());
     std::vector<uint8_t> states(peers.size(), AFFINITY_PEER_USABLE);
     RingPtr ring = make_ring(peers);
-    affinity_balance_t balance{1.25, 2};
+    affinity_balance_t balance{1.25, 2, 0, 0};
 
     for (size_t k = 0; k < pin_id.size(); k++) {
         std::string key = key_name(k);
@@ -816,7 +816,7 @@ TEST(Selection, NoUsablePeerRefusesAndCountsNothing)
 TEST(Selection, NoPeersAtAll)
 {
     TestZone z;
-    affinity_balance_t balance{1.25, 2};
+    affinity_balance_t balance{1.25, 2, 0, 0};
     affinity_request_t req{};
     req.has_key = 1;
     req.key_hash = 99;
@@ -834,7 +834,7 @@ TEST(Selection, WithoutARingKeysGoToTheLeastLoaded)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1});
-    affinity_balance_t balance{1.25, 2};
+    affinity_balance_t balance{1.25, 2, 0, 0};
 
     up.acquire(0);
     up.acquire(2);

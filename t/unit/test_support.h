@@ -273,7 +273,7 @@ inline void expect_within_bound(const Upstream &up, const char *when)
 class Router {
 public:
     Router(affinity_zone_t *zone, Upstream &upstream,
-           affinity_balance_t balance = {1.25, 2.0})
+           affinity_balance_t balance = {1.25, 2.0, 0, 0})
         : zone_(zone), upstream_(upstream), balance_(balance) {}
 
     uint32_t now = 1000;
