@@ -41,7 +41,7 @@ TEST(BoundedLoad, HotKeyNeverOverloadsAPeer)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
 
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.rc, 0);
@@ -99,7 +99,7 @@ TEST(BoundedLoad, BoundHoldsWithBackgroundLoadAndManyKeys)
     // Concurrent requests of many sessions, a few hot, with some finishing.
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
     std::vector<int> live;     // peers of requests in flight
 
     uint32_t x = 1;
@@ -130,7 +130,7 @@ TEST(BoundedLoad, WeightedBoundHolds)
 {
     TestZone z;
     Upstream up(z.get(), {1, 3, 2});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
     const double weights = 6;
 
     for (int n = 0; n < 600; n++) {
@@ -157,7 +157,7 @@ TEST(BoundedLoad, FailedPeersLoadDoesNotRaiseTheBound)
     // others: the bound is over the peers that can take requests.
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
 
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.decision.route, kNew);
@@ -195,7 +195,7 @@ TEST(BoundedLoad, SpillsPreferThePreviousPin)
     // cache holds all of the session but the latest turns).
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
 
     Routed first = router.route_key("hot");
     ASSERT_EQ(first.decision.route, kNew);
@@ -241,7 +241,7 @@ TEST(BoundedLoad, PreviousPinIsPreferredOverRingOrder)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
     std::string key = "sticky";
 
     Routed first = router.route_key_released(key);
@@ -294,7 +294,7 @@ TEST(BoundedLoad, OverloadedSpillPeerIsReplaced)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
 
     Routed first = router.route_key_released("k");
     const size_t pinned = size_t(first.decision.peer);
@@ -388,7 +388,7 @@ TEST(Selection, OverloadedPinnedPeerSpillsAndThePinFollows)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
 
     Routed first = router.route_key_released("fay");
     const size_t pinned = size_t(first.decision.peer);
@@ -470,7 +470,7 @@ TEST(Selection, OverloadedDrainingPeerSpills)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, {kFactor, kSlack});
+    Router router(z.get(), up, {kFactor, kSlack, 0, 0});
 
     Routed first = router.route_key_released("gus");
     const size_t pinned = size_t(first.decision.peer);
