@@ -392,6 +392,8 @@ def start_proxies(case, name, fleet, workdir):
     kind, label, lines, _ = POLICIES[name]
     args = case.args
     count, store, metrics = INSTANCES.get(name, (1, False, False))
+    if args.extra and kind == 'nginx':
+        lines += '\n        ' + args.extra
     redis = Redis(workdir) if store else None
     if store:
         lines += f'\n        affinity_store 127.0.0.1:{REDIS_PORT};'
@@ -732,6 +734,9 @@ def parse_args(argv=None):
                          '(default %(default)s)')
     ap.add_argument('--timeout', type=float, default=600.0,
                     help='seconds (wall) a request may take')
+    ap.add_argument('--with', dest='extra', default='',
+                    help='directives added to the upstream of every nginx '
+                         'policy, e.g. "affinity_balance factor=2;"')
     ap.add_argument('--name', default='')
     for option, name, kind in profiles.OPTIONS:
         ap.add_argument(option, dest=name, type=kind,
