@@ -82,6 +82,8 @@ static ngx_int_t ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
     ngx_http_upstream_affinity_cookie_t *cookie);
 static ngx_int_t ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf);
+static ngx_int_t ngx_http_upstream_affinity_table_param(ngx_conf_t *cf,
+    ngx_str_t *param, ngx_str_t *zone, time_t *timeout);
 static char *ngx_http_upstream_affinity_table(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf, ngx_str_t *zone,
     ngx_str_t *suffix, affinity_zone_kind_e kind, ngx_shm_zone_t **shm_zone);
@@ -460,23 +462,13 @@ ngx_http_upstream_affinity_session(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
         }
 
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
-            zone.data = value[i].data + 5;
-            zone.len = value[i].len - 5;
-            continue;
+        rc = ngx_http_upstream_affinity_table_param(cf, &value[i], &zone,
+                                                    &ascf->session_timeout);
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
         }
 
-        if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
-            s.data = value[i].data + 8;
-            s.len = value[i].len - 8;
-
-            if (ngx_http_upstream_affinity_timeout(cf, &value[i], &s,
-                                                   &ascf->session_timeout)
-                != NGX_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-
+        if (rc == NGX_OK) {
             continue;
         }
 
@@ -642,7 +634,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
 
     u_char      *p, *last, *start;
     ssize_t      size;
-    ngx_int_t    n;
+    ngx_int_t    n, rc;
     ngx_str_t   *value, s, zone;
     ngx_uint_t   i, nlengths, step, growth, max;
     uint32_t     lengths[AFFINITY_MAX_LEVELS], schedule[AFFINITY_MAX_LEVELS];
@@ -752,23 +744,13 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
         }
 
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
-            zone.data = value[i].data + 5;
-            zone.len = value[i].len - 5;
-            continue;
+        rc = ngx_http_upstream_affinity_table_param(cf, &value[i], &zone,
+                                                    &ascf->prefix_timeout);
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
         }
 
-        if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
-            s.data = value[i].data + 8;
-            s.len = value[i].len - 8;
-
-            if (ngx_http_upstream_affinity_timeout(cf, &value[i], &s,
-                                                   &ascf->prefix_timeout)
-                != NGX_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-
+        if (rc == NGX_OK) {
             continue;
         }
 
@@ -809,7 +791,8 @@ ngx_http_upstream_affinity_response(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
-    ngx_str_t   *value, s, zone;
+    ngx_int_t    rc;
+    ngx_str_t   *value, zone;
     ngx_uint_t   i;
 
     static ngx_str_t  suffix = ngx_string("_responses");
@@ -832,23 +815,13 @@ ngx_http_upstream_affinity_response(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 1; i < cf->args->nelts; i++) {
 
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
-            zone.data = value[i].data + 5;
-            zone.len = value[i].len - 5;
-            continue;
+        rc = ngx_http_upstream_affinity_table_param(cf, &value[i], &zone,
+                                                    &ascf->response_timeout);
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
         }
 
-        if (ngx_strncmp(value[i].data, "timeout=", 8) == 0) {
-            s.data = value[i].data + 8;
-            s.len = value[i].len - 8;
-
-            if (ngx_http_upstream_affinity_timeout(cf, &value[i], &s,
-                                                   &ascf->response_timeout)
-                != NGX_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-
+        if (rc == NGX_OK) {
             continue;
         }
 
@@ -1512,6 +1485,35 @@ ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
     ascf->cookie_max_age = cookie->max_age;
 
     return NGX_OK;
+}
+
+
+/*
+ * The parameters every table directive has: "zone=NAME:SIZE", kept for
+ * ngx_http_upstream_affinity_table(), and "timeout=TIME".  NGX_DECLINED
+ * when param is neither.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_table_param(ngx_conf_t *cf, ngx_str_t *param,
+    ngx_str_t *zone, time_t *timeout)
+{
+    ngx_str_t  s;
+
+    if (ngx_strncmp(param->data, "zone=", 5) == 0) {
+        zone->data = param->data + 5;
+        zone->len = param->len - 5;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(param->data, "timeout=", 8) == 0) {
+        s.data = param->data + 8;
+        s.len = param->len - 8;
+
+        return ngx_http_upstream_affinity_timeout(cf, param, &s, timeout);
+    }
+
+    return NGX_DECLINED;
 }
 
 

@@ -319,15 +319,7 @@ public:
                         const std::vector<affinity_level_t> &levels,
                         const std::string &key = std::string())
     {
-        affinity_request_t r{};
-        if (!key.empty()) {
-            r.key_hash = affinity_zone_key_hash(zone_, key.data(), key.size());
-            r.ring_hash = affinity_ring_hash(key.data(), key.size());
-            r.has_key = 1;
-        }
-        r.now = now;
-        r.timeout = timeout;
-        r.rotate = rotate++;
+        affinity_request_t r = request(key);
         r.prefixes = prefixes;
         r.levels = levels.empty() ? nullptr : levels.data();
         r.nlevels = static_cast<uint32_t>(levels.size());
@@ -351,6 +343,17 @@ public:
     Routed route_continuation(uint64_t owner_id,
                               const std::string &key = std::string())
     {
+        affinity_request_t r = request(key);
+        r.continues = 1;
+        r.owner = owner_id;
+        return send(r);
+    }
+
+private:
+    // A request at the router's clock, with a session key unless key is
+    // empty.
+    affinity_request_t request(const std::string &key)
+    {
         affinity_request_t r{};
         if (!key.empty()) {
             r.key_hash = affinity_zone_key_hash(zone_, key.data(), key.size());
@@ -360,12 +363,9 @@ public:
         r.now = now;
         r.timeout = timeout;
         r.rotate = rotate++;
-        r.continues = 1;
-        r.owner = owner_id;
-        return send(r);
+        return r;
     }
 
-private:
     Routed send(const affinity_request_t &r)
     {
         Routed out{};
