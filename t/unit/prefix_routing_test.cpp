@@ -85,16 +85,6 @@ std::vector<affinity_level_t> levels_of(const std::string &body)
     return p.levels;
 }
 
-std::vector<uint32_t> lengths_of_levels(
-    const std::vector<affinity_level_t> &levels)
-{
-    std::vector<uint32_t> out;
-    for (const affinity_level_t &l : levels) {
-        out.push_back(l.length);
-    }
-    return out;
-}
-
 // Length in code points of the canonical text of a body: with a single
 // scheduled length longer than the text, its one level has its length.
 uint32_t canonical_length(const std::string &body)
