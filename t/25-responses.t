@@ -233,6 +233,33 @@ note "round robin: $rr_misses of 160 turns missed";
     like $last->{upstream}, qr/:$owner->[3]$/, '... to its replica';
 }
 
+# ---- conversations ---------------------------------------------------------
+
+{
+    my $res = $t->http(POST => '/v1/conversations', port => $t->listen_port,
+                       headers => \%ct, body => '{"metadata":{"topic":"t"}}');
+    is $res->{status}, 200, 'a conversation is created';
+    my $conv = $json->decode($res->{body})->{id};
+    my $home = replica($res);
+
+    my @turns = map {
+        $t->http(POST => '/v1/responses', port => $t->listen_port,
+                 headers => \%ct,
+                 body => $json->encode({ model => 'llm-test',
+                                         input => "turn $_",
+                                         conversation => $_ % 2
+                                             ? $conv : { id => $conv },
+                                         max_output_tokens => 4 }))
+    } 1 .. 4;
+    is scalar(grep { $_->{status} == 200 && replica($_) eq $home } @turns), 4,
+        'its turns (by id or by object) reach the replica that holds it';
+    my $items = $t->http(GET => "/v1/conversations/$conv/items",
+                         port => $t->listen_port);
+    is $items->{status}, 200, '... and so do its items';
+    is_deeply [ map { $_->{route} } (routes($t))[-5 .. -1] ],
+        [ ('response_hit') x 5 ], '... as response_hit';
+}
+
 # ---- reload keeps the table -----------------------------------------------
 
 $t->reload_nginx;
