@@ -2,7 +2,7 @@
 # Runs the libFuzzer targets of fuzz/ (built by fuzz/build.sh).
 #
 #   fuzz/run.sh run [TARGET...]     fuzz each target in turn, on a working
-#                                   copy of its corpus (build/fuzz/work/)
+#                                   copy of its corpus (build/fuzz/scratch/)
 #   fuzz/run.sh replay [TARGET...]  run every input of each committed corpus
 #                                   once; fail if any crashes
 #
@@ -161,7 +161,7 @@ merge() {
     done
 
     if ! "$bin" -merge=1 -rss_limit_mb=2048 -timeout="$timeout" \
-        "$stage" "$input" "$out/work/$t" > "$out/logs/$t-merge.log" 2>&1
+        "$stage" "$input" "$out/scratch/$t" > "$out/logs/$t-merge.log" 2>&1
     then
         echo "$t: merge failed, corpus left as it was;" \
              "log: build/fuzz/logs/$t-merge.log" >&2
@@ -181,7 +181,7 @@ merge() {
 
 fuzz() {
     local t=$1 bin="$out/$1" f rc=0 log done_line found=0
-    local work="$out/work/$t" artifacts="$out/artifacts/$t/"
+    local work="$out/scratch/$t" artifacts="$out/artifacts/$t/"
     local limit=(-max_total_time="$seconds")
 
     if [ -n "${FUZZ_RUNS:-}" ]; then
