@@ -263,6 +263,10 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
         return;
     }
 
+    if (f->out->pos == f->out->last) {
+        return;     /* sent already: the reply is the read side's */
+    }
+
     while (f->out->pos < f->out->last) {
         n = c->send(c, f->out->pos, f->out->last - f->out->pos);
 
@@ -288,7 +292,6 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
         ngx_del_timer(wev);
     }
 
-    c->write->handler = ngx_http_upstream_affinity_metrics_send;
     ngx_add_timer(c->read, f->poller->conf->metrics_conf->timeout);
 
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {

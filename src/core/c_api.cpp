@@ -410,9 +410,7 @@ void affinity_responses_learn(affinity_zone_t *zone, uint64_t key_hash,
                               uint64_t peer_id, uint32_t now,
                               uint32_t timeout) noexcept
 {
-    if (peer_id != 0) {
-        SessionTable(zone_of(zone), now, timeout).pin(key_hash, peer_id);
-    }
+    affinity_sessions_pin(zone, key_hash, peer_id, now, timeout);
 }
 
 void affinity_sessions_pin(affinity_zone_t *zone, uint64_t key_hash,
