@@ -164,7 +164,8 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ngx_memzero(&ap->request, sizeof(affinity_request_t));
 
     if (ctx->keyed) {
-        ap->request.has_key = 1;
+        ap->request.has_key = ctx->generated ? AFFINITY_KEY_GENERATED
+                                             : AFFINITY_KEY_CLIENT;
         ap->request.key_hash = affinity_zone_key_hash(ap->shctx->zone,
                                                       ctx->key.data,
                                                       ctx->key.len);

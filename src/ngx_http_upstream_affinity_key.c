@@ -227,11 +227,9 @@ ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    /* a spill left the pinned peer, as a move does: both say so */
+    /* the same name as the status gives the outcome */
 
-    route = &ngx_http_upstream_affinity_route_names[
-                 ctx->route == AFFINITY_ROUTE_SESSION_SPILL
-                 ? AFFINITY_ROUTE_SESSION_MOVED : ctx->route];
+    route = &ngx_http_upstream_affinity_route_names[ctx->route];
 
     v->len = route->len;
     v->valid = 1;

@@ -12,11 +12,12 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes);
+use AffinityConf qw(proxy_conf servers routes log_lines);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(3);
-my ($field_first, $unbuffered) = ($t->port, $t->port);
+my ($field_first, $unbuffered, $gen_prompt) = ($t->port, $t->port, $t->port);
+my $gen_log = $t->path('logs/generated.log');
 my $up = servers(\@ports);
 
 $t->write_conf(proxy_conf($t, $up . <<"EOF", http => <<"HTTP"));
@@ -26,6 +27,18 @@ EOF
     upstream field_first {
 $up
         session_affinity field=prompt_cache_key header=X-Conversation;
+    }
+
+    upstream gen_prompt {
+$up
+        session_affinity generate;
+        prefix_affinity;
+    }
+
+    server {
+        listen 127.0.0.1:$gen_prompt;
+        access_log "$gen_log" route;
+        location / { proxy_pass http://gen_prompt; }
     }
 
     server {
@@ -131,6 +144,44 @@ subtest 'generate' => sub {
 
     my @r = grep { $_->{session} =~ $uuid } routes($t);
     ok @r >= 50, '$affinity_session logs generated ids';
+};
+
+subtest 'a generated id is reported by what placed it' => sub {
+    # A generated id has no history: its first request is placed by its
+    # prompt, and $affinity_route says how (prefix_new, then prefix_hit
+    # for the same prompt), not session_new; the id is pinned all the
+    # same, and a client's own new key is still session_new.
+    my $prompt = 'You are a careful assistant. ' x 20;
+    my $body = qq({"model":"m","messages":[{"role":"system",)
+             . qq("content":"$prompt"},{"role":"user","content":"q"}]});
+    my (@ids, @ports);
+    for (1 .. 4) {
+        my $r = $t->http(POST => '/', port => $gen_prompt,
+                         headers => $json, body => $body);
+        is $r->{status}, 200, 'served';
+        push @ids, key_used($r);
+        push @ports, $r->{headers}{'x-backend-port'};
+    }
+    like $_, $uuid, 'a generated id' for @ids;
+    is scalar(keys %{{ map { $_ => 1 } @ports }}), 1,
+        'one prompt, one backend, whatever the ids';
+
+    my @r = map { (split /\|/)[0] } log_lines($gen_log);
+    is_deeply \@r, [qw(prefix_new prefix_hit prefix_hit prefix_hit)],
+        'routes: prefix_new, then prefix_hit';
+
+    my $again = $t->http(POST => '/', port => $gen_prompt,
+        headers => { %$json, 'X-Session-ID' => $ids[0] },
+        body => '{"model":"m","messages":[{"role":"user","content":"other"}]}');
+    is $again->{headers}{'x-backend-port'}, $ports[0],
+        'the generated id was pinned: a later turn with another prompt stays';
+    is +(map { (split /\|/)[0] } log_lines($gen_log))[-1], 'session_hit',
+        'as a session_hit';
+
+    $t->http(POST => '/', port => $gen_prompt,
+        headers => { %$json, 'X-Session-ID' => 'client-own' }, body => $body);
+    is +(map { (split /\|/)[0] } log_lines($gen_log))[-1], 'session_new',
+        'a new key the client sent is session_new';
 };
 
 subtest 'invalid keys are routed but never echoed' => sub {

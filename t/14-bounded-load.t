@@ -66,10 +66,12 @@ subtest 'after the burst the session stays on one backend' => sub {
     }
 
     my @burst = @r[1 .. $N];
-    is scalar(grep { $_->{route} eq 'session_hit' || $_->{route} eq 'session_moved' }
+    is scalar(grep { $_->{route} eq 'session_hit' || $_->{route} eq 'session_spill' }
               @burst), $N, 'burst requests were pin hits or spills';
-    ok scalar(grep { $_->{route} eq 'session_moved' } @burst) > 0,
-        'spills are logged as session_moved';
+    ok scalar(grep { $_->{route} eq 'session_spill' } @burst) > 0,
+        'spills are logged as session_spill, as the status names them';
+    is scalar(grep { $_->{route} eq 'session_moved' } @burst), 0,
+        'no pin moved: its peer never failed';
 };
 
 subtest 'the bound holds with weights' => sub {

@@ -169,9 +169,14 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         int i = place_session(load, ring, request, prefixes, keys, by_prompt);
 
         if (i >= 0) {
+            // A generated key has no history: what placed the request is
+            // its prompt, and the outcome says so (prefix_hit/prefix_new).
+            uint32_t route = request.has_key == AFFINITY_KEY_GENERATED
+                             && by_prompt.route != AFFINITY_ROUTE_NONE
+                             ? by_prompt.route : AFFINITY_ROUTE_SESSION_NEW;
+
             table.repin(table.insert(request.key_hash), peers[i].id);
-            decision = {i, AFFINITY_ROUTE_SESSION_NEW, by_prompt.prefix_len,
-                        kNoSlot};
+            decision = {i, route, by_prompt.prefix_len, kNoSlot};
         }
 
         return i;

@@ -740,6 +740,35 @@ TEST(PrefixRoute, NewSessionGoesWhereItsPromptIsCached)
     EXPECT_EQ(next.decision.peer, home);
 }
 
+TEST(PrefixRoute, GeneratedKeyIsReportedByWhatPlacedIt)
+{
+    // A generated key has no history: its first request is reported as
+    // what its prompt found (a hit here), not as a new session, and it is
+    // pinned all the same.  A client's own new key stays session_new.
+    Fleet f;
+    Conversation c(23, words(10, 500));
+    std::vector<affinity_level_t> l1 = levels_of(c.body(1));
+    std::vector<affinity_level_t> l2 = levels_of(c.body(2));
+
+    f.router().key_origin = AFFINITY_KEY_GENERATED;
+    Routed first = f.send(l1, true, "generated-1");
+    EXPECT_EQ(first.decision.route, kPrefixNew);
+    const int home = first.decision.peer;
+
+    Routed r = f.send(l2, true, "generated-2");
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    EXPECT_EQ(r.decision.peer, home);
+    EXPECT_EQ(r.decision.prefix_len, l1.back().length);
+
+    Routed next = f.send(l1, true, "generated-2");
+    EXPECT_EQ(next.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+    EXPECT_EQ(next.decision.peer, home);
+
+    f.router().key_origin = AFFINITY_KEY_CLIENT;
+    EXPECT_EQ(f.send(l2, true, "client-own").decision.route,
+              uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+}
+
 TEST(PrefixRoute, IndexEntriesExpireAfterThePrefixTimeout)
 {
     Fleet f;

@@ -280,6 +280,8 @@ public:
     uint32_t timeout = 3600;
     uint32_t rotate = 0;
     uint32_t prefix_timeout = 600;
+    // Where the keys of the requests sent come from (affinity_key_e).
+    uint32_t key_origin = AFFINITY_KEY_CLIENT;
 
     Routed route_key(const std::string &key)
     {
@@ -358,7 +360,7 @@ private:
         if (!key.empty()) {
             r.key_hash = affinity_zone_key_hash(zone_, key.data(), key.size());
             r.ring_hash = affinity_ring_hash(key.data(), key.size());
-            r.has_key = 1;
+            r.has_key = key_origin;
         }
         r.now = now;
         r.timeout = timeout;

@@ -29,6 +29,14 @@ extern "C" {
 #define AFFINITY_API __attribute__((visibility("default")))
 
 
+/*
+ * The release of the module and its core, one string for both: the status
+ * page, the Prometheus info metric, the module's startup notice, the Debian
+ * package and the container image all read it from here.
+ */
+#define AFFINITY_VERSION  "0.9.0"
+
+
 /* ---- hashing ---------------------------------------------------------- */
 
 /* XXH3 64-bit of data with the given seed. */
@@ -313,12 +321,25 @@ typedef enum {
                                        failed or gone: routed as usual */
 } affinity_route_e;
 
+/*
+ * A generated key is new by construction: its first request is placed by
+ * its prompt (or its ring position), and that is the outcome reported, not
+ * AFFINITY_ROUTE_SESSION_NEW, so that the counters show how generated-id
+ * traffic really found its cache.  The pin is made all the same.
+ */
+typedef enum {
+    AFFINITY_KEY_NONE = 0,
+    AFFINITY_KEY_CLIENT,            /* sent by the client */
+    AFFINITY_KEY_GENERATED          /* made up for this request */
+} affinity_key_e;
+
 typedef struct affinity_level_s  affinity_level_t;
 
 typedef struct {
     uint64_t    key_hash;   /* affinity_zone_key_hash() of the key */
     uint64_t    ring_hash;  /* affinity_ring_hash() of the key */
-    uint32_t    has_key;    /* a session key (the zone holds sessions) */
+    uint32_t    has_key;    /* affinity_key_e: a session key (the zone
+                               holds sessions), and where it came from */
     uint32_t    now;        /* seconds, monotonic enough for idle expiry */
     uint32_t    timeout;    /* idle expiry of pins, seconds */
     uint32_t    rotate;     /* varies per request: breaks fallback ties */
