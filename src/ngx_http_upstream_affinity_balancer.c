@@ -211,9 +211,10 @@ ngx_http_upstream_affinity_ctx_t *
 ngx_http_upstream_affinity_request(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf)
 {
-    ngx_int_t                           rc;
-    ngx_http_upstream_affinity_ctx_t   *ctx;
-    ngx_http_upstream_affinity_body_t   body;
+    ngx_int_t                            rc;
+    ngx_http_upstream_affinity_ctx_t    *ctx;
+    ngx_http_upstream_affinity_body_t    body;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
@@ -248,6 +249,17 @@ ngx_http_upstream_affinity_request(ngx_http_request_t *r,
 
     if (rc != NGX_OK) {
         return NULL;
+    }
+
+    /* counted once per request and upstream, logged once per worker */
+
+    if (body.fallback) {
+        shctx = ascf->counter_zone->data;
+
+        if (shctx->zone) {
+            affinity_zone_count_fallback(shctx->zone,
+                                         (uint32_t) body.fallback - 1);
+        }
     }
 
     ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);

@@ -90,6 +90,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
     if (r->request_body_no_buffering
         && (r->headers_in.content_length_n > 0 || r->headers_in.chunked))
     {
+        body->fallback = AFFINITY_FALLBACK_NOT_BUFFERED + 1;
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED,
             "affinity: request body is not buffered "
@@ -106,6 +107,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
                              (u_char *) "json", 4 - 1)
             == NULL)
         {
+            body->fallback = AFFINITY_FALLBACK_NOT_JSON + 1;
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_NOT_JSON,
                 "affinity: request body of type \"%V\" is not JSON, "
@@ -118,6 +120,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
 
     if (total == 0) {
         if (r->method & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH)) {
+            body->fallback = AFFINITY_FALLBACK_NO_BODY + 1;
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY,
                 "affinity: request without a body, balancing without it",
@@ -128,6 +131,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
     }
 
     if (total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_MAX) {
+        body->fallback = AFFINITY_FALLBACK_TOO_LARGE + 1;
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
             "affinity: request body larger than 16m, "
@@ -140,6 +144,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
                  affinity_json_create(NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN);
 
         if (ngx_http_upstream_affinity_json == NULL) {
+            body->fallback = AFFINITY_FALLBACK_NO_MEMORY + 1;
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
                 "affinity: no memory to read request bodies, "
@@ -178,6 +183,7 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
     {
         ngx_http_upstream_affinity_body_unload(body);
 
+        body->fallback = AFFINITY_FALLBACK_PARSE_ERROR + 1;
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
             "affinity: request body is not a valid JSON object, "
@@ -258,6 +264,7 @@ ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
         p = mmap(NULL, size, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS,
                  -1, 0);
         if (p == MAP_FAILED) {
+            body->fallback = AFFINITY_FALLBACK_NO_MEMORY + 1;
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
                 "affinity: no memory to read request bodies, "
@@ -290,6 +297,7 @@ ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
         if (n != (ssize_t) size) {
             ngx_http_upstream_affinity_body_unload(body);
 
+            body->fallback = AFFINITY_FALLBACK_READ_ERROR + 1;
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
                 "affinity: could not read the request body from "
@@ -363,6 +371,7 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
         break;
 
     case AFFINITY_PROMPT_NONE:
+        body->fallback = AFFINITY_FALLBACK_NO_PROMPT + 1;
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE,
             "affinity: request body has no prompt (messages, prompt "
@@ -370,6 +379,7 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
         break;
 
     default: /* AFFINITY_PROMPT_INVALID */
+        body->fallback = AFFINITY_FALLBACK_PARSE_ERROR + 1;
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
             "affinity: request body is not a valid JSON object, "

@@ -167,6 +167,7 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
                               (char *) out, sizeof(out), &len);
 
     if (frc == AFFINITY_FIELD_INVALID) {
+        body->fallback = AFFINITY_FALLBACK_PARSE_ERROR + 1;
         ngx_http_upstream_affinity_warn(r,
             NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
             "affinity: request body is not a valid JSON object, "

@@ -51,6 +51,8 @@ static ngx_int_t ngx_http_upstream_affinity_check_cpu(ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_preconfiguration(ngx_conf_t *cf);
 static ngx_int_t ngx_http_upstream_affinity_postconfiguration(
     ngx_conf_t *cf);
+static ngx_int_t ngx_http_upstream_affinity_check_method(ngx_conf_t *cf);
+static ngx_int_t ngx_http_upstream_affinity_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_upstream_affinity_init_process(
     ngx_cycle_t *cycle);
 static void ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle);
@@ -165,7 +167,7 @@ ngx_module_t  ngx_http_upstream_affinity_module = {
     ngx_http_upstream_affinity_commands,   /* module directives */
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
-    NULL,                                  /* init module */
+    ngx_http_upstream_affinity_init_module, /* init module */
     ngx_http_upstream_affinity_init_process, /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
@@ -277,11 +279,73 @@ ngx_http_upstream_affinity_preconfiguration(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_upstream_affinity_postconfiguration(ngx_conf_t *cf)
 {
-    if (ngx_http_upstream_affinity_init_filter(cf) != NGX_OK) {
+    if (ngx_http_upstream_affinity_check_method(cf) != NGX_OK
+        || ngx_http_upstream_affinity_init_filter(cf) != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
     return ngx_http_upstream_affinity_init_response_filter(cf);
+}
+
+
+/*
+ * A balancing directive given after the affinity directives ("hash",
+ * "least_conn", ...) replaces the affinity balancer, and nginx only warns
+ * "load balancing method redefined": the zones would be created and never
+ * used.  The upstreams have been initialized by now, so an affinity
+ * upstream whose balancer never ran (it sets counter_zone) was replaced.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_check_method(ngx_conf_t *cf)
+{
+    ngx_uint_t                              i;
+    ngx_http_upstream_srv_conf_t          **uscfp;
+    ngx_http_upstream_main_conf_t          *umcf;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
+
+    umcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_upstream_module);
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;           /* an implicit upstream of proxy_pass */
+        }
+
+        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (ascf == NULL || ascf->directive.len == 0
+            || ascf->counter_zone != NULL)
+        {
+            continue;
+        }
+
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "a load balancing directive after \"%V\" in "
+                      "upstream \"%V\" in %s:%ui replaces it: \"hash\", "
+                      "\"ip_hash\", \"least_conn\" and \"random\" cannot "
+                      "be combined with the affinity directives",
+                      &ascf->directive, &uscfp[i]->host,
+                      uscfp[i]->file_name, uscfp[i]->line);
+
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* which build runs, in the log of every start and reload */
+
+static ngx_int_t
+ngx_http_upstream_affinity_init_module(ngx_cycle_t *cycle)
+{
+    ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                  "ngx_http_upstream_affinity_module/%s", AFFINITY_VERSION);
+
+    return NGX_OK;
 }
 
 
@@ -636,7 +700,8 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     ssize_t      size;
     ngx_int_t    n, rc;
     ngx_str_t   *value, s, zone;
-    ngx_uint_t   i, nlengths, step, growth, max;
+    ngx_uint_t   i, nlengths, step, growth, max, longest;
+    ngx_str_t   *max_arg, *growth_arg;
     uint32_t     lengths[AFFINITY_MAX_LEVELS], schedule[AFFINITY_MAX_LEVELS];
 
     static ngx_str_t  suffix = ngx_string("_prefixes");
@@ -665,6 +730,9 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     step = NGX_HTTP_UPSTREAM_AFFINITY_STEP;
     growth = NGX_HTTP_UPSTREAM_AFFINITY_GROWTH;
     max = NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL;
+
+    max_arg = NULL;
+    growth_arg = NULL;
 
     value = cf->args->elts;
     ngx_str_null(&zone);
@@ -726,6 +794,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
             }
 
             growth = (ngx_uint_t) n;
+            growth_arg = &value[i];
             continue;
         }
 
@@ -741,6 +810,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
             }
 
             max = (ngx_uint_t) size;
+            max_arg = &value[i];
             continue;
         }
 
@@ -773,6 +843,35 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     ngx_memcpy(ascf->schedule, schedule, ascf->nschedule * sizeof(uint32_t));
+
+    /* parameters that change nothing are a mistake worth a word */
+
+    longest = 0;
+
+    for (i = 0; i < nlengths; i++) {
+        longest = ngx_max(longest, lengths[i]);
+    }
+
+    if (step == 0 && (max_arg || growth_arg)) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"%V\" is ignored: with step=0 no level is "
+                           "added after lengths=",
+                           max_arg ? max_arg : growth_arg);
+
+    } else if (step && max_arg && max <= longest) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"%V\" is ignored: it is not above the longest "
+                           "of lengths= (%ui)", max_arg, longest);
+
+    } else if (step && ascf->nschedule == AFFINITY_MAX_LEVELS
+               && schedule[AFFINITY_MAX_LEVELS - 1] < max)
+    {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "prompts are hashed at %d levels at most: the "
+                           "longest is %uD characters, not max=%ui (raise "
+                           "step= or growth=)", AFFINITY_MAX_LEVELS,
+                           schedule[AFFINITY_MAX_LEVELS - 1], max);
+    }
 
     return ngx_http_upstream_affinity_table(cf, ascf, &zone, &suffix,
                                             AFFINITY_ZONE_PREFIXES,
@@ -1545,15 +1644,31 @@ static ngx_int_t
 ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
     ngx_http_upstream_affinity_srv_conf_t *ascf)
 {
+    ngx_str_t                     *value;
     ngx_http_upstream_srv_conf_t  *uscf;
 
     uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
+    value = cf->args->elts;
+
+    /*
+     * What was set before is another balancer ("hash", "least_conn", ...)
+     * or "keepalive", which keeps connections for the balancer given
+     * before it: either way it is replaced.  Named, not just "redefined".
+     */
 
     if (uscf->peer.init_upstream
         && uscf->peer.init_upstream != ngx_http_upstream_init_affinity)
     {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                           "load balancing method redefined");
+                           "\"%V\" replaces the load balancing directive "
+                           "given before it in upstream \"%V\": \"hash\", "
+                           "\"ip_hash\", \"least_conn\" and \"random\" "
+                           "cannot be combined with it, and \"keepalive\" "
+                           "must come after it", &value[0], &uscf->host);
+    }
+
+    if (ascf->directive.len == 0) {
+        ascf->directive = value[0];
     }
 
     uscf->peer.init_upstream = ngx_http_upstream_init_affinity;

@@ -99,6 +99,10 @@ typedef struct {
     size_t                                  len;
     u_char                                 *map;    /* to unmap, or NULL */
     size_t                                  map_len;
+    ngx_uint_t                              fallback;   /* why it was not
+                                                           used: an
+                                                           affinity_fallback_e
+                                                           + 1, or 0 */
     unsigned                                tried:1;
     unsigned                                loaded:1;
 } ngx_http_upstream_affinity_body_t;
@@ -167,6 +171,8 @@ typedef struct {
     ngx_http_upstream_affinity_view_t      *view;
 
     ngx_str_t                               name;       /* upstream name */
+    ngx_str_t                               directive;  /* the first given:
+                                                           for messages */
 } ngx_http_upstream_affinity_srv_conf_t;
 
 

@@ -10,6 +10,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
+#include <nginx.h>
 
 #include <jansson.h>
 
@@ -48,9 +49,25 @@ typedef struct {
 typedef struct {
     ngx_shm_zone_t                         *zone;
     ngx_str_t                              *label;  /* name, escaped */
+    ngx_str_t                               upstreams; /* using it, escaped,
+                                                          comma-separated */
     const char                             *kind;
     affinity_zone_info_t                    info;
 } ngx_http_upstream_affinity_zone_status_t;
+
+
+/* affinity_fallback_e, as the status names them */
+static const char  *ngx_http_upstream_affinity_fallback_names[
+                                                       AFFINITY_FALLBACKS] = {
+    "not_buffered",
+    "not_json",
+    "no_body",
+    "too_large",
+    "read_error",
+    "parse_error",
+    "no_prompt",
+    "no_memory"
+};
 
 
 #define NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES  64
@@ -75,6 +92,8 @@ static void ngx_http_upstream_affinity_zone_info(ngx_shm_zone_t *shm_zone,
 static ngx_int_t ngx_http_upstream_affinity_json(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out);
 static json_t *ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone);
+static ngx_int_t ngx_http_upstream_affinity_join(ngx_pool_t *pool,
+    ngx_str_t *list, ngx_str_t *name);
 static ngx_int_t ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out);
 static ngx_int_t ngx_http_upstream_affinity_printf(
@@ -283,7 +302,9 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
     const char                                    *name;
     json_t                                        *root, *all, *u, *list, *p;
     json_t                                        *routes, *totals, *zones;
+    json_t                                        *fallbacks;
     ngx_buf_t                                     *b;
+    affinity_zone_info_t                           info;
     ngx_uint_t                                     i, j, k;
     ngx_http_upstream_affinity_peer_status_t      *ps;
     ngx_http_upstream_affinity_upstream_status_t  *us;
@@ -292,6 +313,9 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
     all = json_object();
 
     if (root == NULL || all == NULL
+        || json_object_set_new(root, "version",
+                               json_string(AFFINITY_VERSION))
+        || json_object_set_new(root, "nginx", json_string(NGINX_VERSION))
         || json_object_set_new(root, "upstreams", all))
     {
         json_decref(root);
@@ -352,6 +376,27 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
                        ngx_http_upstream_affinity_route_names[k].data;
 
             if (json_object_set_new(totals, name, json_integer(0))) {
+                goto failed;
+            }
+        }
+
+        /* requests balanced without their body, by reason */
+
+        fallbacks = json_object();
+
+        if (fallbacks == NULL
+            || json_object_set_new(u, "fallbacks", fallbacks))
+        {
+            goto failed;
+        }
+
+        ngx_http_upstream_affinity_zone_info(us[i].conf->counter_zone, &info);
+
+        for (k = 0; k < AFFINITY_FALLBACKS; k++) {
+            if (json_object_set_new(fallbacks,
+                    ngx_http_upstream_affinity_fallback_names[k],
+                    json_integer((json_int_t) info.fallbacks[k])))
+            {
                 goto failed;
             }
         }
@@ -599,6 +644,28 @@ ngx_http_upstream_affinity_zone_value(affinity_zone_info_t *info,
 }
 
 
+/* appends ",name" to a comma-separated list of label values */
+
+static ngx_int_t
+ngx_http_upstream_affinity_join(ngx_pool_t *pool, ngx_str_t *list,
+    ngx_str_t *name)
+{
+    u_char  *p;
+
+    p = ngx_pnalloc(pool, list->len + 1 + name->len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    list->data = ngx_sprintf(ngx_cpymem(p, list->data, list->len), ",%V",
+                             name);
+    list->len = list->data - p;
+    list->data = p;
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out)
@@ -612,10 +679,22 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                                       NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES];
     ngx_http_upstream_affinity_peer_status_t      *ps;
     ngx_http_upstream_affinity_upstream_status_t  *us;
+    affinity_zone_info_t                           info;
 
     ngx_memzero(&t, sizeof(ngx_http_upstream_affinity_text_t));
     t.r = r;
     t.last = &t.out;
+
+    if (ngx_http_upstream_affinity_printf(&t,
+            "# HELP nginx_upstream_affinity_info The module's version and "
+            "the nginx it runs in.\n"
+            "# TYPE nginx_upstream_affinity_info gauge\n"
+            "nginx_upstream_affinity_info{version=\"%s\",nginx=\"%s\"} 1\n",
+            AFFINITY_VERSION, NGINX_VERSION)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
 
     us = upstreams->elts;
 
@@ -718,6 +797,31 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
         }
     }
 
+    if (ngx_http_upstream_affinity_printf(&t,
+            "# HELP nginx_upstream_affinity_fallbacks_total Requests "
+            "balanced without their body, by reason.\n"
+            "# TYPE nginx_upstream_affinity_fallbacks_total counter\n")
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        ngx_http_upstream_affinity_zone_info(us[i].conf->counter_zone, &info);
+
+        for (k = 0; k < AFFINITY_FALLBACKS; k++) {
+            if (ngx_http_upstream_affinity_printf(&t,
+                    "nginx_upstream_affinity_fallbacks_total{upstream=\"%V\","
+                    "reason=\"%s\"} %uL\n",
+                    us[i].label, ngx_http_upstream_affinity_fallback_names[k],
+                    info.fallbacks[k])
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
     /* zones, each once even when upstreams share it */
 
     nzones = 0;
@@ -738,13 +842,27 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                 }
             }
 
-            if (j < nzones
-                || nzones == NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES)
-            {
+            if (j < nzones) {
+
+                /* the upstreams sharing a zone are all named */
+
+                if (ngx_http_upstream_affinity_join(r->pool,
+                                                    &zones[j].upstreams,
+                                                    us[i].label)
+                    != NGX_OK)
+                {
+                    return NGX_ERROR;
+                }
+
+                continue;
+            }
+
+            if (nzones == NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES) {
                 continue;
             }
 
             zones[nzones].zone = zone;
+            zones[nzones].upstreams = *us[i].label;
             zones[nzones].kind = (k == 0) ? "sessions"
                                  : (k == 1) ? "prefixes" : "responses";
             zones[nzones].label = ngx_http_upstream_affinity_label(r->pool,
@@ -776,8 +894,9 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
 
         for (j = 0; j < nzones; j++) {
             if (ngx_http_upstream_affinity_printf(&t,
-                    "%s{zone=\"%V\",kind=\"%s\"} %uL\n",
+                    "%s{zone=\"%V\",kind=\"%s\",upstream=\"%V\"} %uL\n",
                     metric->name, zones[j].label, zones[j].kind,
+                    &zones[j].upstreams,
                     ngx_http_upstream_affinity_zone_value(&zones[j].info,
                                                           metric->value))
                 != NGX_OK)

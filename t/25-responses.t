@@ -168,7 +168,7 @@ is $s->{upstreams}{llm}{routes}{response_hit}, 160, 'status: 160 hits';
 
 my $prom = $t->http(GET => '/?format=prometheus', port => $status)->{body};
 like $prom,
-    qr/^nginx_upstream_affinity_zone_entries\{zone="llm_responses",kind="responses"\} 160$/m,
+    qr/^nginx_upstream_affinity_zone_entries\{zone="llm_responses",kind="responses",upstream="llm"\} 160$/m,
     'prometheus: the responses zone';
 like $prom, qr/route="response_hit"\} \d+$/m, 'prometheus: response_hit';
 

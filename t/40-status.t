@@ -113,6 +113,41 @@ subtest 'failures are counted' => sub {
     ok $dead->{failures} >= 1, "the stopped backend has $dead->{failures} failures";
 };
 
+subtest 'fallback reasons are counted' => sub {
+    # Each kind of body the balancer cannot use, a known number of times,
+    # with no session key: counted per request (the log says it once).
+    my $before = status_json()->{upstreams}{llm}{fallbacks};
+    is_deeply [ sort keys %$before ],
+        [ sort qw(not_buffered not_json no_body too_large read_error
+                  parse_error no_prompt no_memory) ], 'every reason listed';
+
+    my @sent = (
+        [ not_json => 3, { 'Content-Type' => 'text/plain' }, 'just text' ],
+        [ parse_error => 2, \%json, '{"messages":[{"role":"user",' ],
+        [ no_prompt => 4, \%json, '{"model":"m","temperature":0}' ],
+        [ no_body => 1, \%json, '' ],
+    );
+    for my $case (@sent) {
+        my ($reason, $n, $headers, $body) = @$case;
+        for (1 .. $n) {
+            is $t->http(POST => '/', headers => $headers, body => $body)
+                   ->{status}, 200, "$reason: routed all the same";
+        }
+    }
+
+    my $after = status_json()->{upstreams}{llm}{fallbacks};
+    for my $case (@sent) {
+        my ($reason, $n) = @$case;
+        is $after->{$reason} - $before->{$reason}, $n, "$reason: $n counted";
+    }
+    is $after->{too_large} - $before->{too_large}, 0, 'nothing else';
+
+    my $log = $t->error_log;
+    my @once = $log =~ /is not JSON, balancing without it/g;
+    ok @once >= 1 && @once <= scalar($t->worker_pids),
+        'logged at most once per worker (' . scalar(@once) . ')';
+};
+
 subtest 'Prometheus text format' => sub {
     my $r = $t->http(GET => '/status?format=prometheus', port => $status_port);
     is $r->{status}, 200, 'served';
@@ -160,17 +195,28 @@ subtest 'Prometheus text format' => sub {
            $json->{routes}{$route}, "routes_total of $route as in JSON";
     }
 
-    ok exists $samples{nginx_upstream_affinity_zone_entries}{'zone="st_sessions",kind="sessions"'},
+    ok exists $samples{nginx_upstream_affinity_zone_entries}{'zone="st_sessions",kind="sessions",upstream="llm"'},
         'zone metrics';
-    is $samples{nginx_upstream_affinity_zone_peer_slots}{'zone="st_sessions",kind="sessions"'},
+    is $samples{nginx_upstream_affinity_zone_peer_slots}{'zone="st_sessions",kind="sessions",upstream="llm"'},
         3, 'peer slots as in JSON';
-    is $samples{nginx_upstream_affinity_zone_peer_slots_reclaimed_total}{'zone="st_sessions",kind="sessions"'},
+    is $samples{nginx_upstream_affinity_zone_peer_slots_reclaimed_total}{'zone="st_sessions",kind="sessions",upstream="llm"'},
         0, 'slots handed over as in JSON';
-    is $samples{nginx_upstream_affinity_zone_worker_rows_used}{'zone="st_sessions",kind="sessions"'},
+    is $samples{nginx_upstream_affinity_zone_worker_rows_used}{'zone="st_sessions",kind="sessions",upstream="llm"'},
         scalar($t->worker_pids), 'a worker row per worker';
-    is $samples{nginx_upstream_affinity_zone_workers_reaped_total}{'zone="st_sessions",kind="sessions"'},
+    is $samples{nginx_upstream_affinity_zone_workers_reaped_total}{'zone="st_sessions",kind="sessions",upstream="llm"'},
         0, 'no worker died';
     ok scalar(grep { /upstream="odd\\"name"/ } keys %$req), 'label values are escaped';
+
+    my $fallbacks = $samples{nginx_upstream_affinity_fallbacks_total};
+    for my $reason (sort keys %{ $json->{fallbacks} }) {
+        is $fallbacks->{qq(upstream="llm",reason="$reason")},
+            $json->{fallbacks}{$reason}, "fallbacks_total of $reason as in JSON";
+    }
+    my $info = $samples{nginx_upstream_affinity_info};
+    my $version = status_json()->{version};
+    like $version, qr/^\d+\.\d+\.\d+$/, "version $version in JSON";
+    is scalar(grep { /^version="\Q$version\E",nginx="[\d.]+"$/ } keys %$info), 1,
+        'and in the info metric';
 };
 
 $t->stop_nginx;

@@ -139,7 +139,8 @@ class ZoneInfo(ctypes.Structure):
                 ('rows', c_u32), ('peer_slots_missing', c_u64),
                 ('rows_used', c_u32), ('reserved', c_u32),
                 ('rows_missing', c_u64), ('rows_reaped', c_u64),
-                ('inflight_recovered', c_u64)]
+                ('inflight_recovered', c_u64),
+                ('fallbacks', c_u64 * 8)]   # AFFINITY_FALLBACKS
 
 
 P = ctypes.POINTER
@@ -257,8 +258,10 @@ class Zone:
     def info(self):
         info = ZoneInfo()
         self.lib.affinity_zone_info(self.handle, ctypes.byref(info))
-        return {name: getattr(info, name) for name, _ in ZoneInfo._fields_
-                if name != 'reserved'}
+        out = {name: getattr(info, name) for name, _ in ZoneInfo._fields_
+               if name != 'reserved'}
+        out['fallbacks'] = list(out['fallbacks'])
+        return out
 
 
 def ring_points(weights):

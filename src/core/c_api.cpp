@@ -133,6 +133,10 @@ void affinity_zone_info(const affinity_zone_t *zone,
     info->rows_missing = h.rows_missing;
     info->rows_reaped = h.rows_reaped;
     info->inflight_recovered = h.inflight_recovered;
+
+    for (size_t i = 0; i < AFFINITY_FALLBACKS; i++) {
+        info->fallbacks[i] = atomic_load(&h.fallbacks[i]);
+    }
 }
 
 uint64_t affinity_zone_key_hash(const affinity_zone_t *zone, const void *key,
@@ -244,6 +248,14 @@ int affinity_zone_peer_acquire(affinity_zone_t *zone, uint32_t row,
 
     z.acquire(row, slot, AFFINITY_ROUTE_FALLBACK, now);
     return 0;
+}
+
+void affinity_zone_count_fallback(affinity_zone_t *zone,
+                                  uint32_t reason) noexcept
+{
+    if (reason < AFFINITY_FALLBACKS) {
+        atomic_add<uint64_t>(&zone_of(zone).header().fallbacks[reason], 1);
+    }
 }
 
 void affinity_zone_peer_failed(affinity_zone_t *zone, uint32_t slot) noexcept

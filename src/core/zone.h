@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 5;
+constexpr uint32_t kLayoutVersion = 6;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -72,6 +72,7 @@ struct alignas(64) ZoneHeader {
     uint64_t rows_missing;          // workers that found no row
     uint64_t last_reap;             // atomic: seconds, last look for dead
     uint64_t last_poll;             // atomic: ms, last poll of the engines
+    uint64_t fallbacks[AFFINITY_FALLBACKS]; // atomic: by affinity_fallback_e
 };
 
 constexpr size_t kRoutes = AFFINITY_ROUTES;

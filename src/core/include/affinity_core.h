@@ -143,6 +143,22 @@ AFFINITY_API affinity_attach_e affinity_zone_attach(void *region, size_t size,
     affinity_zone_kind_e kind, uint32_t rows, affinity_zone_t **zone,
     char *err, size_t err_len) AFFINITY_NOEXCEPT;
 
+/*
+ * Why a request was balanced without its body (logged once per worker,
+ * counted for every request in the zone that counts its upstream's load).
+ */
+typedef enum {
+    AFFINITY_FALLBACK_NOT_BUFFERED = 0, /* proxy_request_buffering off */
+    AFFINITY_FALLBACK_NOT_JSON,         /* Content-Type is not JSON */
+    AFFINITY_FALLBACK_NO_BODY,          /* POST, PUT or PATCH without one */
+    AFFINITY_FALLBACK_TOO_LARGE,        /* over 16m */
+    AFFINITY_FALLBACK_READ_ERROR,       /* its temporary file unreadable */
+    AFFINITY_FALLBACK_PARSE_ERROR,      /* not a valid JSON object */
+    AFFINITY_FALLBACK_NO_PROMPT,        /* no messages, prompt or input */
+    AFFINITY_FALLBACK_NO_MEMORY,        /* the worker could not read it */
+    AFFINITY_FALLBACKS
+} affinity_fallback_e;
+
 typedef struct {
     uint32_t    kind;
     uint32_t    layout_version;
@@ -163,6 +179,7 @@ typedef struct {
     uint64_t    rows_missing;   /* workers that found no row */
     uint64_t    rows_reaped;    /* rows of dead workers freed */
     uint64_t    inflight_recovered;     /* their requests given back */
+    uint64_t    fallbacks[AFFINITY_FALLBACKS];  /* by affinity_fallback_e */
 } affinity_zone_info_t;
 
 /* Caller holds the zone lock for exact figures. */
@@ -225,6 +242,10 @@ AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
 AFFINITY_API int affinity_zone_peer_acquire(affinity_zone_t *zone,
     uint32_t row, uint64_t peer_id, uint32_t slot, uint32_t now)
     AFFINITY_NOEXCEPT;
+
+/* Lock-free: counts a request balanced without its body, by reason. */
+AFFINITY_API void affinity_zone_count_fallback(affinity_zone_t *zone,
+    uint32_t reason) AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a try that failed on the peer. */
 AFFINITY_API void affinity_zone_peer_failed(affinity_zone_t *zone,
