@@ -769,6 +769,47 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
         }
     }
 
+    /* the bound's parameters, so that a dashboard can draw the bound */
+
+    if (ngx_http_upstream_affinity_printf(&t,
+            "# HELP nginx_upstream_affinity_balance_factor The load bound's "
+            "factor (affinity_balance).\n"
+            "# TYPE nginx_upstream_affinity_balance_factor gauge\n")
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        if (ngx_http_upstream_affinity_printf(&t,
+                "nginx_upstream_affinity_balance_factor{upstream=\"%V\"} "
+                "%ui.%03ui\n", us[i].label, us[i].conf->factor / 1000,
+                us[i].conf->factor % 1000)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    if (ngx_http_upstream_affinity_printf(&t,
+            "# HELP nginx_upstream_affinity_balance_slack The load bound's "
+            "slack in requests (affinity_balance).\n"
+            "# TYPE nginx_upstream_affinity_balance_slack gauge\n")
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        if (ngx_http_upstream_affinity_printf(&t,
+                "nginx_upstream_affinity_balance_slack{upstream=\"%V\"} "
+                "%ui\n", us[i].label, us[i].conf->slack)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
     if (ngx_http_upstream_affinity_printf(&t,
             "# HELP nginx_upstream_affinity_routes_total Requests by how "
             "they were routed.\n"

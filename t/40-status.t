@@ -168,7 +168,7 @@ subtest 'Prometheus text format' => sub {
             $type{$1}++;
             next;
         }
-        if ($line =~ /^([a-z_]+)\{((?:[a-z]+="(?:[^"\\]|\\.)*",?)*)\} (\d+)$/) {
+        if ($line =~ /^([a-z_]+)\{((?:[a-z]+="(?:[^"\\]|\\.)*",?)*)\} (\d+(?:\.\d+)?)$/) {
             push @bad, "sample before its TYPE: $line" unless $type{$1};
             $samples{$1}{$2} = $3;
             next;
@@ -212,6 +212,10 @@ subtest 'Prometheus text format' => sub {
         is $fallbacks->{qq(upstream="llm",reason="$reason")},
             $json->{fallbacks}{$reason}, "fallbacks_total of $reason as in JSON";
     }
+    is $samples{nginx_upstream_affinity_balance_factor}{'upstream="llm"'}, '1.250',
+        'the bound\'s factor';
+    is $samples{nginx_upstream_affinity_balance_slack}{'upstream="llm"'}, 2,
+        'and its slack';
     my $info = $samples{nginx_upstream_affinity_info};
     my $version = status_json()->{version};
     like $version, qr/^\d+\.\d+\.\d+$/, "version $version in JSON";
