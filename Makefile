@@ -4,9 +4,10 @@
 #                        into build/ngx_http_upstream_affinity_module.so
 #   make NGINX_SRC=dir   build against another nginx source tree
 #   make test            unit tests (also under ASan+UBSan), tests of the
-#                        simulated fleet, the fuzzing corpus replayed, and
-#                        the e2e tests with the module as built and with it
-#                        built with ASan+UBSan
+#                        simulated fleet, the fuzzing corpus replayed, the
+#                        e2e tests with the module as built and with it
+#                        built with ASan+UBSan, and the Debian package
+#                        installed, used and purged (test-deb)
 #   make test-asan       the e2e tests against the module built with
 #                        ASan+UBSan (build/asan/)
 #   make fuzz            libFuzzer over every parser of client input, each
@@ -40,6 +41,14 @@
 #                        default 300; FAULT_SHORT=1 for 60 s)
 #   make test-matrix     e2e tests against several nginx versions
 #   make install         module and load_module snippet, as Debian lays out
+#                        (stripped; its debug symbols in a separate file)
+#   make deb             the Debian package libnginx-mod-http-upstream-affinity
+#                        for the system nginx, into build/deb/
+#   make test-deb        install that package into the system nginx, check
+#                        it routes, and purge it (part of make test)
+#   make image           an nginx container image with the module (mmdebstrap
+#                        base, buildah), built and smoke-tested
+#   make version         print the module's version
 #   make clean
 
 NGINX_SRC ?=
@@ -107,7 +116,7 @@ fuzz: deps
 fuzz-replay: deps
 	@fuzz/run.sh replay
 
-test: unit unit-asan fuzz-replay pytests e2e test-asan
+test: unit unit-asan fuzz-replay pytests e2e test-asan test-deb
 
 # bench/bench.py: results in bench/results/<name>/ (quick-tight, full,
 # trace, levels); bench/bench.py --help for workloads, profiles, seeds.
@@ -173,7 +182,7 @@ SYSCONFDIR ?= /etc
 INSTALL_ENV = DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" \
               SYSCONFDIR="$(SYSCONFDIR)" NGINX_BIN="$(NGINX_BIN)"
 
-.PHONY: test-matrix install uninstall
+.PHONY: test-matrix install uninstall deb test-deb image version
 
 test-matrix: deps
 	@scripts/test-matrix.sh $(MATRIX_VERSIONS)
@@ -183,3 +192,18 @@ install: module
 
 uninstall:
 	@$(INSTALL_ENV) scripts/install-module.sh uninstall
+
+# Packaging: a Debian package of the module for the system nginx, and a
+# container image (scripts/build-deb.sh, scripts/build-image.sh say how).
+deb: deps
+	@scripts/build-deb.sh
+
+test-deb: deb
+	@sh t/package/deb.sh
+
+image: deps
+	@scripts/build-image.sh
+
+version:
+	@sed -n 's/^#define AFFINITY_VERSION  *"\(.*\)"$$/\1/p' \
+	    src/core/include/affinity_core.h

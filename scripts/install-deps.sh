@@ -22,6 +22,7 @@ PACKAGES="
     libsimdjson-dev
     libssl-dev
     libxxhash-dev
+    lintian
     nginx
     nginx-dev
     perl
