@@ -1,13 +1,19 @@
 // A short conversation through nginx with the OpenAI Node client: every turn
 // carries the same X-Session-ID (defaultHeaders), so every turn lands on the
 // replica that holds the conversation's KV cache.  Prints the replica, the
-// session id nginx echoed, and the prompt tokens served from cache.
+// session id nginx echoed, and the prompt tokens served from cache; then
+// what it measured: on which replicas the turns landed, and how much of the
+// later turns' prompts the cache served.
 //
-//   node chat.mjs http://127.0.0.1:18080/v1 [session-id]
+//   node chat.mjs http://127.0.0.1:PORT/v1 [session-id]
 
 import OpenAI from 'openai';
 
-const baseURL = process.argv[2] ?? 'http://127.0.0.1:18080/v1';
+const baseURL = process.argv[2];
+if (!baseURL) {
+    console.error('usage: node chat.mjs BASE_URL [SESSION_ID]');
+    process.exit(2);
+}
 const sessionId = process.argv[3] ?? `demo-${Date.now()}`;
 
 const client = new OpenAI({
@@ -25,6 +31,23 @@ const questions = [
     'And what happens when that replica is overloaded?',
 ];
 
+// say(text): text wrapped to 78 columns, indented by two spaces.
+function say(text) {
+    let line = ' ';
+    for (const word of text.split(' ')) {
+        if (line.length + 1 + word.length > 78 && line.trim()) {
+            console.log(line);
+            line = ' ';
+        }
+        line += ` ${word}`;
+    }
+    console.log(line);
+}
+
+const replicas = [];
+let laterCached = 0;
+let laterPrompt = 0;
+
 for (const [turn, question] of questions.entries()) {
     messages.push({ role: 'user', content: question });
 
@@ -34,9 +57,27 @@ for (const [turn, question] of questions.entries()) {
 
     const answer = data.choices[0].message.content;
     const cached = data.usage?.prompt_tokens_details?.cached_tokens ?? 0;
-    console.log(`  turn ${turn + 1}: replica=${response.headers.get('x-replica')}`
+    const replica = response.headers.get('x-replica');
+    replicas.push(replica);
+    if (turn > 0) {
+        laterCached += cached;
+        laterPrompt += data.usage.prompt_tokens;
+    }
+    console.log(`  turn ${turn + 1}: replica=${replica}`
         + ` echoed X-Session-ID=${response.headers.get('x-session-id')}`
         + ` prompt_tokens=${data.usage.prompt_tokens} cached=${cached}`);
 
     messages.push({ role: 'assistant', content: answer });
 }
+
+// Worded from what happened, whichever replica the session's hash chose.
+const distinct = [...new Set(replicas)];
+const where = distinct.length === 1
+    ? `all ${replicas.length} turns on ${distinct[0]}`
+    : `turns on ${replicas.join(', ')}`;
+const percent = laterPrompt
+    ? ` (${Math.round((100 * laterCached) / laterPrompt)}%)` : '';
+console.log();
+say(`Measured: ${where}; the later turns found`
+    + ` ${laterCached.toLocaleString('en')} of`
+    + ` ${laterPrompt.toLocaleString('en')} prompt tokens${percent} in cache.`);
