@@ -12,9 +12,9 @@
 #                   DIR/ubsan.PID
 #
 #   scripts/sanitizer-env.sh DIR                  prints export lines:
-#       eval "$(scripts/sanitizer-env.sh /tmp/reports)"
+#       eval "$(scripts/sanitizer-env.sh build/reports)"
 #   scripts/sanitizer-env.sh DIR COMMAND [ARG...] runs COMMAND with them:
-#       scripts/sanitizer-env.sh /tmp/reports nginx -c /tmp/nginx.conf
+#       scripts/sanitizer-env.sh build/reports nginx -c "$PWD/nginx.conf"
 #
 #   AFFINITY_MODULE   the module whose libasan to preload (default:
 #                     build/asan/ngx_http_upstream_affinity_module.so)
