@@ -28,6 +28,7 @@ PACKAGES="
     perl
     python3
     python3-matplotlib
+    python3-yaml
     redis-server
     valgrind
     wrk
