@@ -87,6 +87,25 @@ int LoadBound::least_loaded(int skip, uint32_t rotate) const noexcept
     return best;
 }
 
+int LoadBound::least_loaded_on_ring(const Ring *ring, uint64_t hash,
+                                    uint32_t rotate) const noexcept
+{
+    int least = least_loaded(-1, rotate);
+
+    if (least < 0 || ring == nullptr) {
+        return least;
+    }
+
+    // The least loaded peer is not more loaded than any: the first peer on
+    // the ring that is not more loaded than it ties with it.
+    int first = ring->walk(hash, [&](uint32_t peer) {
+        return peer < npeers_ && usable(peer)
+               && !less_loaded(static_cast<size_t>(least), peer);
+    });
+
+    return first >= 0 ? first : least;
+}
+
 int LoadBound::first_on_ring(const Ring &ring, uint64_t hash, int skip) const
     noexcept
 {
@@ -267,23 +286,38 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // Routes by the longest level of the prompt that a usable peer under the
 // load bound is known to hold: the choice of a router that could see every
 // cache (the longest cached prefix), with the index standing in for the
-// caches.  Among that level's recent peers the prompt's own ring peer (the
-// first under the bound on the ring from its longest level) wins if it is
-// one of them, or if the level has as many peers as an entry remembers
-// (widely held: the ring peer likely holds it too); else the least loaded
-// one.  So a prefix every peer holds (a system prompt, tool schemas) is
+// caches.  Among that level's recent peers the least loaded one is taken,
+// with one exception: when the level has as many peers as an entry
+// remembers (widely held, so the prompt's own ring peer, the first under
+// the bound on the ring from its longest level, likely holds it too), the
+// ring peer is taken unless a remembered holder has fewer requests in
+// flight.  So a prefix every peer holds (a system prompt, tool schemas) is
 // spread as if new, at no cost, while one that few peers hold (a long
 // shared document, a conversation's history) is followed to them rather
-// than copied into every cache.  The bound limits the following: when a
-// level's peers are all full, a shorter level's are tried, then the ring,
-// and the peer that takes the prompt becomes one more holder.
+// than copied into every cache; and a widely held prefix is not copied to
+// a busier peer that may lack it when a holder has a shorter queue.  The
+// bound limits the following: when a level's peers are all full, a shorter
+// level's are tried, and the peer that takes the prompt becomes one more
+// holder.
+//
+// A prompt no peer is known to hold costs the same prefill everywhere: it
+// goes to the least loaded peer, as the oracle sends it, ties in the ring
+// order of its longest level.  That spreads new conversations, and so the
+// caches they fill, evenly; placing them on the ring let some peers take
+// more new conversations than others and evict their earlier turns.
 //
 // Measured with the core in the offline fleet simulation (bench/sim,
-// tight profile, four workloads, three seeds): following only private
-// prefixes got 0.54 of the oracle's hits on shared documents; following
-// every prefix to its least loaded holder 0.87 there, but 0.95 (from 1.02)
-// on agent sessions and 1.5x the TTFT on conversations; this rule gets
-// 0.83 on documents and gives up neither of the others.
+// tight profile at 1.2x, four workloads, medians of ten seeds, hits against
+// the oracle's), against taking the ring peer whenever a level is widely
+// held and placing new prompts on the ring: shared documents 0.92 from
+// 0.82 and TTFT p50 1.0 from 1.55 times the oracle's, chat 1.17 from 1.02
+// and TTFT 1.01 from 1.31 times, conversations and agent sessions as many
+// hits (TTFT 1.37 from 1.54 times on conversations); the roomy profile
+// gains on chat only.  Following the least loaded holder even when the
+// ring peer is as idle (a tie) got 0.94 on documents but 0.97 (from 1.02)
+// and 1.2 times the TTFT on agent sessions (three seeds): their shared
+// prompt and tools stayed on the few peers that kept taking the new
+// sessions, whose caches then could not keep the sessions' own turns.
 int route_prefix(PrefixTable &table, const uint64_t *keys,
                  const Ring *ring, const LoadBound &load,
                  const affinity_request_t &request,
@@ -324,7 +358,11 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
             }
         }
 
-        if (best >= 0 && placed >= 0 && entry->peers[kPrefixPeers - 1] != 0) {
+        bool widely_held = entry->peers[kPrefixPeers - 1] != 0;
+
+        if (best >= 0 && placed >= 0 && widely_held
+            && !load.less_loaded(size_t(best), size_t(placed)))
+        {
             best = placed;
         }
 
@@ -335,11 +373,13 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         }
     }
 
-    if (placed >= 0) {
-        decision = {placed, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};
+    int fresh = load.least_loaded_on_ring(ring, own, request.rotate);
+
+    if (fresh >= 0) {
+        decision = {fresh, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};
     }
 
-    return placed;
+    return fresh;
 }
 
 // Records every level of the prompt for the peer that got it: later prompts

@@ -46,6 +46,13 @@ public:
     // ties go to the first in rotation order starting at rotate.  -1 if none.
     int least_loaded(int skip, uint32_t rotate) const noexcept;
 
+    // The usable peer with the least in-flight per weight; ties go to the
+    // first of them in ring order from hash (so that equal prompts meet on
+    // an idle fleet), or without a ring in rotation order from rotate.
+    // -1 if none.
+    int least_loaded_on_ring(const Ring *ring, uint64_t hash,
+                             uint32_t rotate) const noexcept;
+
     // The first usable peer under its bound in ring order from hash, other
     // than skip; -1 if none.
     int first_on_ring(const Ring &ring, uint64_t hash, int skip) const

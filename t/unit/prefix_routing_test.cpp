@@ -6,10 +6,12 @@
 // route_prefix()): the longest level that one of its recent peers under the
 // load bound holds decides, and the least loaded of those peers gets the
 // request (PREFIX_HIT), whether the level is a conversation's own or shared
-// by many prompts.  When no level's peer is under the bound the request is
-// placed on the ring by its own longest level with bounded load
-// (PREFIX_NEW).  In every case all levels are then recorded for the chosen
-// peer, so a hot prefix gains holders as the bound spreads its prompts.
+// by many prompts; a level with as many peers as an entry remembers goes
+// to the prompt's ring peer unless a holder is less loaded.  When no
+// level's peer is under the bound the request goes to the least loaded
+// peer, ties in the ring order of its own longest level (PREFIX_NEW).  In
+// every case all levels are then recorded for the chosen peer, so a hot
+// prefix gains holders as the bound spreads its prompts.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -192,6 +194,28 @@ public:
         return int(peer);
     }
 
+    // The least loaded usable peer, ties going to the first of them on
+    // the ring from hash.
+    int least_loaded_on_ring(uint64_t hash) const
+    {
+        uint32_t walk[kMaxTestPeers];
+        size_t n = affinity_ring_walk(upstream_.ring(), hash, walk,
+                                      kMaxTestPeers);
+        int best = -1;
+        for (size_t k = 0; k < n; k++) {
+            size_t i = walk[k];
+            if (upstream_.states()[i] != AFFINITY_PEER_USABLE) {
+                continue;
+            }
+            if (best < 0 || upstream_.inflight(i)
+                                < upstream_.inflight(size_t(best)))
+            {
+                best = int(i);
+            }
+        }
+        return best;
+    }
+
     // The first peer on the ring from hash that would take one more
     // request under the bound (as counted before the request).
     int ring_first_accepting(uint64_t hash) const
@@ -248,6 +272,9 @@ private:
 
 // ---- routing --------------------------------------------------------------
 
+// On an idle fleet every peer is as loaded as the others: a cold prompt
+// then goes to the first peer on the ring from its longest level, the same
+// in every instance.
 TEST(PrefixRoute, ColdPromptIsPlacedOnTheRingOfItsLongestLevel)
 {
     Fleet a;
@@ -276,6 +303,34 @@ TEST(PrefixRoute, ColdPromptIsPlacedOnTheRingOfItsLongestLevel)
         EXPECT_EQ(r.decision.route, kPrefixNew);
         EXPECT_EQ(r.decision.peer, placed[i]) << "prompt " << i;
     }
+}
+
+// A prompt no peer holds costs the same prefill everywhere: it goes to the
+// least loaded peer, not to a busier ring peer that is merely under the
+// bound.
+TEST(PrefixRoute, ColdPromptGoesToTheLeastLoadedPeer)
+{
+    Fleet f;
+
+    for (uint32_t i = 0; i < 40; i++) {
+        std::vector<affinity_level_t> levels =
+            levels_of(chat({{"user", words(5000 + i, 700)}}));
+        const int ring = f.ring_first(levels.back().hash);
+
+        // The ring peer has one request in flight (bound 2.5: it has
+        // room), the others none.
+        f.up().acquire(size_t(ring));
+        ASSERT_TRUE(would_accept(f.up(), size_t(ring)));
+        const int least = f.least_loaded_on_ring(levels.back().hash);
+        ASSERT_NE(least, ring);
+
+        Routed r = f.send(levels);
+        EXPECT_EQ(r.decision.route, kPrefixNew) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, least) << "prompt " << i;
+        EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)), 0);
+        f.up().release(size_t(ring));
+    }
+    EXPECT_EQ(f.up().total_inflight(), 0);
 }
 
 TEST(PrefixRoute, NextTurnGoesToThePreviousTurnsPeer)
@@ -490,10 +545,11 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
     EXPECT_EQ(f.peers_of(sys.back()), (std::vector<int>{holder}));
 
     // In flight together, they fill the holder up to the bound; the next
-    // goes to its own ring position and becomes a holder too.  Later ones
+    // goes to the least loaded peer and becomes a holder too.  Later ones
     // go to their ring peer if it is a holder with room (spreading costs
     // nothing then), or once the prefix has as many holders as an entry
-    // remembers (widely held); else to the least loaded holder with room.
+    // remembers (widely held) unless a holder is less loaded than the ring
+    // peer; else to the least loaded holder with room.
     std::set<int> used;
     for (uint32_t i = 20; i < 60; i++) {
         std::vector<affinity_level_t> l =
@@ -516,17 +572,23 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
 
         const int64_t least_load = least < 0 ? -1
                                              : f.up().inflight(size_t(least));
+        const int64_t ring_load = ring < 0 ? -1
+                                           : f.up().inflight(size_t(ring));
+        const int cold = f.least_loaded_on_ring(l.back().hash);
         Routed r = f.send(l, false);
         used.insert(r.decision.peer);
         expect_within_bound(f.up(), "after a placement");
         if (least < 0) {
             EXPECT_EQ(r.decision.route, kPrefixNew) << "conversation " << i;
-            EXPECT_EQ(r.decision.peer, ring);
+            EXPECT_EQ(r.decision.peer, cold)
+                << "conversation " << i << ": not the least loaded peer";
             continue;
         }
         EXPECT_EQ(r.decision.route, kPrefixHit) << "conversation " << i;
         EXPECT_EQ(r.decision.prefix_len, 1000u);
-        if (ring_holds || holders.size() == affinity::kPrefixPeers) {
+        if (ring_holds || (holders.size() == affinity::kPrefixPeers
+                           && least_load >= ring_load))
+        {
             EXPECT_EQ(r.decision.peer, ring) << "conversation " << i;
         } else {
             EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)) - 1,
@@ -536,6 +598,81 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
     }
     EXPECT_GE(used.size(), 2u);
     EXPECT_GE(f.peers_of(sys.back()).size(), 2u);
+}
+
+// A prefix held by as many peers as an entry remembers (four of eight
+// here) goes to the prompt's ring peer, which likely holds it too, while
+// that costs no longer queue; when a remembered holder has fewer requests
+// in flight than the ring peer, the holder gets it: certain to hold the
+// prefix, and sooner free.
+TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
+{
+    Fleet f(8);
+    const std::string system = words(77, 1200);
+    std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
+    ASSERT_EQ(sys.back().length, 1000u);
+
+    // Four conversations on the system prompt, each served by a peer of
+    // its own (the others busy for it): four holders.
+    const std::vector<int> holders = {0, 2, 4, 6};
+    for (size_t k = 0; k < holders.size(); k++) {
+        for (size_t i = 0; i < f.up().size(); i++) {
+            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
+                                                     : AFFINITY_PEER_BUSY);
+        }
+        Routed r = f.send(Conversation(300 + uint32_t(k), system).body(1));
+        ASSERT_EQ(r.decision.peer, holders[k]);
+    }
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+    std::vector<int> remembered = f.peers_of(sys.back());
+    std::sort(remembered.begin(), remembered.end());
+    ASSERT_EQ(remembered, holders);
+
+    // New conversations whose ring peer is not a holder.
+    std::vector<std::vector<affinity_level_t>> outside;
+    for (uint32_t i = 0; i < 200 && outside.size() < 11; i++) {
+        std::vector<affinity_level_t> l =
+            levels_of(Conversation(400 + i, system).body(1));
+        const int ring = f.ring_first(l.back().hash);
+        if (std::find(holders.begin(), holders.end(), ring)
+            == holders.end())
+        {
+            outside.push_back(l);
+        }
+    }
+    ASSERT_EQ(outside.size(), 11u);
+
+    // Every peer has one request in flight but one holder, idle: it takes
+    // the prompt (and stays one of the four).
+    for (size_t k = 0; k < 10; k++) {
+        SCOPED_TRACE(testing::Message() << "conversation " << k);
+        for (size_t p = 0; p < f.up().size(); p++) {
+            f.up().acquire(p);
+        }
+        const int idle = holders[k % holders.size()];
+        f.up().release(size_t(idle));
+
+        Routed r = f.send(outside[k]);
+        EXPECT_EQ(r.decision.route, kPrefixHit);
+        EXPECT_EQ(r.decision.prefix_len, 1000u);
+        EXPECT_EQ(r.decision.peer, idle);
+        f.up().release_all();
+    }
+
+    // Every peer has one request in flight: a tie, so the ring peer, which
+    // becomes a holder.
+    for (size_t p = 0; p < f.up().size(); p++) {
+        f.up().acquire(p);
+    }
+    const int ring = f.ring_first(outside[10].back().hash);
+    Routed tie = f.send(outside[10]);
+    EXPECT_EQ(tie.decision.route, kPrefixHit);
+    EXPECT_EQ(tie.decision.prefix_len, 1000u);
+    EXPECT_EQ(tie.decision.peer, ring);
+    EXPECT_EQ(f.peers_of(sys.back()).front(), ring);
+    f.up().release_all();
 }
 
 TEST(PrefixRoute, FailedPeerIsNeverChosen)
