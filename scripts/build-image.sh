@@ -39,22 +39,9 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-# Missing Debian packages, installed as install-deps.sh does.
-PACKAGES="buildah podman mmdebstrap uidmap curl perl"
-missing=""
-for pkg in $PACKAGES; do
-    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
-    if [ "$status" != "installed" ]; then
-        missing="$missing $pkg"
-    fi
-done
-if [ -n "$missing" ]; then
-    note "installing$missing"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # shellcheck disable=SC2086  # one argument per package
-    apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
+# The tools of this build, installed as the module's own dependencies are.
+sh "$(dirname "$0")/install-deps.sh" buildah podman mmdebstrap uidmap curl \
+    perl
 
 version=$(sed -n 's/^#define AFFINITY_VERSION  *"\(.*\)"$/\1/p' \
               "$repo/src/core/include/affinity_core.h")

@@ -1,7 +1,10 @@
 #!/bin/sh
 # Install the Debian packages needed to build, test, demo and benchmark the
-# module.  Idempotent: does nothing when everything is present.  Runs apt-get
-# as root, or through sudo when invoked by another user.
+# module, or, given package names, those instead (make image asks for its
+# own tools this way).  Idempotent: does nothing when everything is present.
+# Runs apt-get as root, or through sudo when invoked by another user.
+#
+#   scripts/install-deps.sh [PACKAGE ...]
 set -eu
 
 # shellcheck source=scripts/lib.sh
@@ -35,8 +38,12 @@ PACKAGES="
     zlib1g-dev
 "
 
+if [ $# -gt 0 ]; then
+    PACKAGES="$*"
+
 # The demo's chat client runs on Node.js; any node and npm on PATH will do.
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+elif ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1
+then
     PACKAGES="$PACKAGES nodejs npm"
 fi
 

@@ -8,6 +8,7 @@
 //   node chat.mjs http://127.0.0.1:PORT/v1 [session-id]
 
 import OpenAI from 'openai';
+import { say } from './say.mjs';
 
 const baseURL = process.argv[2];
 if (!baseURL) {
@@ -30,19 +31,6 @@ const questions = [
     'Why does routing a conversation to one replica help?',
     'And what happens when that replica is overloaded?',
 ];
-
-// say(text): text wrapped to 78 columns, indented by two spaces.
-function say(text) {
-    let line = ' ';
-    for (const word of text.split(' ')) {
-        if (line.length + 1 + word.length > 78 && line.trim()) {
-            console.log(line);
-            line = ' ';
-        }
-        line += ` ${word}`;
-    }
-    console.log(line);
-}
 
 const replicas = [];
 let laterCached = 0;

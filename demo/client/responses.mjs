@@ -12,6 +12,7 @@
 // Exits 1 if a request through the module missed its response.
 
 import OpenAI, { NotFoundError } from 'openai';
+import { say } from './say.mjs';
 
 const [affinityURL, roundRobinURL] = process.argv.slice(2);
 if (!affinityURL) {
@@ -131,19 +132,6 @@ async function conversation(baseURL, showRoute) {
 }
 
 const requests = turns.length + 1;
-
-// say(text): text wrapped to 78 columns, indented by two spaces.
-function say(text) {
-    let line = ' ';
-    for (const word of text.split(' ')) {
-        if (line.length + 1 + word.length > 78 && line.trim()) {
-            console.log(line);
-            line = ' ';
-        }
-        line += ` ${word}`;
-    }
-    console.log(line);
-}
 
 // '5 requests on 1 replica (replica-2), 0 got a 404': what happened,
 // whichever replicas the hash or the rotation picked.
