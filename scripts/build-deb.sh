@@ -58,6 +58,15 @@ trap 'rm -rf "$work"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# A package of a tree with uncommitted changes is not the package of any
+# commit: say so (the build goes on, for trying changes).
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1 \
+   && [ -n "$(git -C "$repo" status --porcelain --untracked-files=no)" ]
+then
+    note "warning: the working tree has uncommitted changes; they are" \
+         "in this package"
+fi
+
 # The copy: the sources without what the build and git keep (.gitignore).
 src=$work/$package-$version
 mkdir "$src"

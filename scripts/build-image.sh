@@ -41,7 +41,7 @@ fi
 
 # The tools of this build, installed as the module's own dependencies are.
 sh "$(dirname "$0")/install-deps.sh" buildah podman mmdebstrap uidmap curl \
-    perl
+    perl containers-storage fuse-overlayfs slirp4netns
 
 version=$(sed -n 's/^#define AFFINITY_VERSION  *"\(.*\)"$/\1/p' \
               "$repo/src/core/include/affinity_core.h")

@@ -161,6 +161,17 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
 
     ap->ctx = ctx;
 
+    /*
+     * Counted here, when the request is balanced, and not where the body
+     * is read: $affinity_session may read it for a request that is never
+     * balanced (in the log phase of a request that failed before).
+     */
+
+    if (ctx->fallback && ap->shctx->zone) {
+        affinity_zone_count_fallback(ap->shctx->zone,
+                                     (uint32_t) ctx->fallback - 1);
+    }
+
     ngx_memzero(&ap->request, sizeof(affinity_request_t));
 
     if (ctx->keyed) {
@@ -211,10 +222,9 @@ ngx_http_upstream_affinity_ctx_t *
 ngx_http_upstream_affinity_request(ngx_http_request_t *r,
     ngx_http_upstream_affinity_srv_conf_t *ascf)
 {
-    ngx_int_t                            rc;
-    ngx_http_upstream_affinity_ctx_t    *ctx;
-    ngx_http_upstream_affinity_body_t    body;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
+    ngx_int_t                           rc;
+    ngx_http_upstream_affinity_ctx_t   *ctx;
+    ngx_http_upstream_affinity_body_t   body;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
@@ -251,16 +261,7 @@ ngx_http_upstream_affinity_request(ngx_http_request_t *r,
         return NULL;
     }
 
-    /* counted once per request and upstream, logged once per worker */
-
-    if (body.fallback) {
-        shctx = ascf->counter_zone->data;
-
-        if (shctx->zone) {
-            affinity_zone_count_fallback(shctx->zone,
-                                         (uint32_t) body.fallback - 1);
-        }
-    }
+    ctx->fallback = body.fallback;
 
     ngx_http_set_ctx(r, ctx, ngx_http_upstream_affinity_module);
 
@@ -576,12 +577,16 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
     ngx_memzero(&m, sizeof(affinity_store_message_t));
     m.peer = ap->view->peers[decision->peer].id;
 
+    /* a generated key's first request is reported by what placed it, and
+       it is pinned all the same */
+
     if (ap->request.has_key
         && ap->conf->session_zone
         && decision->route != AFFINITY_ROUTE_SESSION_HIT
-        && decision->route != AFFINITY_ROUTE_PREFIX_HIT
-        && decision->route != AFFINITY_ROUTE_PREFIX_NEW
-        && decision->route != AFFINITY_ROUTE_FALLBACK)
+        && (ap->request.has_key == AFFINITY_KEY_GENERATED
+            || (decision->route != AFFINITY_ROUTE_PREFIX_HIT
+                && decision->route != AFFINITY_ROUTE_PREFIX_NEW
+                && decision->route != AFFINITY_ROUTE_FALLBACK)))
     {
         m.kind = AFFINITY_STORE_PIN;
         m.key = (char *) ctx->key.data;

@@ -860,11 +860,14 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
 
     } else if (step && max_arg && max <= longest) {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                           "\"%V\" is ignored: it is not above the longest "
-                           "of lengths= (%ui)", max_arg, longest);
+                           "\"%V\" adds no level: it is not above the "
+                           "longest of lengths= (%ui)", max_arg, longest);
 
     } else if (step && ascf->nschedule == AFFINITY_MAX_LEVELS
-               && schedule[AFFINITY_MAX_LEVELS - 1] < max)
+               && schedule[AFFINITY_MAX_LEVELS - 1]
+                  + ngx_max(step, schedule[AFFINITY_MAX_LEVELS - 1]
+                                  * growth / 100)
+                  <= max)
     {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                            "prompts are hashed at %d levels at most: the "
@@ -1664,7 +1667,8 @@ ngx_http_upstream_affinity_set_method(ngx_conf_t *cf,
                            "given before it in upstream \"%V\": \"hash\", "
                            "\"ip_hash\", \"least_conn\" and \"random\" "
                            "cannot be combined with it, and \"keepalive\" "
-                           "must come after it", &value[0], &uscf->host);
+                           "and \"sticky\" must come after it",
+                           &value[0], &uscf->host);
     }
 
     if (ascf->directive.len == 0) {

@@ -187,6 +187,10 @@ typedef struct {
     uint64_t                                owner;      /* of the response
                                                            continued */
     affinity_response_scan_t               *scan;      /* of the response */
+    ngx_uint_t                              fallback;   /* why the body was
+                                                           not used: an
+                                                           affinity_fallback_e
+                                                           + 1, or 0 */
     unsigned                                keyed:1;
     unsigned                                continues:1;
     unsigned                                generated:1;

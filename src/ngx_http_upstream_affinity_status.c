@@ -78,7 +78,8 @@ typedef struct {
     ngx_http_request_t                     *r;
     ngx_chain_t                            *out;
     ngx_chain_t                           **last;
-    ngx_buf_t                              *b;
+    ngx_chain_t                            *cl;     /* the last link */
+    ngx_buf_t                              *b;      /* its buffer */
     size_t                                  len;
 } ngx_http_upstream_affinity_text_t;
 
@@ -967,31 +968,75 @@ static ngx_int_t
 ngx_http_upstream_affinity_printf(ngx_http_upstream_affinity_text_t *t,
     const char *fmt, ...)
 {
+    size_t        size;
     u_char       *p;
-    va_list       args;
+    va_list       args, copy;
     ngx_chain_t  *cl;
 
-    /* every call writes less than a kilobyte: names are escaped addresses */
+    /*
+     * A line is written into the current buffer when a kilobyte is left
+     * (names are escaped addresses and upstream names); one that fills the
+     * room left may have been cut, and is written again into a buffer
+     * twice that size: a zone shared by many upstreams has a long label.
+     */
 
-    if (t->b == NULL || t->b->end - t->b->last < 1024) {
-        cl = ngx_alloc_chain_link(t->r->pool);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        t->b = ngx_create_temp_buf(t->r->pool, 4096);
-        if (t->b == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl->buf = t->b;
-        cl->next = NULL;
-        *t->last = cl;
-        t->last = &cl->next;
-    }
+    size = 4096;
 
     va_start(args, fmt);
-    p = ngx_vslprintf(t->b->last, t->b->end, fmt, args);
+
+    for ( ;; ) {
+
+        if (t->b == NULL || (size_t) (t->b->end - t->b->last) < size / 4) {
+            cl = ngx_alloc_chain_link(t->r->pool);
+            if (cl == NULL) {
+                va_end(args);
+                return NGX_ERROR;
+            }
+
+            t->b = ngx_create_temp_buf(t->r->pool, size);
+            if (t->b == NULL) {
+                va_end(args);
+                return NGX_ERROR;
+            }
+
+            cl->buf = t->b;
+            cl->next = NULL;
+            *t->last = cl;
+            t->last = &cl->next;
+            t->cl = cl;
+        }
+
+        va_copy(copy, args);
+        p = ngx_vslprintf(t->b->last, t->b->end, fmt, copy);
+        va_end(copy);
+
+        if (p < t->b->end) {
+            break;
+        }
+
+        if (size >= 1024 * 1024) {
+            va_end(args);
+            return NGX_ERROR;
+        }
+
+        size = ngx_max(size, (size_t) (t->b->end - t->b->start)) * 2;
+
+        if (t->b->last != t->b->pos) {
+            t->b = NULL;        /* keep what it holds, add a larger one */
+            continue;
+        }
+
+        /* nothing in it yet: a larger one takes its place in the chain */
+
+        t->b = ngx_create_temp_buf(t->r->pool, size);
+        if (t->b == NULL) {
+            va_end(args);
+            return NGX_ERROR;
+        }
+
+        t->cl->buf = t->b;
+    }
+
     va_end(args);
 
     t->len += p - t->b->last;

@@ -103,15 +103,15 @@ for my $directive (@good) {
 # accepted, with a warning that names what is wrong
 my @warned = (
     [ "least_conn;\n session_affinity;",
-      qr/\[warn\] "session_affinity" replaces the load balancing directive given before it in upstream "llm": "hash", "ip_hash", "least_conn" and "random" cannot be combined with it, and "keepalive" must come after it/ ],
+      qr/\[warn\] "session_affinity" replaces the load balancing directive given before it in upstream "llm": "hash", "ip_hash", "least_conn" and "random" cannot be combined with it, and "keepalive" and "sticky" must come after it/ ],
     [ "keepalive 8;\n prefix_affinity;",
-      qr/\[warn\] "prefix_affinity" replaces .* "keepalive" must come after it/ ],
+      qr/\[warn\] "prefix_affinity" replaces .* "keepalive" and "sticky" must come after it/ ],
     [ 'prefix_affinity step=0 max=64k;',
       qr/\[warn\] "max=64k" is ignored: with step=0 no level is added after lengths=/ ],
     [ 'prefix_affinity step=0 growth=10;',
       qr/\[warn\] "growth=10" is ignored: with step=0/ ],
     [ 'prefix_affinity lengths=100,500,1000 max=800;',
-      qr/\[warn\] "max=800" is ignored: it is not above the longest of lengths= \(1000\)/ ],
+      qr/\[warn\] "max=800" adds no level: it is not above the longest of lengths= \(1000\)/ ],
     [ 'prefix_affinity step=1 growth=0 max=1m;',
       qr/\[warn\] prompts are hashed at 128 levels at most: the longest is \d+ characters, not max=1048576 \(raise step= or growth=\)/ ],
 );
@@ -123,9 +123,11 @@ for my $case (@warned) {
     like $out, $message, '  with a warning naming it';
 }
 
-# in the right order, and with the defaults: no warning
+# in the right order, and with the defaults: no warning; 128 levels that
+# reach max= (the next one would pass it) are not clipped
 for my $directive ("session_affinity;\n prefix_affinity;\n keepalive 8;",
-                   'prefix_affinity;', 'prefix_affinity step=0;') {
+                   'prefix_affinity;', 'prefix_affinity step=0;',
+                   'prefix_affinity lengths=100 step=1000 growth=0 max=127500;') {
     my ($rc, $out) = nginx_t("        $directive\n");
     is $rc, 0, "accepted: $directive";
     unlike $out, qr/\[warn\]/, '  without a warning' or diag $out;

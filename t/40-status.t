@@ -9,12 +9,13 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use IO::Socket::INET;
 use JSON::PP;
 use List::Util qw(sum);
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers);
+use AffinityConf qw(proxy_conf servers log_lines);
 
 my $t = AffinityTest->new;
 my ($p1, $p2, $spare) = $t->start_backends(3);
@@ -141,6 +142,21 @@ subtest 'fallback reasons are counted' => sub {
         is $after->{$reason} - $before->{$reason}, $n, "$reason: $n counted";
     }
     is $after->{too_large} - $before->{too_large}, 0, 'nothing else';
+
+    # A request that fails before it is balanced is not counted, though
+    # the access log's $affinity_session reads its (partial) body.
+    my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                     PeerPort => $t->listen_port)
+        or die "connect: $!";
+    print $sock "POST / HTTP/1.1\r\nHost: localhost\r\n"
+              . "Content-Type: application/json\r\nContent-Length: 100\r\n"
+              . "\r\n{\"messages\":[{\"role\":";
+    close $sock;
+    my $logged = sub { scalar grep { /\|400$/ } log_lines($t->path('logs/route.log')) };
+    for (1 .. 50) { last if $logged->(); select undef, undef, undef, 0.1 }
+    ok $logged->(), 'an upload cut short was logged (400)';
+    is_deeply status_json()->{upstreams}{llm}{fallbacks}, $after,
+        'and counted as no fallback';
 
     my $log = $t->error_log;
     my @once = $log =~ /is not JSON, balancing without it/g;

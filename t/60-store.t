@@ -46,7 +46,7 @@ my %down = map { $_ => 'down' } @replicas[0 .. 2];
 sub upstream {
     my (%extra) = @_;
     return servers(\@replicas, %extra)
-        . "        session_affinity header=X-Session-ID zone=s:1m;\n"
+        . "        session_affinity header=X-Session-ID zone=s:1m generate;\n"
         . "        prefix_affinity zone=p:4m;\n"
         . "        response_affinity zone=r:1m;\n"
         . "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
@@ -105,6 +105,24 @@ is_deeply [ map { $_->{route} } last_routes($b, 20) ], [ ('session_hit') x 20 ],
 my @fresh = map { replica(ask($b, "b-only-$_")) } 1 .. 20;
 cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
     'sessions B places itself land elsewhere too (the test can tell)';
+
+# A generated id is pinned and shared too, though its first request is
+# reported by what placed it (its prompt).
+{
+    my @generated = map {
+        ask($a, undef, body => chat([ user => "Generated id, question $_" ]))
+            ->{headers}{'x-session-id'} // ''
+    } 1 .. 8;
+    like $_, qr/^[0-9a-f-]{36}$/, 'A generated an id' for @generated;
+    sleep 0.5;
+    my @there = map {
+        replica(ask($b, $_, body => chat([ user => "Another turn of $_" ])))
+    } @generated;
+    is scalar(grep { $_ eq $only } @there), 8,
+        'B routes the generated ids to A\'s replica';
+    is_deeply [ map { $_->{route} } last_routes($b, 8) ],
+        [ ('session_hit') x 8 ], '... as sessions it knows';
+}
 
 # ---- prompts ---------------------------------------------------------------
 

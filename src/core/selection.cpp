@@ -192,7 +192,8 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
             // its prompt, and the outcome says so (prefix_hit/prefix_new).
             uint32_t route = request.has_key == AFFINITY_KEY_GENERATED
                              && by_prompt.route != AFFINITY_ROUTE_NONE
-                             ? by_prompt.route : AFFINITY_ROUTE_SESSION_NEW;
+                             ? by_prompt.route
+                             : uint32_t{AFFINITY_ROUTE_SESSION_NEW};
 
             table.repin(table.insert(request.key_hash), peers[i].id);
             decision = {i, route, by_prompt.prefix_len, kNoSlot};

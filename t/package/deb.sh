@@ -11,8 +11,11 @@
 #
 # Runs as root, or through sudo.  The test nginx is the system's binary
 # with its own configuration, pid file, logs and temporary files in a
-# temporary directory; the system service is neither started nor
-# reloaded.  Whatever fails, the package is purged and the test nginx and
+# temporary directory.  Installing and removing the package trigger
+# Debian's nginx-reload, so a system nginx that is running reloads twice
+# (it then loads the module, which does nothing until an upstream uses
+# it); one that is stopped stays stopped.  Whatever fails, the package is
+# purged and the test nginx and
 # backends are stopped.  It refuses to run when the package, or a "make
 # install" of the module, is there already: purging would take it away
 # from the system nginx.
