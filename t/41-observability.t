@@ -619,18 +619,8 @@ SKIP: {
     is $rc, 0, "promtool parses the dashboard's $i queries" or diag $out;
 }
 
-sub run {
-    my (@cmd) = @_;
-    my $pid = open(my $fh, '-|') // die "fork: $!";
-    if ($pid == 0) {
-        open STDERR, '>&', \*STDOUT;
-        exec @cmd or print "exec $cmd[0]: $!\n";
-        exit 127;
-    }
-    my $out = do { local $/; <$fh> } // '';
-    close $fh;
-    return ($? >> 8, $out);
-}
+# A command without a shell: (exit code, stdout+stderr).
+sub run { return AffinityTest::run_command(@_) }
 
 $t->stop_nginx;
 is_deeply [ $t->log_problems ], [], 'no alert, crit, emerg or crash in error.log';

@@ -1079,6 +1079,8 @@ sub _port_open {
 }
 
 # Runs a command without a shell; returns (exit code, stdout+stderr).
+sub run_command { return _run(@_) }
+
 sub _run {
     my (@cmd) = @_;
     my $pid = open(my $fh, '-|') // croak "fork: $!";
