@@ -39,8 +39,9 @@ public:
 
     // Whether peer i may take one more request without passing its bound:
     // inflight + 1 <= max(factor * share, share + slack), where share is the
-    // peer's weighted part of all in-flight requests plus this one.
-    bool accepts(size_t i) const noexcept;
+    // peer's weighted part of all in-flight requests plus this one; with
+    // extra, that many requests above the bound.
+    bool accepts(size_t i, int64_t extra = 0) const noexcept;
 
     // The usable peer with the least in-flight per weight, other than skip;
     // ties go to the first in rotation order starting at rotate.  -1 if none.

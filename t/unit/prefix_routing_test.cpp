@@ -7,9 +7,12 @@
 // load bound holds decides, and the least loaded of those peers gets the
 // request (PREFIX_HIT), whether the level is a conversation's own or shared
 // by many prompts; a level with as many peers as an entry remembers goes
-// to the prompt's ring peer unless a holder is less loaded.  When no
-// level's peer is under the bound the request goes to the least loaded
-// peer, ties in the ring order of its own longest level (PREFIX_NEW).  In
+// to the prompt's ring peer unless a holder is less loaded.  A shared
+// level whose holders are all over the bound still goes to its least loaded
+// holder, one request above the bound, when moving to a shorter level's
+// holder would re-prefill 4,096 characters or more.  When no level's peer
+// is under the bound the request goes to the least loaded peer, ties in
+// the ring order of its own longest level (PREFIX_NEW).  In
 // every case all levels are then recorded for the chosen peer, so a hot
 // prefix gains holders as the bound spreads its prompts.
 #include <algorithm>
@@ -673,6 +676,180 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
     EXPECT_EQ(tie.decision.peer, ring);
     EXPECT_EQ(f.peers_of(sys.back()).front(), ring);
     f.up().release_all();
+}
+
+// Serves body on peer alone (the others busy for it): peer becomes a
+// holder of all its levels.
+void serve_on(Fleet &f, size_t peer, const std::string &body)
+{
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
+                                      : AFFINITY_PEER_BUSY);
+    }
+    Routed r = f.send(body);
+    EXPECT_EQ(r.decision.peer, int(peer));
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+}
+
+// The length of the longest level two bodies share.
+uint32_t shared_length(const std::string &a, const std::string &b)
+{
+    std::vector<affinity_level_t> la = levels_of(a);
+    std::vector<affinity_level_t> lb = levels_of(b);
+    uint32_t length = 0;
+    for (size_t j = 0; j < std::min(la.size(), lb.size()); j++) {
+        if (la[j].hash == lb[j].hash) {
+            length = la[j].length;
+        }
+    }
+    return length;
+}
+
+void hold(Fleet &f, size_t peer, int requests)
+{
+    for (int i = 0; i < requests; i++) {
+        f.up().acquire(peer);
+    }
+}
+
+// Stay or move by what a move costs.  A prefix several peers hold (a shared
+// document) whose holders are all over the bound: moving the prompt to the
+// holder of a shorter level re-prefills the rest.  When that rest is long
+// (4,096 characters or more), the least loaded holder takes the prompt one
+// request above the bound; two above, or for a shorter rest, or when the
+// prefix is one peer's own, the prompt goes to the shorter level's holder
+// as before, and when no peer under the bound holds any level of it, to
+// the least loaded peer.
+TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
+{
+    Fleet f;
+    const std::string doc = words(91, 20000);
+    auto ask = [&doc](uint32_t q) {
+        return chat({{"system", doc}, {"user", words(5000 + q, 200)}});
+    };
+    // Peers 0 and 1 hold the document; peer 2 only its first 1,200
+    // characters (another prompt that starts alike).
+    const std::string opening = chat({{"system", doc.substr(0, 1200)
+                                                 + words(92, 800)}});
+    serve_on(f, 0, ask(0));
+    serve_on(f, 1, ask(1));
+    serve_on(f, 2, opening);
+    const uint32_t document = shared_length(ask(0), ask(9));
+    const uint32_t start = shared_length(opening, ask(9));
+    ASSERT_GE(document - start, 4096u);
+    ASSERT_EQ(f.peers_of(levels_of(ask(9)).front()).size(), 3u);
+
+    // Three in flight on each holder: share (6 + 1) / 4, bound 3.75, so
+    // each is over it by less than one request.  A holder takes it.
+    hold(f, 0, 3);
+    hold(f, 1, 3);
+    ASSERT_FALSE(would_accept(f.up(), 0));
+    Routed r = f.send(ask(9));
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    EXPECT_TRUE(r.decision.peer == 0 || r.decision.peer == 1)
+        << "peer " << r.decision.peer;
+    EXPECT_EQ(r.decision.prefix_len, document);
+    f.up().release_all();
+
+    // Five on each: bound 4.75, six would be more than one above it.  The
+    // holder of the document's opening, under the bound, takes it.
+    hold(f, 0, 5);
+    hold(f, 1, 5);
+    r = f.send(ask(10));
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    EXPECT_EQ(r.decision.peer, 2);
+    EXPECT_EQ(r.decision.prefix_len, start);
+    f.up().release_all();
+
+    // A short shared prefix (a system prompt of 3,000 characters): the
+    // rest a move re-prefills is under 4,096 characters, the bound holds.
+    const std::string system = doc.substr(0, 3000);
+    auto brief = [&system](uint32_t q) {
+        return chat({{"system", system}, {"user", words(6000 + q, 200)}});
+    };
+    serve_on(f, 0, brief(0));
+    serve_on(f, 1, brief(1));
+    ASSERT_LT(shared_length(brief(0), brief(9)) - start, 4096u);
+    hold(f, 0, 3);
+    hold(f, 1, 3);
+    r = f.send(brief(9));
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    EXPECT_EQ(r.decision.peer, 2);
+    f.up().release_all();
+
+    // A long prefix one peer holds (a conversation of its own, after the
+    // same opening): the bound holds too.
+    const std::string own = doc.substr(0, 1200) + words(93, 20000);
+    auto turn = [&own](uint32_t q) {
+        return chat({{"system", own}, {"user", words(7000 + q, 200)}});
+    };
+    serve_on(f, 0, turn(0));
+    const uint32_t history = shared_length(turn(0), turn(1));
+    ASSERT_GE(history - start, 4096u);
+    for (const affinity_level_t &level : levels_of(turn(1))) {
+        if (level.length == history) {
+            ASSERT_EQ(f.peers_of(level), (std::vector<int>{0}));
+        }
+    }
+    hold(f, 0, 3);
+    hold(f, 1, 3);
+    r = f.send(turn(1));
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    EXPECT_EQ(r.decision.peer, 2);
+    EXPECT_EQ(r.decision.prefix_len, start);
+    f.up().release_all();
+
+    // No peer under the bound holds any level of the document: the least
+    // loaded peer takes it, as a new prompt.
+    Fleet g;
+    serve_on(g, 0, ask(0));
+    serve_on(g, 1, ask(1));
+    hold(g, 0, 3);
+    hold(g, 1, 3);
+    std::vector<affinity_level_t> l = levels_of(ask(11));
+    const int cold = g.least_loaded_on_ring(l.back().hash);
+    r = g.send(l);
+    EXPECT_EQ(r.decision.route, kPrefixNew) << route_name(r.decision.route);
+    EXPECT_EQ(r.decision.peer, cold);
+    g.up().release_all();
+
+    // A session pinned to a holder of the document, over the bound by less
+    // than one request, the other holders busy and a peer that holds the
+    // opening only under the bound: the session stays, and its pin with it.
+    const std::string key = "document-session";
+    Routed first = g.send(ask(12), true, key);
+    ASSERT_EQ(first.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    const size_t pinned = size_t(first.decision.peer);
+    std::vector<int> holders;
+    for (const affinity_level_t &level : levels_of(ask(12))) {
+        if (level.length == document) {
+            holders = g.peers_of(level);
+        }
+    }
+    ASSERT_NE(std::find(holders.begin(), holders.end(), int(pinned)),
+              holders.end());
+    size_t other = 0;
+    while (std::find(holders.begin(), holders.end(), int(other))
+           != holders.end())
+    {
+        other++;
+    }
+    ASSERT_LT(other, g.up().size());
+    serve_on(g, other, opening);
+    for (size_t i = 0; i < g.up().size(); i++) {
+        if (i != pinned && i != other) {
+            g.up().set_state(i, AFFINITY_PEER_BUSY);
+        }
+    }
+    hold(g, pinned, 3);
+    ASSERT_FALSE(would_accept(g.up(), pinned));
+    Routed next = g.send(ask(12), true, key);
+    EXPECT_EQ(next.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+        << route_name(next.decision.route);
+    EXPECT_EQ(size_t(next.decision.peer), pinned);
+    EXPECT_EQ(g.up().stats(pinned).pins, 1);
 }
 
 TEST(PrefixRoute, FailedPeerIsNeverChosen)
