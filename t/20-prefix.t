@@ -106,9 +106,12 @@ subtest 'equal prompts in other JSON encodings go alike' => sub {
     is $split, 0, 'escapes, key order, whitespace and extra fields do not matter';
 };
 
-subtest '300 distinct conversations spread evenly' => sub {
+# 600, not fewer: with random backend ports the ring's shares vary by a
+# few per cent, and 300 requests over four backends swing by 10 % each, so
+# 300 broke the 1.3 bound now and then by chance alone.
+subtest '600 distinct conversations spread evenly' => sub {
     my %n;
-    $n{ backend(ask(chat(conversation(1000 + $_, 1)))) }++ for 1 .. 300;
+    $n{ backend(ask(chat(conversation(1000 + $_, 1)))) }++ for 1 .. 600;
     my @counts = map { $n{$_} // 0 } @ports;
     my $ratio = max(@counts) / (sum(@counts) / @counts);
     note sprintf 'per backend: %s, max/mean %.3f', "@counts", $ratio;
