@@ -320,12 +320,12 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // Routes by the longest level of the prompt that a usable peer under the
 // load bound is known to hold: the choice of a router that could see every
 // cache (the longest cached prefix), with the index standing in for the
-// caches.  Among that level's recent peers the least loaded one is taken,
-// with one exception: when the level has as many peers as an entry
-// remembers (widely held, so the prompt's own ring peer, the first under
-// the bound on the ring from its longest level, likely holds it too), the
-// ring peer is taken unless a remembered holder has fewer requests in
-// flight.  So a prefix every peer holds (a system prompt, tool schemas) is
+// caches.  Among that level's recent peers the prompt's own ring peer (the
+// first under the bound on the ring from its longest level) is taken if it
+// is one of them, else the least loaded one, with one exception: when the
+// level has as many peers as an entry remembers (widely held, so the ring
+// peer likely holds it too), the ring peer is taken unless a remembered
+// holder has fewer requests in flight.  So a prefix every peer holds (a system prompt, tool schemas) is
 // spread as if new, at no cost, while one that few peers hold (a long
 // shared document, a conversation's history) is followed to them rather
 // than copied into every cache; and a widely held prefix is not copied to
@@ -360,9 +360,12 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                  affinity_decision_t &decision) noexcept
 {
     // Placed by the prompt, not by a session key: sessions that open with
-    // the same question share its cache.
+    // the same question share its cache.  The prompt's ring peer matters
+    // only once a level is found held: a prompt no peer holds (most new
+    // conversations) is not walked on the ring for it.
     uint64_t own = request.levels[request.nlevels - 1].hash;
-    int placed = place(load, ring, own, -1, request.rotate);
+    int placed = -1;
+    bool ring_walked = false;
 
     // The least loaded holder of the longest shared level whose holders
     // are all over the bound, and that level's length.
@@ -374,6 +377,11 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
 
         if (entry == nullptr) {
             continue;
+        }
+
+        if (!ring_walked) {
+            placed = place(load, ring, own, -1, request.rotate);
+            ring_walked = true;
         }
 
         int best = -1;

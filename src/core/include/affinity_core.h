@@ -405,9 +405,10 @@ typedef struct {
  * the prompt (below) or on the ring with bounded load, when the key is new
  * or its peer failed.
  * Else, with prompt levels: the longest level held by a usable peer under
- * the bound wins; among its recent peers the least loaded, or, when the
- * level has as many recent peers as an entry remembers, the prompt's ring
- * peer unless one of them has fewer in flight.  If no level is held, the
+ * the bound wins; among its recent peers the prompt's ring peer if it is
+ * one of them, else the least loaded, or, when the level has as many
+ * recent peers as an entry remembers, the ring peer unless one of them has
+ * fewer in flight.  If no level is held, the
  * least loaded usable peer, ties in ring order from the longest level.
  * Else: the usable peer with the least in-flight per weight.
  * Every level of the prompt is then recorded for the chosen peer.  The
