@@ -550,6 +550,16 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
 };
 
 
+/* the load bound's parameters (affinity_balance): name, help */
+
+static const char  *ngx_http_upstream_affinity_balance_metrics[][2] = {
+    { "nginx_upstream_affinity_balance_factor",
+      "The load bound's factor (affinity_balance)." },
+    { "nginx_upstream_affinity_balance_slack",
+      "The load bound's slack in requests (affinity_balance)." }
+};
+
+
 /* the zone families and the field of affinity_zone_info_t each reports */
 
 typedef enum {
@@ -772,42 +782,32 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
 
     /* the bound's parameters, so that a dashboard can draw the bound */
 
-    if (ngx_http_upstream_affinity_printf(&t,
-            "# HELP nginx_upstream_affinity_balance_factor The load bound's "
-            "factor (affinity_balance).\n"
-            "# TYPE nginx_upstream_affinity_balance_factor gauge\n")
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    for (i = 0; i < upstreams->nelts; i++) {
+    for (m = 0; m < 2; m++) {
         if (ngx_http_upstream_affinity_printf(&t,
-                "nginx_upstream_affinity_balance_factor{upstream=\"%V\"} "
-                "%ui.%03ui\n", us[i].label, us[i].conf->factor / 1000,
-                us[i].conf->factor % 1000)
+                "# HELP %s %s\n# TYPE %s gauge\n",
+                ngx_http_upstream_affinity_balance_metrics[m][0],
+                ngx_http_upstream_affinity_balance_metrics[m][1],
+                ngx_http_upstream_affinity_balance_metrics[m][0])
             != NGX_OK)
         {
             return NGX_ERROR;
         }
-    }
 
-    if (ngx_http_upstream_affinity_printf(&t,
-            "# HELP nginx_upstream_affinity_balance_slack The load bound's "
-            "slack in requests (affinity_balance).\n"
-            "# TYPE nginx_upstream_affinity_balance_slack gauge\n")
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
+        for (i = 0; i < upstreams->nelts; i++) {
 
-    for (i = 0; i < upstreams->nelts; i++) {
-        if (ngx_http_upstream_affinity_printf(&t,
-                "nginx_upstream_affinity_balance_slack{upstream=\"%V\"} "
-                "%ui\n", us[i].label, us[i].conf->slack)
-            != NGX_OK)
-        {
-            return NGX_ERROR;
+            /* per mille: the factor as configured, the slack whole */
+
+            k = (m == 0) ? us[i].conf->factor : us[i].conf->slack * 1000;
+
+            if (ngx_http_upstream_affinity_printf(&t,
+                    (k % 1000) ? "%s{upstream=\"%V\"} %ui.%03ui\n"
+                               : "%s{upstream=\"%V\"} %ui\n",
+                    ngx_http_upstream_affinity_balance_metrics[m][0],
+                    us[i].label, k / 1000, k % 1000)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
         }
     }
 
