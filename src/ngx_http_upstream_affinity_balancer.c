@@ -577,16 +577,15 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
     ngx_memzero(&m, sizeof(affinity_store_message_t));
     m.peer = ap->view->peers[decision->peer].id;
 
-    /* a generated key's first request is reported by what placed it, and
-       it is pinned all the same */
+    /*
+     * A keyed request is pinned, or pinned anew, by every outcome but a hit
+     * of its pin (a generated key's first request is reported by its
+     * prompt's outcome, and pinned all the same).
+     */
 
     if (ap->request.has_key
         && ap->conf->session_zone
-        && decision->route != AFFINITY_ROUTE_SESSION_HIT
-        && (ap->request.has_key == AFFINITY_KEY_GENERATED
-            || (decision->route != AFFINITY_ROUTE_PREFIX_HIT
-                && decision->route != AFFINITY_ROUTE_PREFIX_NEW
-                && decision->route != AFFINITY_ROUTE_FALLBACK)))
+        && decision->route != AFFINITY_ROUTE_SESSION_HIT)
     {
         m.kind = AFFINITY_STORE_PIN;
         m.key = (char *) ctx->key.data;
