@@ -265,14 +265,18 @@ $servers
 }
 EOF
 
-# Until every backend answers.
-for port in $ports; do
+# wait_for URL WHAT: until URL answers, for 5 s at most.
+wait_for() {
     n=0
-    until curl -sf -o /dev/null "http://127.0.0.1:$port/__stats"; do
+    until curl -s -o /dev/null "$1"; do
         n=$((n + 1))
-        [ "$n" -lt 50 ] || abort "backend on port $port answers"
+        [ "$n" -lt 50 ] || abort "$2"
         sleep 0.1
     done
+}
+
+for port in $ports; do
+    wait_for "http://127.0.0.1:$port/__stats" "backend on port $port answers"
 done
 
 # nginx's own prefix (no -p): the snippet's "load_module modules/..." is
@@ -283,12 +287,7 @@ if ! as_root "$system_nginx" -c "$tmp/nginx.conf" -e "$tmp/error.log" \
     cat "$tmp/start.log" >&2
     abort "test nginx starts with the module from modules-enabled"
 fi
-n=0
-until curl -s -o /dev/null "http://127.0.0.1:$listen/"; do
-    n=$((n + 1))
-    [ "$n" -lt 50 ] || abort "test nginx answers on port $listen"
-    sleep 0.1
-done
+wait_for "http://127.0.0.1:$listen/" "test nginx answers on port $listen"
 check "test nginx starts with the module from modules-enabled" true
 
 # ---- routing ---------------------------------------------------------------
