@@ -59,6 +59,11 @@ public:
     int first_on_ring(const Ring &ring, uint64_t hash, int skip) const
         noexcept;
 
+    // Whether peer i may take one more request and stay within the
+    // bound's slack (plus extra) of its share: the bound without its
+    // factor, inflight + 1 <= share + slack + extra.
+    bool within_slack(size_t i, int64_t extra) const noexcept;
+
     int index_of(uint64_t peer_id) const noexcept;
 
     // Index of the peer whose id has these low 32 bits (prefix entries

@@ -547,22 +547,31 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
     }
     EXPECT_EQ(f.peers_of(sys.back()), (std::vector<int>{holder}));
 
-    // In flight together, they fill the holder up to the bound; the next
-    // goes to the least loaded peer and becomes a holder too.  Later ones
-    // go to their ring peer if it is a holder with room (spreading costs
-    // nothing then), or once the prefix has as many holders as an entry
-    // remembers (widely held) unless a holder is less loaded than the ring
-    // peer; else to the least loaded holder with room.
+    // In flight together, they fill the holder up to the bound's slack
+    // above its share (a 1,000-character prefix is not worth the factor's
+    // longer queue); the next goes to the least loaded peer and becomes a
+    // holder too.  Later ones go to their
+    // ring peer if it is a holder with room (spreading costs nothing
+    // then), or once the prefix has as many holders as an entry remembers
+    // (widely held) unless a holder is less loaded than the ring peer;
+    // else to the least loaded holder with room.
     std::set<int> used;
     for (uint32_t i = 20; i < 60; i++) {
         std::vector<affinity_level_t> l =
             levels_of(Conversation(200 + i, system).body(1));
         std::vector<int> holders = f.peers_of(sys.back());
         const int ring = f.ring_first_accepting(l.back().hash);
+        int64_t total = 0;
+        for (size_t p = 0; p < f.up().size(); p++) {
+            total += f.up().inflight(p);
+        }
+        const double share = double(total + 1) / double(f.up().size());
         int least = -1;
         bool ring_holds = false;
         for (int h : holders) {
-            if (!would_accept(f.up(), size_t(h))) {
+            if (!would_accept(f.up(), size_t(h))
+                || double(f.up().inflight(size_t(h)) + 1) > share + 2.0)
+            {
                 continue;
             }
             ring_holds |= h == ring;
@@ -850,6 +859,102 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
         << route_name(next.decision.route);
     EXPECT_EQ(size_t(next.decision.peer), pinned);
     EXPECT_EQ(g.up().stats(pinned).pins, 1);
+}
+
+// Under heavy load the bound lets a peer reach 1.25 times its share; a
+// holder is followed only within the bound's slack (2) above its share,
+// plus one request per 4,096 characters (at most two) of a level that two
+// or more peers hold.  A session's pinned peer is held to the same.
+TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
+{
+    Fleet f;
+    const std::string system = words(94, 1200);
+    auto brief = [&system](uint32_t q) {
+        return chat({{"system", system}, {"user", words(8000 + q, 200)}});
+    };
+    serve_on(f, 0, brief(0));
+
+    // 19 in flight on the holder, 15 on the others: share 65 / 4 = 16.25,
+    // bound 20.3.  The holder is under the bound but 3.75 above its share:
+    // a 1,000-character prefix goes to the least loaded peer instead.
+    hold(f, 0, 19);
+    for (size_t i = 1; i < 4; i++) {
+        hold(f, i, 15);
+    }
+    ASSERT_TRUE(would_accept(f.up(), 0));
+    Routed r = f.send(brief(1));
+    EXPECT_NE(r.decision.peer, 0);
+    EXPECT_EQ(r.decision.route, kPrefixNew) << route_name(r.decision.route);
+    f.up().release_all();
+
+    // With the holder alone again: 17 on it, 16 on the others, share
+    // 66 / 4 = 16.5, the holder within the slack (18 <= 18.5).  It is
+    // followed.
+    Fleet e;
+    serve_on(e, 0, brief(0));
+    hold(e, 0, 17);
+    for (size_t i = 1; i < 4; i++) {
+        hold(e, i, 16);
+    }
+    r = e.send(brief(2));
+    EXPECT_EQ(r.decision.peer, 0);
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    e.up().release_all();
+
+    // A 20,000-character document two peers hold: two requests more are
+    // allowed.  19 on each holder, 15 on the others: share 69 / 4 =
+    // 17.25, 20 <= 17.25 + 2 + 2.
+    Fleet g;
+    const std::string doc = words(95, 20000);
+    auto ask = [&doc](uint32_t q) {
+        return chat({{"system", doc}, {"user", words(9000 + q, 200)}});
+    };
+    serve_on(g, 0, ask(0));
+    serve_on(g, 1, ask(1));
+    hold(g, 0, 19);
+    hold(g, 1, 19);
+    hold(g, 2, 15);
+    hold(g, 3, 15);
+    r = g.send(ask(2));
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    EXPECT_TRUE(r.decision.peer == 0 || r.decision.peer == 1)
+        << "peer " << r.decision.peer;
+    EXPECT_EQ(r.decision.prefix_len, shared_length(ask(0), ask(2)));
+    g.up().release_all();
+
+    // A session pinned to a peer with a short prompt, under the same load
+    // as the first case: it spills to the least loaded peer; a session on
+    // the document's holder stays.
+    Fleet h;
+    Routed pin = h.send(brief(3), true, "short-session");
+    ASSERT_EQ(pin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    const size_t pinned = size_t(pin.decision.peer);
+    hold(h, pinned, 19);
+    for (size_t i = 0; i < 4; i++) {
+        if (i != pinned) {
+            hold(h, i, 15);
+        }
+    }
+    ASSERT_TRUE(would_accept(h.up(), pinned));
+    r = h.send(brief(3), true, "short-session");
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL})
+        << route_name(r.decision.route);
+    EXPECT_NE(size_t(r.decision.peer), pinned);
+    h.up().release_all();
+
+    Routed dpin = g.send(ask(3), true, "document-session");
+    ASSERT_EQ(dpin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    const size_t holder = size_t(dpin.decision.peer);
+    ASSERT_TRUE(holder == 0 || holder == 1);
+    hold(g, 0, 19);
+    hold(g, 1, 19);
+    hold(g, 2, 15);
+    hold(g, 3, 15);
+    r = g.send(ask(3), true, "document-session");
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+        << route_name(r.decision.route);
+    EXPECT_EQ(size_t(r.decision.peer), holder);
+    g.up().release_all();
 }
 
 TEST(PrefixRoute, FailedPeerIsNeverChosen)
