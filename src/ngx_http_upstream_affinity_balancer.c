@@ -580,12 +580,15 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
     /*
      * A keyed request is pinned, or pinned anew, by every outcome but a hit
      * of its pin (a generated key's first request is reported by its
-     * prompt's outcome, and pinned all the same).
+     * prompt's outcome, and pinned all the same).  With affinity_metrics a
+     * hit is published too when no levels are: the other instances count
+     * every request one message says was sent (..._store.c).
      */
 
     if (ap->request.has_key
         && ap->conf->session_zone
-        && decision->route != AFFINITY_ROUTE_SESSION_HIT)
+        && (decision->route != AFFINITY_ROUTE_SESSION_HIT
+            || (ap->conf->engine_ttl && ap->request.nlevels == 0)))
     {
         m.kind = AFFINITY_STORE_PIN;
         m.key = (char *) ctx->key.data;

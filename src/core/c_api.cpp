@@ -212,7 +212,27 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                            (load->found & AFFINITY_ENGINE_CACHE)
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
+    atomic_store<int64_t>(&s.engine_others, 0);
     atomic_store<uint64_t>(&s.engine_time, now);
+}
+
+void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
+                                       uint64_t peer_id) noexcept
+{
+    Zone z = zone_of(zone);
+    uint32_t slot = z.find_slot(peer_id);
+
+    if (slot == kNoSlot) {
+        return;
+    }
+
+    PeerSlot &s = z.peer_slots()[slot];
+
+    // Only a figure to add to: without one, this instance cannot know when
+    // those requests end.
+    if (atomic_load(&s.engine_time) != 0) {
+        atomic_add<int64_t>(&s.engine_others, 1);
+    }
 }
 
 int affinity_zone_poll_due(affinity_zone_t *zone, uint64_t now_ms,

@@ -93,6 +93,9 @@ struct alignas(64) PeerSlot {
     int64_t engine_base;        // inflight when it was reported
     uint64_t engine_time;       // seconds; 0: never reported
     uint64_t cache_usage;       // per million
+    // Requests other nginx instances said (affinity_store) they sent the
+    // peer since its engine last reported: not in its figure yet.
+    int64_t engine_others;      // atomic
 };
 
 static_assert(sizeof(PeerSlot) == 192, "a peer slot is three cache lines");

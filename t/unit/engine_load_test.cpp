@@ -170,6 +170,44 @@ TEST(EngineLoad, RequestsSentSinceTheReportAreAdded)
     EXPECT_EQ(blind.route_nokey().decision.peer, 0);
 }
 
+// Requests another instance said it sent (affinity_store) count on top of
+// the engine's figure until the engine reports again; without a figure
+// they do not count (nothing would tell when they end).
+TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    affinity_balance_t with{1.0, 0.0, 3, 0};
+    Router router(z.get(), up, with);
+    router.now = 1001;
+
+    // No figure yet: requests sent elsewhere are not counted.
+    affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
+    EXPECT_EQ(up.stats(0).engine_load, -1);
+
+    affinity_engine_load_t load{};
+    load.found = AFFINITY_ENGINE_RUNNING;
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1000);
+    affinity_zone_peer_polled(z.get(), up.peer(1).slot, &load, 1000);
+
+    // Both engines idle; 4 requests here on peer 1, and another instance
+    // sent 6 to peer 0 since: peer 1 is the less loaded.
+    for (int i = 0; i < 4; i++) {
+        up.acquire(1);
+    }
+    for (int i = 0; i < 6; i++) {
+        affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
+    }
+    EXPECT_EQ(router.route_nokey().decision.peer, 1);
+
+    // The engine reports again (the 6 ended): peer 0 is idle once more.
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1001);
+    EXPECT_EQ(router.route_nokey().decision.peer, 0);
+
+    // An unknown peer changes nothing.
+    affinity_zone_peer_sent_elsewhere(z.get(), 12345);
+}
+
 TEST(EngineLoad, PollingIsOneCallerPerInterval)
 {
     TestZone z;

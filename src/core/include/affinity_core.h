@@ -678,6 +678,12 @@ AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
     uint32_t slot, const affinity_engine_load_t *load, uint32_t now)
     AFFINITY_NOEXCEPT;
 
+/* Lock-free: another nginx instance sent peer_id a request (it said so
+ * through affinity_store).  Counted with the engine's figure until the
+ * engine reports again, which then includes it; nothing without a figure. */
+AFFINITY_API void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
+    uint64_t peer_id) AFFINITY_NOEXCEPT;
+
 /* Lock-free: whether it is the caller's turn to poll the engines; true for
  * at most one caller per interval (milliseconds, now too). */
 AFFINITY_API int affinity_zone_poll_due(affinity_zone_t *zone,

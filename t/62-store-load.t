@@ -1,0 +1,130 @@
+#!/usr/bin/env perl
+
+# With affinity_store and affinity_metrics, each message another nginx
+# instance publishes is a request it sent just now: the receiving instance
+# counts it on the peer's load until that peer's engine reports again,
+# instead of seeing the peer as idle for a whole polling interval.  Here
+# instance A sees one replica only and keeps it 24 requests deep; instance
+# B polls the engines every 10 s and places new sessions right after a
+# poll that found them all idle.  Through the store none goes to A's
+# replica; an upstream of B without the store sends it its share.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use IO::Socket::INET;
+use JSON::PP;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers chat proxied_upstream eventually);
+
+my $redis_server = (grep { -x } map { "$_/redis-server" }
+                    split /:/, "$ENV{PATH}:/usr/bin:/usr/sbin")[0];
+plan skip_all => 'redis-server not installed' unless $redis_server;
+
+my $a = AffinityTest->new(workers => 2);
+my $b = AffinityTest->new(workers => 2);
+my @replicas = $a->start_mock_replicas(4, '--decode-ms-per-token', 100);
+my $redis = $a->port;
+my $stream = "affinity-load-$$";
+my $blind = $b->port;
+my $status = $b->port;
+
+$a->start_service(redis => $redis, $redis_server, '--port', $redis,
+    '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
+
+my $busy = $replicas[0];
+my %down = map { $_ => 'down' } @replicas[1 .. 3];
+my $directives = "        session_affinity header=X-Session-ID zone=%s_s:1m;\n"
+    . "        prefix_affinity zone=%s_p:4m;\n";
+my $store = "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
+my $metrics = "        affinity_metrics interval=10s timeout=1s;\n";
+
+$a->write_conf(proxy_conf($a, servers(\@replicas, %down)
+    . sprintf($directives, 'a', 'a') . $store));
+$b->write_conf(proxy_conf($b, servers(\@replicas)
+        . sprintf($directives, 'b', 'b') . $store . $metrics,
+    http => proxied_upstream(blind => servers(\@replicas)
+                                      . sprintf($directives, 'c', 'c')
+                                      . $metrics, $blind)
+        . "    server {\n        listen 127.0.0.1:$status;\n"
+        . "        location / { affinity_status; }\n    }\n"));
+$a->start_nginx;
+$b->start_nginx;
+
+my $json = JSON::PP->new;
+
+sub engines {
+    my ($upstream) = @_;
+    my $s = $json->decode($b->http(GET => '/', port => $status)->{body});
+    return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine} }
+             @{ $s->{upstreams}{$upstream}{peers} } };
+}
+
+# Both of B's upstreams have a fresh figure of every replica (all idle), and
+# the next poll is seconds away.
+ok eventually(sub {
+        for my $u (qw(llm blind)) {
+            my $e = engines($u);
+            return 0 unless 4 == grep { defined $e->{$_}
+                                        && $e->{$_}{age} <= 1 } @replicas;
+        }
+        return 1;
+    }, 15), 'B knows every replica\'s own load, freshly polled';
+
+# ---- A keeps its replica busy ----------------------------------------------
+
+my @socks;
+for my $i (1 .. 24) {
+    my $body = $json->encode({ model => 'm', stream => JSON::PP::true,
+        max_tokens => 60, messages => [ { role => 'user',
+                                          content => "from A, $i" } ] });
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                  PeerPort => $a->listen_port)
+        or die "connect: $!";
+    print {$s} "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        . "X-Session-ID: a-$i\r\nContent-Type: application/json\r\n"
+        . "Content-Length: " . length($body) . "\r\n\r\n$body";
+    push @socks, $s;
+}
+sleep 0.5;
+
+# New sessions, one through each of B's upstreams in turn, so that both
+# see the same moment.
+my (%shared, %alone);
+my $t0 = time;
+for my $i (1 .. 24) {
+    for my $to ([ $b->listen_port, \%shared ], [ $blind, \%alone ]) {
+        my $res = $b->http(POST => '/v1/chat/completions', port => $to->[0],
+            headers => { 'Content-Type' => 'application/json',
+                         'X-Session-ID' => "new-$i" },
+            body => chat([ user => "question $i" ])
+                        =~ s/"max_tokens":64/"max_tokens":1/r);
+        $to->[1]{ $res->{headers}{'x-replica-port'} // 'none' }++;
+    }
+}
+my $took = time - $t0;
+my ($shared, $alone) = (\%shared, \%alone);
+note sprintf 'new sessions on A\'s replica: %d through the store, %d without'
+    . ' (%.1f s)', $shared->{$busy} // 0, $alone->{$busy} // 0, $took;
+
+is $shared->{$busy} // 0, 0,
+    'through the store, no new session goes to the replica A keeps busy';
+SKIP: {
+    # a poll in between would have shown the busy replica to both
+    skip 'B polled again while placing', 1 if $took > 8;
+    cmp_ok $alone->{$busy} // 0, '>=', 3,
+        'without the store it takes its share (the test can tell)';
+}
+
+close $_ for @socks;
+
+is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
+is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
+
+done_testing;
