@@ -561,6 +561,7 @@ ngx_http_upstream_affinity_count(ngx_http_upstream_affinity_peer_data_t *ap,
  * What this decision taught, for the other instances (affinity_store): a
  * session pinned or moved, and the peer that now holds the prompt's
  * levels.  A session that stays where it was pinned teaches nothing new.
+ * And the request itself, as load, with affinity_metrics.
  */
 
 static void
@@ -578,17 +579,24 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
     m.peer = ap->view->peers[decision->peer].id;
 
     /*
+     * With affinity_metrics, the request itself: the other instances count
+     * it on the peer's load until its engine reports again (..._store.c).
+     */
+
+    if (ap->conf->engine_ttl) {
+        m.kind = AFFINITY_STORE_SENT;
+        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+    }
+
+    /*
      * A keyed request is pinned, or pinned anew, by every outcome but a hit
      * of its pin (a generated key's first request is reported by its
-     * prompt's outcome, and pinned all the same).  With affinity_metrics a
-     * hit is published too when no levels are: the other instances count
-     * every request one message says was sent (..._store.c).
+     * prompt's outcome, and pinned all the same).
      */
 
     if (ap->request.has_key
         && ap->conf->session_zone
-        && (decision->route != AFFINITY_ROUTE_SESSION_HIT
-            || (ap->conf->engine_ttl && ap->request.nlevels == 0)))
+        && decision->route != AFFINITY_ROUTE_SESSION_HIT)
     {
         m.kind = AFFINITY_STORE_PIN;
         m.key = (char *) ctx->key.data;

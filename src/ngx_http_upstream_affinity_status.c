@@ -427,11 +427,13 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
 
             if (ps[j].stats.engine_load >= 0
                 && json_object_set_new(p, "engine",
-                       json_pack("{s:I,s:f,s:I}",
+                       json_pack("{s:I,s:f,s:I,s:I}",
                                  "load", (json_int_t) ps[j].stats.engine_load,
                                  "cache_usage", ps[j].stats.cache_usage,
                                  "age", (json_int_t) (ngx_time()
-                                              - ps[j].stats.engine_time))))
+                                              - ps[j].stats.engine_time),
+                                 "elsewhere",
+                                 (json_int_t) ps[j].stats.engine_elsewhere)))
             {
                 goto failed;
             }

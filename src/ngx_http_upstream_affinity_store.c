@@ -98,9 +98,6 @@ static void ngx_http_upstream_affinity_store_read(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac,
     void *reply, void *data);
-static void ngx_http_upstream_affinity_store_elsewhere(
-    ngx_http_upstream_affinity_srv_conf_t *ascf,
-    affinity_store_message_t *m, time_t now);
 static void ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields);
 
@@ -453,6 +450,12 @@ ngx_http_upstream_affinity_store_publish(
         return;
     }
 
+    /* a request sent is news only now: it would displace what was learned */
+
+    if (message->kind == AFFINITY_STORE_SENT) {
+        return;
+    }
+
     n = store->conf->store_conf->backlog;
 
     if (store->queued == n) {
@@ -699,46 +702,34 @@ ngx_http_upstream_affinity_store_apply(
                                      (uint32_t) ascf->prefix_timeout);
             ngx_shmtx_unlock(&shctx->shpool->mutex);
             break;
+
+        case AFFINITY_STORE_SENT:
+
+            /*
+             * A request the other instance sent m.peer just now: with
+             * affinity_metrics it counts on the peer's load here until the
+             * peer's engine reports again.  Every worker reads every
+             * message, the first worker counts it for all; one more than a
+             * second old (read after the store was away) is no new
+             * request.
+             */
+
+            zone = ascf->counter_zone;
+
+            if (ngx_worker != 0 || ascf->engine_ttl == 0 || zone == NULL
+                || now - m.time > 1)
+            {
+                continue;
+            }
+
+            shctx = zone->data;
+
+            ngx_shmtx_lock(&shctx->shpool->mutex);
+            affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer);
+            ngx_shmtx_unlock(&shctx->shpool->mutex);
+            break;
         }
-
-        ngx_http_upstream_affinity_store_elsewhere(ascf, &m, now);
     }
-}
-
-
-/*
- * A message is also a request the other instance sent m.peer just now:
- * with affinity_metrics it counts on the peer's load until its engine
- * reports again, so that this instance does not see the peer idle for a
- * whole polling interval.  One message per request counts: the prompt's
- * levels with prefix_affinity, else the session's pin.  Messages more than
- * a second old (read again after the store was away) are not new requests.
- */
-
-static void
-ngx_http_upstream_affinity_store_elsewhere(
-    ngx_http_upstream_affinity_srv_conf_t *ascf,
-    affinity_store_message_t *m, time_t now)
-{
-    ngx_http_upstream_affinity_shctx_t  *shctx;
-
-    if (ascf->engine_ttl == 0 || ascf->counter_zone == NULL
-        || now - (time_t) m->time > 1)
-    {
-        return;
-    }
-
-    if (m->kind != (ascf->prefix_zone ? AFFINITY_STORE_LEVELS
-                                      : AFFINITY_STORE_PIN))
-    {
-        return;
-    }
-
-    shctx = ascf->counter_zone->data;
-
-    ngx_shmtx_lock(&shctx->shpool->mutex);
-    affinity_zone_peer_sent_elsewhere(shctx->zone, m->peer);
-    ngx_shmtx_unlock(&shctx->shpool->mutex);
 }
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env perl
 
-# With affinity_store and affinity_metrics, each message another nginx
-# instance publishes is a request it sent just now: the receiving instance
-# counts it on the peer's load until that peer's engine reports again,
-# instead of seeing the peer as idle for a whole polling interval.  Here
+# With affinity_store and affinity_metrics, each nginx instance announces
+# every request it sends: the other instances count it on the peer's load
+# until that peer's engine reports again, instead of seeing the peer as
+# idle for a whole polling interval.  Here
 # instance A sees one replica only and keeps it 24 requests deep; instance
 # B polls the engines every 10 s and places new sessions right after a
 # poll that found them all idle.  Through the store none goes to A's
@@ -46,7 +46,7 @@ my $store = "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
 my $metrics = "        affinity_metrics interval=10s timeout=1s;\n";
 
 $a->write_conf(proxy_conf($a, servers(\@replicas, %down)
-    . sprintf($directives, 'a', 'a') . $store));
+    . sprintf($directives, 'a', 'a') . $store . $metrics));
 $b->write_conf(proxy_conf($b, servers(\@replicas)
         . sprintf($directives, 'b', 'b') . $store . $metrics,
     http => proxied_upstream(blind => servers(\@replicas)
@@ -92,7 +92,13 @@ for my $i (1 .. 24) {
         . "Content-Length: " . length($body) . "\r\n\r\n$body";
     push @socks, $s;
 }
-sleep 0.5;
+
+# B counts each of A's requests once, though each of its two workers reads
+# every message; its upstream without the store counts none.
+ok eventually(sub { (engines('llm')->{$busy}{elsewhere} // 0) >= 24 }, 5),
+    'B counts the requests A announced';
+is engines('llm')->{$busy}{elsewhere}, 24, '... each once';
+is engines('blind')->{$busy}{elsewhere}, 0, '... not without the store';
 
 # New sessions, one through each of B's upstreams in turn, so that both
 # see the same moment.

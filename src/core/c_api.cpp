@@ -182,6 +182,7 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     uint64_t reported = atomic_load(&s.engine_time);
     stats->engine_time = uint32_t(reported);
     stats->engine_load = reported ? atomic_load(&s.engine_load) : -1;
+    stats->engine_elsewhere = reported ? atomic_load(&s.engine_others) : 0;
     uint64_t usage = atomic_load(&s.cache_usage);
     stats->cache_usage = reported && usage != UINT64_MAX
                          ? double(usage) / 1e6 : -1.0;

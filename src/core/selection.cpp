@@ -151,9 +151,10 @@ namespace {
 
 // Stay or move by what a move costs (route_prefix): when every holder of
 // a prompt's longest shared level (one that at least kStayHolders peers
-// hold) is over the load bound, and a peer under the bound holds a shorter
-// level, the least loaded holder may still take the prompt, kStayExtra
-// request above the bound, if moving would re-prefill at least kDocumentChars
+// hold) is over the load bound or beyond its slack (kDocumentExtraMax),
+// and a peer that may be followed holds a shorter level, the least loaded
+// holder may still take the prompt, up to kStayExtra request above the
+// bound, if moving would re-prefill at least kDocumentChars
 // characters (about a thousand tokens: a document, not a system prompt's
 // tail).  Measured in the offline fleet (tight profile at 1.2x, ten seeds,
 // medians): shared documents 0.92 -> 1.04 of the oracle's hits without

@@ -77,6 +77,9 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
         }
         body = m.nlevels * 8;
 
+    } else if (m.kind == AFFINITY_STORE_SENT) {
+        body = 0;
+
     } else {
         return 0;
     }
@@ -95,7 +98,7 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
     if (keyed(m.kind)) {
         std::memcpy(out + kStoreHeader, m.key, m.key_len);
 
-    } else {
+    } else if (m.kind == AFFINITY_STORE_LEVELS) {
         for (size_t i = 0; i < m.nlevels; i++) {
             put64(out + kStoreHeader + 8 * i, m.levels[i]);
         }
@@ -117,7 +120,10 @@ bool decode_store_message(const uint8_t *data, size_t len,
     uint32_t kind = data[1];
     size_t body = get16(data + 2);
 
-    if (len != kStoreHeader + body || body == 0) {
+    // Only a SENT message has no body (older versions refuse it).
+    if (len != kStoreHeader + body
+        || (body == 0) != (kind == AFFINITY_STORE_SENT))
+    {
         return false;
     }
 
@@ -158,7 +164,7 @@ bool decode_store_message(const uint8_t *data, size_t len,
         return true;
     }
 
-    return false;
+    return kind == AFFINITY_STORE_SENT;
 }
 
 }  // namespace affinity

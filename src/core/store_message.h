@@ -1,15 +1,17 @@
 // Messages that several nginx instances exchange through a shared store
 // (affinity_store): what one instance learned — a session pinned, a
-// response id, a prompt's levels recorded — for the others to apply.
+// response id, a prompt's levels recorded — for the others to apply, and,
+// with affinity_metrics, each request it sent, for the others to count.
 //
-// A message is a few dozen to a thousand bytes of fixed layout, little
+// A message is 24 bytes to a few thousand of fixed layout, little
 // endian, with a version, so that instances running different versions of
 // the module skip what they do not understand:
 //
 //   u8 version, u8 kind, u16 key_len, u32 time,
 //   u64 instance, u64 peer,
 //   key_len bytes of key (sessions, responses)  or
-//   key_len / 8 level hashes (prefixes)
+//   key_len / 8 level hashes (prefixes)  or
+//   nothing (a request sent: key_len 0, which versions before it refuse)
 //
 // The decoder reads messages from the store, which anyone with access to
 // it can write: it checks every length against the message's size and is

@@ -171,8 +171,7 @@ TEST(EngineLoad, RequestsSentSinceTheReportAreAdded)
 }
 
 // Requests another instance said it sent (affinity_store) count on top of
-// the engine's figure until the engine reports again; without a figure
-// they do not count (nothing would tell when they end).
+// the engine's figure until the engine reports again.
 TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
 {
     TestZone z;
@@ -180,10 +179,6 @@ TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
     affinity_balance_t with{1.0, 0.0, 3, 0};
     Router router(z.get(), up, with);
     router.now = 1001;
-
-    // No figure yet: requests sent elsewhere are not counted.
-    affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
-    EXPECT_EQ(up.stats(0).engine_load, -1);
 
     affinity_engine_load_t load{};
     load.found = AFFINITY_ENGINE_RUNNING;
@@ -198,14 +193,19 @@ TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
     for (int i = 0; i < 6; i++) {
         affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
     }
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 6);
+    EXPECT_EQ(up.stats(1).engine_elsewhere, 0);
     EXPECT_EQ(router.route_nokey().decision.peer, 1);
 
     // The engine reports again (the 6 ended): peer 0 is idle once more.
     affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1001);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
     EXPECT_EQ(router.route_nokey().decision.peer, 0);
 
     // An unknown peer changes nothing.
     affinity_zone_peer_sent_elsewhere(z.get(), 12345);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
+    EXPECT_EQ(up.stats(1).engine_elsewhere, 0);
 }
 
 TEST(EngineLoad, PollingIsOneCallerPerInterval)

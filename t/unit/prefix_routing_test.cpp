@@ -946,8 +946,10 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     ASSERT_EQ(dpin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
     const size_t holder = size_t(dpin.decision.peer);
     ASSERT_TRUE(holder == 0 || holder == 1);
-    hold(g, 0, 19);
-    hold(g, 1, 19);
+    // The other holder one request less loaded, so that no tie decides:
+    // share 68 / 4 = 17, the pinned peer's 20 within 17 + 2 + 2.
+    hold(g, holder, 19);
+    hold(g, 1 - holder, 18);
     hold(g, 2, 15);
     hold(g, 3, 15);
     r = g.send(ask(3), true, "document-session");

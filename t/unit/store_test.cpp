@@ -77,6 +77,47 @@ TEST(StoreMessage, LevelsRoundTrip)
               -1);
 }
 
+// A request sent: the header alone.  Only that kind may have no body, and
+// it may have none other.
+TEST(StoreMessage, SentRoundTripsWithNoBody)
+{
+    affinity_store_message_t m{};
+    m.kind = AFFINITY_STORE_SENT;
+    m.time = 1763900000;
+    m.instance = 7;
+    m.peer = 0xfedcba9876543210ULL;
+    std::vector<uint8_t> bytes = encode(m);
+    ASSERT_EQ(bytes.size(), 24u);
+
+    affinity_store_message_t d;
+    ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, nullptr,
+                                    0),
+              0);
+    EXPECT_EQ(d.kind, uint32_t{AFFINITY_STORE_SENT});
+    EXPECT_EQ(d.time, m.time);
+    EXPECT_EQ(d.instance, m.instance);
+    EXPECT_EQ(d.peer, m.peer);
+    EXPECT_EQ(d.key_len, 0u);
+    EXPECT_EQ(d.nlevels, 0u);
+
+    for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE,
+                          AFFINITY_STORE_LEVELS})
+    {
+        std::vector<uint8_t> empty = bytes;
+        empty[1] = uint8_t(kind);
+        EXPECT_EQ(affinity_store_decode(empty.data(), empty.size(), &d,
+                                        nullptr, 0),
+                  -1)
+            << kind;
+    }
+
+    std::vector<uint8_t> body = bytes;
+    body.push_back(0);
+    body[2] = 1;
+    EXPECT_EQ(affinity_store_decode(body.data(), body.size(), &d, nullptr, 0),
+              -1);
+}
+
 TEST(StoreMessage, InvalidMessagesAreNotWritten)
 {
     std::string key(AFFINITY_STORE_KEY_MAX + 1, 'k');

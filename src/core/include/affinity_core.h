@@ -222,6 +222,8 @@ typedef struct {
     double      cache_usage;    /* its KV cache usage, 0..1, -1 unknown */
     uint32_t    engine_time;    /* when it reported them, seconds */
     uint32_t    reserved;
+    int64_t     engine_elsewhere;   /* requests other instances said they
+                                       sent it since (affinity_store) */
 } affinity_peer_stats_t;
 
 /* Lock-free; counters are read atomically one by one. */
@@ -678,9 +680,10 @@ AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
     uint32_t slot, const affinity_engine_load_t *load, uint32_t now)
     AFFINITY_NOEXCEPT;
 
-/* Lock-free: another nginx instance sent peer_id a request (it said so
- * through affinity_store).  Counted with the engine's figure until the
- * engine reports again, which then includes it; nothing without a figure. */
+/* Another nginx instance sent peer_id a request (an AFFINITY_STORE_SENT
+ * message).  Counted with the engine's figure until the engine reports
+ * again, which then includes it; nothing without a figure (caller holds
+ * the zone lock). */
 AFFINITY_API void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
     uint64_t peer_id) AFFINITY_NOEXCEPT;
 
@@ -695,7 +698,9 @@ AFFINITY_API int affinity_zone_poll_due(affinity_zone_t *zone,
 typedef enum {
     AFFINITY_STORE_PIN = 1,         /* a session key pinned to a peer */
     AFFINITY_STORE_RESPONSE,        /* a response id produced by a peer */
-    AFFINITY_STORE_LEVELS           /* a prompt's levels served by a peer */
+    AFFINITY_STORE_LEVELS,          /* a prompt's levels served by a peer */
+    AFFINITY_STORE_SENT             /* a request sent to a peer just now
+                                       (with affinity_metrics): no body */
 } affinity_store_kind_e;
 
 /* Longest key a message carries: session keys and response ids. */
