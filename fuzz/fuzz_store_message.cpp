@@ -10,7 +10,7 @@
 //   - its key lies inside the input, its levels fit the caller's array;
 //   - applying it to a sessions, a prefixes and a responses zone (as the
 //     module does) keeps their counts consistent: entries never exceed the
-//     capacity.
+//     capacity; a request sent elsewhere is counted for any peer id.
 
 #include <cstddef>
 #include <cstdint>
@@ -81,6 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (m.kind == AFFINITY_STORE_LEVELS) {
             CHECK(m.levels == levels);
             CHECK(m.nlevels >= 1 && m.nlevels <= AFFINITY_MAX_LEVELS);
+        } else if (m.kind == AFFINITY_STORE_SENT) {
+            CHECK(m.key == nullptr && m.key_len == 0 && m.nlevels == 0);
         } else {
             CHECK(m.key >= reinterpret_cast<const char *>(copy));
             CHECK(m.key + m.key_len
@@ -112,6 +114,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 affinity_zone_key_hash(zones.zone[2], m.key, m.key_len),
                 m.peer, now, 3600);
             check_zone(zones.zone[2]);
+            break;
+        case AFFINITY_STORE_SENT:
+            affinity_zone_peer_sent_elsewhere(zones.zone[0], m.peer);
             break;
         default:
             CHECK(false);
