@@ -127,7 +127,8 @@ class PeerStats(ctypes.Structure):
                 ('pins', ctypes.c_int64), ('routes', c_u64 * len(ROUTES)),
                 ('engine_load', ctypes.c_int64),
                 ('cache_usage', ctypes.c_double),
-                ('engine_time', c_u32), ('reserved', c_u32)]
+                ('engine_time', c_u32), ('reserved', c_u32),
+                ('engine_elsewhere', ctypes.c_int64)]
 
 
 class ZoneInfo(ctypes.Structure):
