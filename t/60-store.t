@@ -23,9 +23,8 @@ use Time::HiRes qw(time sleep);
 use AffinityTest;
 use AffinityConf qw(proxy_conf servers routes chat eventually);
 
-my $redis_server = (grep { -x } map { "$_/redis-server" }
-                    split /:/, "$ENV{PATH}:/usr/bin:/usr/sbin")[0];
-plan skip_all => 'redis-server not installed' unless $redis_server;
+plan skip_all => 'redis-server not installed'
+    unless AffinityTest::redis_server();
 
 my $a = AffinityTest->new(workers => 2);
 my $b = AffinityTest->new(workers => 2);
@@ -33,10 +32,7 @@ my @replicas = $a->start_mock_replicas(4, '--decode-ms-per-token', 0.5);
 my $redis = $a->port;
 my $stream = "affinity-test-$$";
 
-sub start_redis {
-    $a->start_service(redis => $redis, $redis_server, '--port', $redis,
-        '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
-}
+sub start_redis { $a->start_redis($redis) }
 
 start_redis();
 

@@ -20,7 +20,7 @@ use Time::HiRes qw(time sleep);
 
 use AffinityTest;
 use AffinityConf qw(proxy_conf servers routes chat proxied_upstream
-                    eventually);
+                    eventually engine_figures);
 
 my $t = AffinityTest->new(workers => 2);
 my @replicas = $t->start_mock_replicas(4, '--decode-ms-per-token', 100);
@@ -50,12 +50,7 @@ $t->start_nginx;
 
 my $json = JSON::PP->new;
 
-sub engines {
-    my ($upstream) = @_;
-    my $s = $json->decode($t->http(GET => '/', port => $status)->{body});
-    return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine} }
-             @{ $s->{upstreams}{$upstream}{peers} } };
-}
+sub engines { engine_figures($t, $status, $_[0]) }
 
 
 ok eventually(sub { my $e = engines('llm');

@@ -9,9 +9,21 @@ use warnings;
 
 use Exporter 'import';
 our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
-                    placement moved chat proxied_upstream eventually);
+                    placement moved chat proxied_upstream eventually
+                    engine_figures);
 
+use JSON::PP ();
 use Time::HiRes qw(sleep time);
+
+# engine_figures($t, $port, $upstream) - what the status page on $port says
+# each server's engine reported (affinity_metrics): {backend port =>
+# {load, cache_usage, age, elsewhere}}, undef for a server never reported.
+sub engine_figures {
+    my ($t, $port, $upstream) = @_;
+    my $s = JSON::PP->new->decode($t->http(GET => '/', port => $port)->{body});
+    return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine} }
+             @{ $s->{upstreams}{$upstream}{peers} } };
+}
 
 # servers(\@ports, %extra) - "server 127.0.0.1:PORT ...;" lines; $extra{PORT}
 # appends parameters (weight=2, backup, down, ...) to that server.

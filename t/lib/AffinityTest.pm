@@ -426,6 +426,22 @@ sub stop_mock_replica {
     return;
 }
 
+# AffinityTest::redis_server() - the redis-server on PATH (or in /usr/bin,
+# /usr/sbin), or undef when it is not installed.
+sub redis_server {
+    return (grep { -x } map { "$_/redis-server" }
+            split /:/, ($ENV{PATH} // '') . ':/usr/bin:/usr/sbin')[0];
+}
+
+# $t->start_redis($port) - a redis-server on 127.0.0.1:$port that keeps
+# nothing on disk, until the end of the test (service "redis").
+sub start_redis {
+    my ($self, $port) = @_;
+    my $server = redis_server() or croak 'redis-server not installed';
+    return $self->start_service(redis => $port, $server, '--port', $port,
+        '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
+}
+
 # $t->start_service($name, $port, @command) - runs @command (a server that
 # listens on 127.0.0.1:$port, e.g. redis-server) until stop_service or the
 # end of the test; its output goes to logs/$name.log.
