@@ -723,6 +723,14 @@ void hold(Fleet &f, size_t peer, int requests)
     }
 }
 
+// counts[i] requests in flight on peer i.
+void hold_each(Fleet &f, const std::vector<int> &counts)
+{
+    for (size_t peer = 0; peer < counts.size(); peer++) {
+        hold(f, peer, counts[peer]);
+    }
+}
+
 // Stay or move by what a move costs.  A prefix several peers hold (a shared
 // document) whose holders are all over the bound: moving the prompt to the
 // holder of a shorter level re-prefills the rest.  When that rest is long
@@ -752,8 +760,7 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
 
     // Three in flight on each holder: share (6 + 1) / 4, bound 3.75, so
     // each is over it by less than one request.  A holder takes it.
-    hold(f, 0, 3);
-    hold(f, 1, 3);
+    hold_each(f, {3, 3});
     ASSERT_FALSE(would_accept(f.up(), 0));
     Routed r = f.send(ask(9));
     EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
@@ -764,8 +771,7 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
 
     // Five on each: bound 4.75, six would be more than one above it.  The
     // holder of the document's opening, under the bound, takes it.
-    hold(f, 0, 5);
-    hold(f, 1, 5);
+    hold_each(f, {5, 5});
     r = f.send(ask(10));
     EXPECT_EQ(r.decision.route, kPrefixHit);
     EXPECT_EQ(r.decision.peer, 2);
@@ -781,8 +787,7 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
     serve_on(f, 0, brief(0));
     serve_on(f, 1, brief(1));
     ASSERT_LT(shared_length(brief(0), brief(9)) - start, 4096u);
-    hold(f, 0, 3);
-    hold(f, 1, 3);
+    hold_each(f, {3, 3});
     r = f.send(brief(9));
     EXPECT_EQ(r.decision.route, kPrefixHit);
     EXPECT_EQ(r.decision.peer, 2);
@@ -802,8 +807,7 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
             ASSERT_EQ(f.peers_of(level), (std::vector<int>{0}));
         }
     }
-    hold(f, 0, 3);
-    hold(f, 1, 3);
+    hold_each(f, {3, 3});
     r = f.send(turn(1));
     EXPECT_EQ(r.decision.route, kPrefixHit);
     EXPECT_EQ(r.decision.peer, 2);
@@ -815,8 +819,7 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
     Fleet g;
     serve_on(g, 0, ask(0));
     serve_on(g, 1, ask(1));
-    hold(g, 0, 3);
-    hold(g, 1, 3);
+    hold_each(g, {3, 3});
     std::vector<affinity_level_t> l = levels_of(ask(11));
     const int cold = g.least_loaded_on_ring(l.back().hash);
     r = g.send(l);
@@ -877,10 +880,7 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     // 19 in flight on the holder, 15 on the others: share 65 / 4 = 16.25,
     // bound 20.3.  The holder is under the bound but 3.75 above its share:
     // a 1,000-character prefix goes to the least loaded peer instead.
-    hold(f, 0, 19);
-    for (size_t i = 1; i < 4; i++) {
-        hold(f, i, 15);
-    }
+    hold_each(f, {19, 15, 15, 15});
     ASSERT_TRUE(would_accept(f.up(), 0));
     Routed r = f.send(brief(1));
     EXPECT_NE(r.decision.peer, 0);
@@ -892,10 +892,7 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     // followed.
     Fleet e;
     serve_on(e, 0, brief(0));
-    hold(e, 0, 17);
-    for (size_t i = 1; i < 4; i++) {
-        hold(e, i, 16);
-    }
+    hold_each(e, {17, 16, 16, 16});
     r = e.send(brief(2));
     EXPECT_EQ(r.decision.peer, 0);
     EXPECT_EQ(r.decision.route, kPrefixHit);
@@ -911,10 +908,7 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     };
     serve_on(g, 0, ask(0));
     serve_on(g, 1, ask(1));
-    hold(g, 0, 19);
-    hold(g, 1, 19);
-    hold(g, 2, 15);
-    hold(g, 3, 15);
+    hold_each(g, {19, 19, 15, 15});
     r = g.send(ask(2));
     EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
     EXPECT_TRUE(r.decision.peer == 0 || r.decision.peer == 1)
@@ -929,12 +923,9 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     Routed pin = h.send(brief(3), true, "short-session");
     ASSERT_EQ(pin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
     const size_t pinned = size_t(pin.decision.peer);
-    hold(h, pinned, 19);
-    for (size_t i = 0; i < 4; i++) {
-        if (i != pinned) {
-            hold(h, i, 15);
-        }
-    }
+    std::vector<int> counts(4, 15);
+    counts[pinned] = 19;
+    hold_each(h, counts);
     ASSERT_TRUE(would_accept(h.up(), pinned));
     r = h.send(brief(3), true, "short-session");
     EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL})
@@ -948,10 +939,8 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     ASSERT_TRUE(holder == 0 || holder == 1);
     // The other holder one request less loaded, so that no tie decides:
     // share 68 / 4 = 17, the pinned peer's 20 within 17 + 2 + 2.
-    hold(g, holder, 19);
-    hold(g, 1 - holder, 18);
-    hold(g, 2, 15);
-    hold(g, 3, 15);
+    hold_each(g, holder == 0 ? std::vector<int>{19, 18, 15, 15}
+                             : std::vector<int>{18, 19, 15, 15});
     r = g.send(ask(3), true, "document-session");
     EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
         << route_name(r.decision.route);
