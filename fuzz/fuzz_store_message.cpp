@@ -105,8 +105,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_zone(zones.zone[0]);
             break;
         case AFFINITY_STORE_LEVELS:
+            // With a cache capacity: the holder's clock is looked up.
             affinity_prefixes_record(zones.zone[1], m.levels, m.nlevels,
-                                     m.peer, now, 600);
+                                     m.peer, now, 600, 100000);
             check_zone(zones.zone[1]);
             break;
         case AFFINITY_STORE_RESPONSE:

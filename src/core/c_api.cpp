@@ -16,6 +16,7 @@
 #include "process.h"
 #include "response_scan.h"
 #include "session_table.h"
+#include "cache_model.h"
 #include "prefix_table.h"
 #include "store_message.h"
 #include "worker_rows.h"
@@ -458,16 +459,19 @@ void affinity_sessions_pin(affinity_zone_t *zone, uint64_t key_hash,
 void affinity_prefixes_record(affinity_zone_t *zone,
                               const uint64_t *level_hashes, size_t nlevels,
                               uint64_t peer_id, uint32_t now,
-                              uint32_t timeout) noexcept
+                              uint32_t timeout, uint64_t capacity) noexcept
 {
     if (peer_id == 0 || level_hashes == nullptr) {
         return;
     }
 
     PrefixTable table(zone_of(zone), now, timeout);
+    affinity_peer_t peer = {peer_id, 1, kNoSlot};
+    CacheModel cache(zone_of(zone), &peer, 1, capacity, now);
+    uint8_t stamp = cache.stamp(0);
 
     for (size_t i = 0; i < nlevels && i < AFFINITY_MAX_LEVELS; i++) {
-        table.record(table.key(level_hashes[i]), peer_id);
+        table.record(table.key(level_hashes[i]), peer_id, stamp);
     }
 }
 

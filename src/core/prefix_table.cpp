@@ -32,14 +32,14 @@ PrefixEntry *PrefixTable::find(uint64_t key) noexcept
     return bucket.find(key, expire(bucket), now_);
 }
 
-bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
+int PrefixTable::record(uint64_t key, uint64_t peer_id, uint8_t stamp)
+    noexcept
 {
     PrefixBucket &bucket = zone_.bucket_of<PrefixBucket>(key);
     size_t live = expire(bucket);
     PrefixEntry *entry = bucket.find(key, live, now_);
-    bool existed = entry != nullptr;
 
-    if (!existed) {
+    if (entry == nullptr) {
         entry = bucket.push_front(live, [this](const PrefixEntry &) {
             zone_.header().used--;
             zone_.header().evictions++;
@@ -51,21 +51,31 @@ bool PrefixTable::record(uint64_t key, uint64_t peer_id) noexcept
 
     entry->last_used = now_;
 
-    // Move (or insert) the peer to the front of the entry's list.
+    // Move (or insert) the peer to the front of the entry's list; the
+    // last one falls off when the list is full and the peer is not in it.
     uint32_t id = short_peer_id(peer_id);
     size_t at = kPrefixPeers - 1;
+    int before = kNotHeld;
 
     for (size_t i = 0; i < kPrefixPeers; i++) {
-        if (entry->peers[i] == id || entry->peers[i] == 0) {
+        if (entry->peers[i] == id) {
+            before = entry->stamps[i];
+            at = i;
+            break;
+        }
+
+        if (entry->peers[i] == 0) {
             at = i;
             break;
         }
     }
 
     std::memmove(&entry->peers[1], &entry->peers[0], at * sizeof(uint32_t));
+    std::memmove(&entry->stamps[1], &entry->stamps[0], at);
     entry->peers[0] = id;
+    entry->stamps[0] = stamp;
 
-    return existed;
+    return before;
 }
 
 }  // namespace affinity

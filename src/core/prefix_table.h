@@ -17,12 +17,15 @@
 namespace affinity {
 
 constexpr size_t kPrefixPeers = 4;
+constexpr int kNotHeld = -1;
 
 struct PrefixEntry {
     uint64_t key;                   // seeded level hash; 0 = empty
     uint32_t peers[kPrefixPeers];   // low 32 bits of peer ids, 0 = none
     uint32_t last_used;             // seconds
-    uint32_t reserved;
+    // Per peer, its cache clock when it last got the prefix, in stamps
+    // (cache_model.h); 0 in entries of a zone laid out before.
+    uint8_t stamps[kPrefixPeers];
 };
 
 constexpr uint32_t kPrefixWays = 8;
@@ -50,11 +53,12 @@ public:
     // The live entry of key, made the most recently used; nullptr if absent.
     PrefixEntry *find(uint64_t key) noexcept;
 
-    // Records that peer served the prefix of key: the peer becomes the
-    // entry's most recent; the entry is created, and the bucket's least
-    // recently used entry evicted, if needed.  Returns whether the entry
-    // existed.
-    bool record(uint64_t key, uint64_t peer_id) noexcept;
+    // Records that peer served the prefix of key, its cache clock then
+    // reading stamp: the peer becomes the entry's most recent; the entry
+    // is created, and the bucket's least recently used entry evicted, if
+    // needed.  Returns the peer's stamp before, or kNotHeld if the entry
+    // did not list it.
+    int record(uint64_t key, uint64_t peer_id, uint8_t stamp) noexcept;
 
 private:
     size_t expire(PrefixBucket &bucket) noexcept;

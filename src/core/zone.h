@@ -96,6 +96,10 @@ struct alignas(64) PeerSlot {
     // Requests other nginx instances said (affinity_store) they sent the
     // peer since its engine last reported: not in its figure yet.
     int64_t engine_others;      // atomic
+    // Characters of prompts sent the peer that its cache was not presumed
+    // to hold (cache_model.h): the clock of its cache's modelled LRU.  In
+    // the prefix zone, under its lock.
+    uint64_t cache_fill;
 };
 
 static_assert(sizeof(PeerSlot) == 192, "a peer slot is three cache lines");

@@ -948,6 +948,117 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     g.up().release_all();
 }
 
+// With the peers' cache capacity (prefix_capacity, tokens), a holder that
+// has since been sent a capacity of prompt text it did not hold is presumed
+// to have evicted the prefix: it is not followed, and the prompt is placed
+// as a new one.  Prompt text it already held does not count.
+TEST(PrefixRoute, HolderPresumedToHaveEvictedIsNotFollowed)
+{
+    const std::string doc = words(96, 2000);
+    auto ask = [&doc](uint32_t q) {
+        return chat({{"system", doc}, {"user", words(9100 + q, 100)}});
+    };
+    uint32_t other = 9200;
+    auto others_on_peer_0 = [&other](Fleet &f, uint32_t n) {
+        for (uint32_t k = 0; k < n; k++) {
+            serve_on(f, 0, chat({{"user", words(other++, 2000)}}));
+        }
+    };
+
+    for (uint64_t capacity : {uint64_t{0}, uint64_t{1000}}) {
+        SCOPED_TRACE("capacity " + std::to_string(capacity));
+        Fleet f;
+        f.router().prefix_capacity = capacity;  // 5,000 characters
+        serve_on(f, 0, ask(0));
+
+        // 4,000 characters of other prompts since: still followed.
+        others_on_peer_0(f, 2);
+        Routed r = f.send(ask(1));
+        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, 0);
+
+        // 6,000 since it last got the document: presumed evicted.
+        others_on_peer_0(f, 3);
+        r = f.send(ask(2));
+        if (capacity == 0) {
+            EXPECT_EQ(r.decision.route, kPrefixHit);
+            EXPECT_EQ(r.decision.peer, 0);
+        } else {
+            EXPECT_EQ(r.decision.route, kPrefixNew)
+                << route_name(r.decision.route);
+        }
+    }
+
+    // A prompt that declares its size (the body's, beyond the levels)
+    // counts it: one 6,000-character prompt evicts the document.
+    Fleet g;
+    g.router().prefix_capacity = 1000;
+    serve_on(g, 0, ask(0));
+    g.router().prompt_size = 6000;
+    serve_on(g, 0, chat({{"user", words(9299, 300)}}));
+    g.router().prompt_size = 0;
+    Routed r = g.send(ask(3));
+    EXPECT_EQ(r.decision.route, kPrefixNew) << route_name(r.decision.route);
+
+    // A conversation that grows turn by turn on its holder counts only
+    // what each turn adds.  Three conversations of 3,000 to 4,500
+    // characters take turns on one peer: between two turns of one, the
+    // other two add about 1,200 new characters, within 7,500; their whole
+    // prompts would be 6,600 and more, and from the third turn on over it.
+    Fleet h;
+    h.router().prefix_capacity = 1500;      // 7,500 characters
+    std::vector<Conversation> talks;
+    for (uint32_t id : {7, 8, 9}) {
+        talks.emplace_back(id, std::string(), 3000, 150);
+        serve_on(h, 0, talks.back().body(1));
+    }
+    for (size_t turn = 2; turn <= 6; turn++) {
+        for (size_t c = 0; c < talks.size(); c++) {
+            Routed t = h.send(talks[c].body(turn));
+            EXPECT_EQ(t.decision.route, kPrefixHit)
+                << "conversation " << c << " turn " << turn;
+            EXPECT_EQ(t.decision.peer, 0);
+        }
+    }
+    EXPECT_GT(canonical_length(talks[0].body(3)), 3500u);
+}
+
+// A session whose pinned peer is presumed to have evicted every part of
+// its prompt has nothing left there: it is placed anew by its prompt
+// (session_moved), where it would have stayed with no capacity known.
+TEST(PrefixRoute, SessionWhoseCacheIsPresumedEvictedIsPlacedAnew)
+{
+    const std::string first = chat({{"user", words(9400, 1500)}});
+
+    for (uint64_t capacity : {uint64_t{0}, uint64_t{1000}}) {
+        SCOPED_TRACE("capacity " + std::to_string(capacity));
+        Fleet f;
+        f.router().prefix_capacity = capacity;
+        Routed pin = f.send(first, true, "evicted-session");
+        ASSERT_EQ(pin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+        const size_t pinned = size_t(pin.decision.peer);
+
+        // Its next turn, after a little: it stays.
+        Routed r = f.send(first, true, "evicted-session");
+        EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+
+        // 6,000 characters of other prompts on its peer.
+        for (uint32_t k = 0; k < 3; k++) {
+            serve_on(f, pinned, chat({{"user", words(9500 + k, 2000)}}));
+        }
+        r = f.send(first, true, "evicted-session");
+        EXPECT_EQ(r.decision.route,
+                  capacity ? uint32_t{AFFINITY_ROUTE_SESSION_MOVED}
+                           : uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+            << route_name(r.decision.route);
+
+        // Placed anew, it is pinned where it went.
+        Routed again = f.send(first, true, "evicted-session");
+        EXPECT_EQ(again.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
+        EXPECT_EQ(again.decision.peer, r.decision.peer);
+    }
+}
+
 TEST(PrefixRoute, FailedPeerIsNeverChosen)
 {
     Fleet f;
@@ -1277,7 +1388,7 @@ protected:
 TEST_F(PrefixTableTest, EntriesExpireAfterTheTimeout)
 {
     const uint64_t k = table(0).key(12345);
-    EXPECT_FALSE(table(1000).record(k, 7));
+    EXPECT_EQ(table(1000).record(k, 7, 0), affinity::kNotHeld);
     EXPECT_EQ(zone_.info().used, 1u);
 
     // Idle for the timeout: live (and refreshed by the lookup).
@@ -1293,8 +1404,9 @@ TEST_F(PrefixTableTest, EntriesExpireAfterTheTimeout)
     EXPECT_EQ(zone_.info().evictions, 0u);
 
     // Recorded anew.
-    EXPECT_FALSE(table(2801).record(k, 7));
-    EXPECT_TRUE(table(2802).record(k, 7));
+    EXPECT_EQ(table(2801).record(k, 7, 0), affinity::kNotHeld);
+    EXPECT_EQ(table(2802).record(k, 7, 5), 0) << "its stamp before";
+    EXPECT_EQ(table(2802).record(k, 7, 6), 5);
 }
 
 TEST_F(PrefixTableTest, FullBucketEvictsTheLeastRecentlyUsed)
@@ -1302,14 +1414,14 @@ TEST_F(PrefixTableTest, FullBucketEvictsTheLeastRecentlyUsed)
     // Keys are placed by multiply-shift, (key * buckets) >> 64: small keys
     // all fall in the first bucket of 8 ways.
     for (uint64_t k = 1; k <= 8; k++) {
-        EXPECT_FALSE(table(1000).record(k, 100 + k));
+        EXPECT_EQ(table(1000).record(k, 100 + k, 0), affinity::kNotHeld);
     }
     ASSERT_EQ(zone_.info().used, 8u);
     ASSERT_EQ(zone_.info().evictions, 0u);
 
     // Key 1 is used again; 2 is now the least recently used.
     ASSERT_NE(table(1000).find(1), nullptr);
-    EXPECT_FALSE(table(1000).record(9, 109));
+    EXPECT_EQ(table(1000).record(9, 109, 0), affinity::kNotHeld);
     ASSERT_EQ(zone_.info().evictions, 1u) << "keys 1..9 share a bucket";
     EXPECT_EQ(zone_.info().used, 8u);
     EXPECT_EQ(table(1000).find(2), nullptr);
@@ -1317,8 +1429,8 @@ TEST_F(PrefixTableTest, FullBucketEvictsTheLeastRecentlyUsed)
     EXPECT_NE(table(1000).find(9), nullptr);
 
     // Recording refreshes too: 3 stays, 4 goes.
-    EXPECT_TRUE(table(1000).record(3, 103));
-    EXPECT_FALSE(table(1000).record(10, 110));
+    EXPECT_EQ(table(1000).record(3, 103, 0), 0);
+    EXPECT_EQ(table(1000).record(10, 110, 0), affinity::kNotHeld);
     EXPECT_EQ(table(1000).find(4), nullptr);
     EXPECT_NE(table(1000).find(3), nullptr);
     EXPECT_EQ(zone_.info().evictions, 2u);
@@ -1327,7 +1439,7 @@ TEST_F(PrefixTableTest, FullBucketEvictsTheLeastRecentlyUsed)
     for (uint64_t k : {1, 3, 9}) {
         ASSERT_NE(table(1500).find(k), nullptr);
     }
-    EXPECT_FALSE(table(2000).record(11, 111));
+    EXPECT_EQ(table(2000).record(11, 111, 0), affinity::kNotHeld);
     EXPECT_EQ(zone_.info().evictions, 2u);
     EXPECT_EQ(zone_.info().expiries, 5u);      // 5, 6, 7, 8, 10
     EXPECT_EQ(zone_.info().used, 4u);
@@ -1338,29 +1450,34 @@ TEST_F(PrefixTableTest, KeepsFourPeersMostRecentFirst)
     const uint64_t k = 42;
     affinity::PrefixTable t = table(1000);
 
-    EXPECT_FALSE(t.record(k, 1));
+    EXPECT_EQ(t.record(k, 1, 0), affinity::kNotHeld);
     for (uint64_t peer : {2, 3, 4, 5}) {
-        EXPECT_TRUE(t.record(k, peer));
+        EXPECT_EQ(t.record(k, peer, uint8_t(peer)), affinity::kNotHeld);
     }
     ASSERT_NE(t.find(k), nullptr);
     EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{5, 4, 3, 2}));
 
-    // A peer already there moves to the front.
-    t.record(k, 3);
+    // A peer already there moves to the front, with its new stamp; the
+    // others keep theirs.
+    EXPECT_EQ(t.record(k, 3, 30), 3);
     EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{3, 5, 4, 2}));
-    t.record(k, 3);
+    EXPECT_EQ(t.record(k, 3, 31), 30);
     EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{3, 5, 4, 2}));
-    t.record(k, 2);
+    EXPECT_EQ(t.record(k, 2, 20), 2);
     EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{2, 3, 5, 4}));
     // A new one pushes the least recent out.
-    t.record(k, 6);
+    EXPECT_EQ(t.record(k, 6, 60), affinity::kNotHeld);
     EXPECT_EQ(peers(t.find(k)), (std::vector<uint32_t>{6, 2, 3, 5}));
+    const affinity::PrefixEntry *e = t.find(k);
+    EXPECT_EQ((std::vector<int>{e->stamps[0], e->stamps[1], e->stamps[2],
+                                e->stamps[3]}),
+              (std::vector<int>{60, 20, 31, 5}));
     EXPECT_EQ(zone_.info().used, 1u);
 
     // Peers are kept by the low 32 bits of their ids (never 0).
     const uint64_t k2 = 43;
-    t.record(k2, 0xabcdef0012345678ULL);
-    t.record(k2, 0x0000000100000000ULL);
+    t.record(k2, 0xabcdef0012345678ULL, 0);
+    t.record(k2, 0x0000000100000000ULL, 0);
     EXPECT_EQ(peers(t.find(k2)), (std::vector<uint32_t>{1, 0x12345678u}));
     EXPECT_EQ(affinity::short_peer_id(0x0000000100000000ULL), 1u);
 }

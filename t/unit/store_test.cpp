@@ -237,7 +237,7 @@ TEST(StoreApply, PrefixLevelsRouteLikeLocalOnes)
         hashes.push_back(l.hash);
     }
     affinity_prefixes_record(prefixes.get(), hashes.data(), hashes.size(),
-                             up.peer(size_t(other)).id, router.now, 600);
+                             up.peer(size_t(other)).id, router.now, 600, 0);
 
     Routed r = router.route_prompt_released(prefixes.get(), levels);
     EXPECT_EQ(r.decision.peer, other);

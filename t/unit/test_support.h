@@ -280,6 +280,10 @@ public:
     uint32_t timeout = 3600;
     uint32_t rotate = 0;
     uint32_t prefix_timeout = 600;
+    // Each peer's KV cache in tokens (0: no model), and the size the next
+    // prompts declare (0: their longest level's).
+    uint64_t prefix_capacity = 0;
+    uint64_t prompt_size = 0;
     // Where the keys of the requests sent come from (affinity_key_e).
     uint32_t key_origin = AFFINITY_KEY_CLIENT;
 
@@ -326,6 +330,8 @@ public:
         r.levels = levels.empty() ? nullptr : levels.data();
         r.nlevels = static_cast<uint32_t>(levels.size());
         r.prefix_timeout = prefix_timeout;
+        r.prefix_capacity = prefix_capacity;
+        r.prompt_size = prompt_size;
         return send(r);
     }
 

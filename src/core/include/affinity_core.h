@@ -379,6 +379,15 @@ typedef struct {
     /* with continues: the id of the peer that stored what the request
        continues (affinity_responses_owner()), 0 if unknown */
     uint64_t                 owner;
+
+    /* with prefixes: the tokens each peer's KV cache holds, 0 if unknown.
+       A holder that has since been sent prompts of about that size (at
+       AFFINITY_CHARS_PER_TOKEN) that it did not hold is presumed to have
+       evicted a prefix, and is not followed for it */
+    uint64_t                 prefix_capacity;
+    /* with prefix_capacity: the prompt's length in characters, or an
+       estimate from above (the body's size); 0: its longest level's */
+    uint64_t                 prompt_size;
 } affinity_request_t;
 
 typedef struct {
@@ -520,6 +529,10 @@ AFFINITY_API affinity_field_e affinity_json_field(affinity_json_t *json,
 
 /* Most levels a prompt is hashed at. */
 #define AFFINITY_MAX_LEVELS  128
+
+/* Characters of prompt text per token, where a size in tokens is turned
+ * into characters (affinity_request_t.prefix_capacity). */
+#define AFFINITY_CHARS_PER_TOKEN  4
 
 struct affinity_level_s {
     uint32_t    length;     /* code points of canonical text hashed */
@@ -741,10 +754,13 @@ AFFINITY_API void affinity_sessions_pin(affinity_zone_t *zone,
     uint64_t key_hash, uint64_t peer_id, uint32_t now, uint32_t timeout)
     AFFINITY_NOEXCEPT;
 
-/* Records that peer_id served the prompt levels of these hashes. */
+/* Records that peer_id served the prompt levels of these hashes.  With a
+ * capacity in tokens (affinity_request_t.prefix_capacity), the peer is
+ * taken to have them cached as of now: its modelled cache counts only the
+ * prompts this instance sends. */
 AFFINITY_API void affinity_prefixes_record(affinity_zone_t *zone,
     const uint64_t *level_hashes, size_t nlevels, uint64_t peer_id,
-    uint32_t now, uint32_t timeout) AFFINITY_NOEXCEPT;
+    uint32_t now, uint32_t timeout, uint64_t capacity) AFFINITY_NOEXCEPT;
 
 
 #ifdef __cplusplus

@@ -1,0 +1,109 @@
+// CacheModel: each peer's KV cache modelled as an LRU of a capacity, with a
+// clock per peer in the prefix zone and one-byte stamps in the index.
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "affinity_core.h"
+#include "cache_model.h"
+#include "test_support.h"
+#include "zone.h"
+
+using namespace affinity_test;
+
+namespace {
+
+// Characters after which a holder is presumed to have evicted a prefix
+// for a capacity in tokens (cache_model.h: 4 characters a token, 125 %).
+uint64_t evicts_after(uint64_t tokens)
+{
+    return tokens * AFFINITY_CHARS_PER_TOKEN * 125 / 100;
+}
+
+std::vector<affinity_peer_t> two_peers()
+{
+    return {{affinity_peer_id("10.0.0.1", 8), 1, AFFINITY_NO_SLOT},
+            {affinity_peer_id("10.0.0.2", 8), 1, AFFINITY_NO_SLOT}};
+}
+
+TEST(CacheModel, WithNoCapacityEveryHolderHolds)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
+                               peers.size(), 0, 1000);
+
+    EXPECT_FALSE(cache.enabled());
+    cache.add(0, 1u << 30);
+    EXPECT_TRUE(cache.holds(0, 0));
+    EXPECT_TRUE(cache.holds(1, 200));
+    EXPECT_EQ(zone.info().peer_slots_used, 0u) << "no slot is claimed";
+}
+
+TEST(CacheModel, HolderEvictsAfterItsCapacityOfNewCharacters)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    const uint64_t tokens = 1000;
+    const uint64_t after = evicts_after(tokens);      // 5,000 characters
+
+    affinity::CacheModel first(affinity::Zone(zone.region()), peers.data(),
+                               peers.size(), tokens, 1000);
+    ASSERT_TRUE(first.enabled());
+    const uint8_t got = first.stamp(0);
+
+    // Within a sixteenth of the capacity of it: still held.
+    first.add(0, after - after / 16 - 1);
+    EXPECT_TRUE(first.holds(0, got));
+    // The other peer's clock did not move: what it got is held.
+    EXPECT_TRUE(first.holds(1, first.stamp(1)));
+
+    // The clock lives in the zone: the next request sees it.
+    affinity::CacheModel next(affinity::Zone(zone.region()), peers.data(),
+                              peers.size(), tokens, 1001);
+    EXPECT_TRUE(next.holds(0, got));
+    next.add(0, after / 16 + 2);
+    EXPECT_FALSE(next.holds(0, got)) << "a capacity of new characters";
+    EXPECT_TRUE(next.holds(0, next.stamp(0))) << "what it got since";
+    EXPECT_TRUE(next.holds(1, first.stamp(1)));
+
+    // A peer of another upstream (no index here) is taken to hold.
+    EXPECT_TRUE(next.holds(-1, 0));
+}
+
+TEST(CacheModel, StampsWrapAfterSixteenCapacities)
+{
+    // The documented limit of one-byte stamps: an entry left untouched
+    // for 16 capacities passes for fresh again.
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
+                               peers.size(), 1000, 1000);
+    const uint8_t got = cache.stamp(0);
+    const uint64_t unit = evicts_after(1000) / 16;
+
+    cache.add(0, 255 * unit);
+    EXPECT_FALSE(cache.holds(0, got));
+    cache.add(0, unit);
+    EXPECT_TRUE(cache.holds(0, got));
+}
+
+TEST(CacheModel, UsesTheCounterSlotWhenThePrefixZoneCountsRequests)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    for (affinity_peer_t &p : peers) {
+        p.slot = affinity_zone_peer_slot(zone.get(), p.id, 1000);
+    }
+    ASSERT_EQ(zone.info().peer_slots_used, 2u);
+
+    affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
+                               peers.size(), 1000, 1000);
+    cache.add(1, 12345);
+    EXPECT_EQ(zone.info().peer_slots_used, 2u) << "no other slot claimed";
+    affinity::Zone z(zone.region());
+    EXPECT_EQ(z.peer_slots()[peers[1].slot].cache_fill, 12345u);
+}
+
+}  // namespace
