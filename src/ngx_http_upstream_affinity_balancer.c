@@ -189,6 +189,8 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
         ap->request.levels = ctx->levels;
         ap->request.nlevels = (uint32_t) ctx->nlevels;
         ap->request.prefix_timeout = (uint32_t) ascf->prefix_timeout;
+        ap->request.prefix_capacity = ascf->prefix_cache;
+        ap->request.prompt_size = ctx->prompt_size;
     }
 
     if (ctx->continues) {

@@ -368,6 +368,9 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
 
     case AFFINITY_PROMPT_OK:
         ctx->nlevels = n;
+
+        /* the prompt is no longer than its body: levels stop at max= */
+        ctx->prompt_size = body->len;
         break;
 
     case AFFINITY_PROMPT_NONE:

@@ -30,6 +30,9 @@
 /* the largest level length, step and max level */
 #define NGX_HTTP_UPSTREAM_AFFINITY_LEVEL_LIMIT  (16 * 1024 * 1024)
 
+/* the largest cache= a server may have, in tokens */
+#define NGX_HTTP_UPSTREAM_AFFINITY_CACHE_LIMIT  ((off_t) 1 << 40)
+
 
 #define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_LAX     0
 #define NGX_HTTP_UPSTREAM_AFFINITY_SAMESITE_STRICT  1
@@ -710,6 +713,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         ngx_string("step="),
         ngx_string("growth="),
         ngx_string("max="),
+        ngx_string("cache="),
         ngx_string("zone="),
         ngx_string("timeout="),
         ngx_null_string
@@ -811,6 +815,22 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
 
             max = (ngx_uint_t) size;
             max_arg = &value[i];
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "cache=", 6) == 0) {
+            s.data = value[i].data + 6;
+            s.len = value[i].len - 6;
+
+            /* tokens each server's KV cache holds, as the engine says */
+            size = ngx_http_upstream_affinity_parse_size(cf, "cache",
+                       &value[i], &s, 1,
+                       NGX_HTTP_UPSTREAM_AFFINITY_CACHE_LIMIT);
+            if (size == NGX_ERROR) {
+                return NGX_CONF_ERROR;
+            }
+
+            ascf->prefix_cache = (uint64_t) size;
             continue;
         }
 

@@ -146,6 +146,9 @@ typedef struct {
     time_t                                  prefix_timeout;
     uint32_t                               *schedule;   /* level lengths */
     ngx_uint_t                              nschedule;
+    uint64_t                                prefix_cache;   /* tokens per
+                                                               peer, 0 if
+                                                               unknown */
 
     /* response_affinity */
     ngx_shm_zone_t                         *response_zone;
@@ -184,6 +187,7 @@ typedef struct {
     ngx_uint_t                              prefix_len; /* matched level */
     affinity_level_t                       *levels;
     ngx_uint_t                              nlevels;
+    size_t                                  prompt_size;    /* body bytes */
     uint64_t                                owner;      /* of the response
                                                            continued */
     affinity_response_scan_t               *scan;      /* of the response */

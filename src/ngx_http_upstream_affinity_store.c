@@ -699,7 +699,8 @@ ngx_http_upstream_affinity_store_apply(
             ngx_shmtx_lock(&shctx->shpool->mutex);
             affinity_prefixes_record(shctx->zone, m.levels, m.nlevels,
                                      m.peer, (uint32_t) now,
-                                     (uint32_t) ascf->prefix_timeout);
+                                     (uint32_t) ascf->prefix_timeout,
+                                     ascf->prefix_cache);
             ngx_shmtx_unlock(&shctx->shpool->mutex);
             break;
 

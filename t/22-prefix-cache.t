@@ -1,0 +1,103 @@
+#!/usr/bin/env perl
+
+# prefix_affinity cache=: a server that has since been sent more prompt
+# text than its KV cache holds is presumed to have evicted a prefix.  A
+# prompt is then placed as a new one (prefix_new) instead of following its
+# old holder, and a session whose whole prompt is presumed evicted on its
+# pinned server is placed anew (session_moved).  Without cache= both stay.
+# One server per upstream, so that every prompt reaches the same cache and
+# only the route tells what the module presumed.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use Test::More;
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers log_lines chat proxied_upstream);
+
+my $t = AffinityTest->new;
+my @ports = $t->start_backends(1);
+my %port = map { $_ => $t->port } qw(bare cached session);
+my $log = $t->path('logs/cache.log');
+
+# 1,000 tokens: prompts of about 5,000 characters evict a prefix.
+my %body = (
+    bare    => 'prefix_affinity zone=bare_prefixes:1m;',
+    cached  => 'prefix_affinity cache=1000 zone=cached_prefixes:1m;',
+    session => "session_affinity zone=cache_sessions:1m;\n"
+             . '        prefix_affinity cache=1000 zone=session_prefixes:1m;',
+);
+
+$t->write_conf(proxy_conf($t, servers(\@ports) . "        prefix_affinity;\n",
+    http => "    log_format cache '\$affinity_route|\$affinity_prefix_len';\n"
+          . join '', map {
+                proxied_upstream($_, servers(\@ports) . "        $body{$_}",
+                                 $port{$_}, log => qq(access_log "$log" cache;))
+            } sort keys %body));
+$t->start_nginx;
+
+my %json = ('Content-Type' => 'application/json');
+
+sub text {
+    my ($tag, $n) = @_;
+    my $s = '';
+    $s .= "$tag-" . length($s) . ' ' while length($s) < $n;
+    return substr $s, 0, $n;
+}
+
+sub ask {
+    my ($upstream, $body, %headers) = @_;
+    my $r = $t->http(POST => '/', port => $port{$upstream},
+                     headers => { %json, %headers }, body => $body);
+    is $r->{status}, 200, 'served' or diag explain $r;
+    my @lines = log_lines($log);
+    return (split /\|/, $lines[-1])[0];
+}
+
+my $n = 0;
+sub others {
+    my ($upstream, $count) = @_;
+    ask($upstream, chat([ user => text('other' . $n++, 2000) ])) for 1 .. $count;
+}
+
+my $doc = text('document', 2400);
+sub question { chat([ system => $doc ], [ user => "Question $_[0]?" ]) }
+
+for my $upstream (qw(bare cached)) {
+    subtest "a shared document, $upstream" => sub {
+        is ask($upstream, question(1)), 'prefix_new', 'first seen';
+        is ask($upstream, question(2)), 'prefix_hit', 'then followed';
+
+        # 4,000 characters of other prompts since: still cached.
+        others($upstream, 2);
+        is ask($upstream, question(3)), 'prefix_hit', 'still followed';
+
+        # 6,000 since: presumed evicted, with cache= only.
+        others($upstream, 3);
+        is ask($upstream, question(4)),
+            $upstream eq 'cached' ? 'prefix_new' : 'prefix_hit',
+            $upstream eq 'cached' ? 'presumed evicted: placed as new'
+                                  : 'without cache=, followed';
+        is ask($upstream, question(5)), 'prefix_hit', 'cached again';
+    };
+}
+
+subtest 'a session whose prompt is presumed evicted is placed anew' => sub {
+    my %id = ('X-Session-ID' => 'cache-session-1');
+    my $body = chat([ user => text('session', 1500) ]);
+
+    is ask(session => $body, %id), 'session_new', 'pinned';
+    is ask(session => $body, %id), 'session_hit', 'stays';
+    others('session', 3);
+    is ask(session => $body, %id), 'session_moved',
+        'its pinned server is presumed to have evicted it';
+    is ask(session => $body, %id), 'session_hit', 'pinned where it went';
+};
+
+is_deeply [ $t->log_problems ], [], 'no alert, crit, emerg or crash in error.log';
+
+done_testing;
