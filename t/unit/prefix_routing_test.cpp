@@ -1059,6 +1059,51 @@ TEST(PrefixRoute, SessionWhoseCacheIsPresumedEvictedIsPlacedAnew)
     }
 }
 
+// A session that spills with no holder of its prompt under the bound goes
+// to the least loaded peer, not to the next peer on the ring that is
+// merely under the bound.
+TEST(PrefixRoute, SpillWithNoHolderGoesToTheLeastLoadedPeer)
+{
+    const std::string key = "spilling-session";
+    const std::string body = chat({{"user", words(9600, 300)}});
+
+    Fleet f;
+    Routed pin = f.send(body, true, key);
+    ASSERT_EQ(pin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    const size_t pinned = size_t(pin.decision.peer);
+
+    // The ring's next peer from the session's key, other than its own.
+    uint32_t walk[Fleet::kMaxTestPeers];
+    const uint64_t hash = affinity_ring_hash(key.data(), key.size());
+    size_t n = affinity_ring_walk(f.up().ring(), hash, walk,
+                                  Fleet::kMaxTestPeers);
+    int next = -1;
+    for (size_t k = 0; k < n && next < 0; k++) {
+        if (walk[k] != pinned) {
+            next = int(walk[k]);
+        }
+    }
+    ASSERT_GE(next, 0);
+
+    // The pin beyond its slack, the ring's next peer under the bound, and
+    // one other peer the least loaded: 19, 15, 13 and 15 in some order.
+    size_t least = 0;
+    while (least == pinned || int(least) == next) {
+        least++;
+    }
+    std::vector<int> counts(4, 15);
+    counts[pinned] = 19;
+    counts[least] = 13;
+    hold_each(f, counts);
+    ASSERT_TRUE(would_accept(f.up(), size_t(next)));
+
+    Routed r = f.send(body, true, key);
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL})
+        << route_name(r.decision.route);
+    EXPECT_EQ(r.decision.peer, int(least));
+    f.up().release_all();
+}
+
 TEST(PrefixRoute, FailedPeerIsNeverChosen)
 {
     Fleet f;
