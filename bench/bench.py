@@ -73,6 +73,7 @@ MOCK_BASE_PORT = 19301      # core_policy.BASE_PORT names peers after it
 
 SESSION_ZONE = 'session_affinity zone=bench_sessions:16m;'
 PREFIX_ZONE = 'prefix_affinity zone=bench_prefixes:32m;'
+PREFIX_CACHE_ZONE = 'prefix_affinity cache={cache} zone=bench_prefixes:32m;'
 
 # Each policy: (kind, label, balancer lines, hashes the session id).
 # nginx policies go into an upstream block, HAProxy ones into a backend
@@ -104,6 +105,15 @@ POLICIES = {
     'session_prefix': ('nginx',
                        'session_affinity; prefix_affinity; (this module)',
                        SESSION_ZONE + '\n        ' + PREFIX_ZONE, False),
+    # The module told the replicas' KV cache size, as their engines log it
+    # ({cache}: the profile's tokens a replica).
+    'prefix_cache': ('nginx', 'prefix_affinity cache=N; (this module)',
+                     PREFIX_CACHE_ZONE, False),
+    'session_prefix_cache': ('nginx',
+                             'session_affinity; prefix_affinity cache=N; '
+                             '(this module)',
+                             SESSION_ZONE + '\n        ' + PREFIX_CACHE_ZONE,
+                             False),
     # prefix_affinity's level schedules (make bench-levels)
     'prefix_default': ('nginx', 'prefix_affinity (defaults; this module)',
                        PREFIX_ZONE, False),
@@ -149,11 +159,12 @@ REDIS_PORT = 19390
 # its workload faster than real time.
 METRICS_LINE = 'affinity_metrics interval=100ms timeout=1s;'
 
-MAIN_POLICIES = ['session_prefix', 'session_affinity', 'prefix_affinity',
-                 'round_robin', 'least_conn', 'hash_consistent',
-                 'haproxy_hdr', 'haproxy_body']
-QUICK_POLICIES = ['session_prefix', 'session_affinity', 'prefix_affinity',
-                  'hash_consistent', 'least_conn']
+MAIN_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
+                 'session_affinity', 'prefix_affinity', 'round_robin',
+                 'least_conn', 'hash_consistent', 'haproxy_hdr',
+                 'haproxy_body']
+QUICK_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
+                  'prefix_affinity', 'hash_consistent', 'least_conn']
 # The comparison that chose prefix_affinity's default levels (README).
 LEVEL_POLICIES = ['prefix_default', 'prefix_seeds', 'prefix_coarse',
                   'prefix_fine', 'prefix_8k', 'prefix_long']
@@ -162,6 +173,8 @@ LEVEL_POLICIES = ['prefix_default', 'prefix_seeds', 'prefix_coarse',
 # module's core routing the simulated fleet, named after the real policy
 # it stands for.
 OFFLINE = {'oracle': None,
+           'module_session_prefix_cache': 'session_prefix_cache',
+           'module_prefix_cache': 'prefix_cache',
            'module_session_prefix': 'session_prefix',
            'module_session': 'session_affinity',
            'module_prefix': 'prefix_affinity'}
@@ -392,6 +405,7 @@ def start_proxies(case, name, fleet, workdir):
     kind, label, lines, _ = POLICIES[name]
     args = case.args
     count, store, metrics = INSTANCES.get(name, (1, False, False))
+    lines = lines.replace('{cache}', str(case.cache_tokens))
     if args.extra and kind == 'nginx':
         lines += '\n        ' + args.extra
     redis = Redis(workdir) if store else None
@@ -620,7 +634,8 @@ def write_report(results, args, outdir, elapsed):
                              else f'*{name} (offline, the core)*')
                     detail.append(table_row(label, aggregate(rows), True))
                 detail.append('')
-                for name in ('session_prefix', 'session_affinity',
+                for name in ('session_prefix_cache', 'prefix_cache',
+                             'session_prefix', 'session_affinity',
                              'prefix_affinity'):
                     rows = by_policy.get(name)
                     if not rows:

@@ -9,6 +9,9 @@ real-time replay.
     module_session         session_affinity;                (its defaults)
     module_prefix          prefix_affinity;
     module_session_prefix  session_affinity; prefix_affinity;
+    module_prefix_cache    prefix_affinity cache=N;  (N: the replicas' KV
+    module_session_prefix_cache                       cache, in tokens)
+                           session_affinity; prefix_affinity cache=N;
 
 What the shim does, and this does too:
 - zones: a session zone and/or a prefix zone, in memory of their own
@@ -26,7 +29,8 @@ What the shim does, and this does too:
   levels from the body the replay sends (affinity_json_load and
   affinity_json_prompt) with prefix_affinity's default schedule
   (lengths 100,500,1000, step 256, growth 6 %, max 32k:
-  affinity_level_schedule); timeouts 1h (sessions) and 10m (prefixes);
+  affinity_level_schedule), and the body's size as the prompt's;
+  timeouts 1h (sessions) and 10m (prefixes);
   every peer AFFINITY_PEER_USABLE; now the simulated second; the balance
   factor 1.25, slack 2 (affinity_balance's defaults);
 - affinity_route, and affinity_zone_peer_release(zone, row, slot) when
@@ -113,7 +117,8 @@ class RouteRequest(ctypes.Structure):
                 ('prefixes', ctypes.c_void_p),
                 ('levels', ctypes.POINTER(Level)),
                 ('nlevels', c_u32), ('prefix_timeout', c_u32),
-                ('owner', c_u64)]
+                ('owner', c_u64), ('prefix_capacity', c_u64),
+                ('prompt_size', c_u64)]
 
 
 class Decision(ctypes.Structure):
@@ -322,11 +327,14 @@ class ModulePolicy:
     docstring.  session and prefix say which directives the upstream has."""
 
     def __init__(self, replicas, session=True, prefix=True, factor=FACTOR,
-                 slack=SLACK, base_port=BASE_PORT, seed=1, lib=None):
+                 slack=SLACK, base_port=BASE_PORT, seed=1, lib=None,
+                 cache=False):
         if not (session or prefix):
             raise ValueError('the module needs a session or a prefix zone')
         self.name = 'module_' + '_'.join(
-            n for n, on in (('session', session), ('prefix', prefix)) if on)
+            n for n, on in (('session', session), ('prefix', prefix),
+                            ('cache', cache)) if on)
+        self.cache = cache and prefix
         self.lib = lib = lib or library()
         self.sessions = Zone(lib, ZONE_SESSIONS, SESSION_ZONE_BYTES) \
             if session else None
@@ -396,6 +404,10 @@ class ModulePolicy:
                 request.levels = levels
                 request.nlevels = n
                 request.prefix_timeout = PREFIX_TIMEOUT
+                # prefix_affinity cache=: the replicas' own KV cache size
+                if self.cache:
+                    request.prefix_capacity = fleet.params.cache_tokens
+                request.prompt_size = len(req.source.body_bytes())
         request.now = NOW_ORIGIN + int(req.arrival)
         request.timeout = SESSION_TIMEOUT
         request.rotate = self.rng.getrandbits(32)
@@ -444,6 +456,10 @@ POLICIES = {
     'module_session': dict(session=True, prefix=False),
     'module_prefix': dict(session=False, prefix=True),
     'module_session_prefix': dict(session=True, prefix=True),
+    # prefix_affinity cache=, set to the replicas' KV cache size
+    'module_prefix_cache': dict(session=False, prefix=True, cache=True),
+    'module_session_prefix_cache': dict(session=True, prefix=True,
+                                        cache=True),
 }
 
 
