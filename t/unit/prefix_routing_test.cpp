@@ -1059,6 +1059,34 @@ TEST(PrefixRoute, SessionWhoseCacheIsPresumedEvictedIsPlacedAnew)
     }
 }
 
+// A prompt that goes on past its longest level (levels stop at max=, 32k
+// characters) goes to the most recent holder of that level within the
+// slack, not the least loaded one: only the most recent is likely to hold
+// what follows it.  A prompt that ends there goes to the least loaded.
+TEST(PrefixRoute, PromptPastItsLevelsGoesToTheMostRecentHolder)
+{
+    const std::string history = words(97, 40000);
+    auto turn = [&history](uint32_t q) {
+        return chat({{"user", history}, {"user", words(9700 + q, 200)}});
+    };
+    const std::vector<affinity_level_t> levels = levels_of(turn(2));
+    ASSERT_LT(levels.back().length, canonical_length(turn(2)))
+        << "levels stop at max=";
+
+    for (uint64_t size : {uint64_t{0}, uint64_t{turn(2).size()}}) {
+        SCOPED_TRACE("prompt size " + std::to_string(size));
+        Fleet f;
+        serve_on(f, 0, turn(0));
+        serve_on(f, 1, turn(1));             // the most recent holder
+        hold_each(f, {1, 2, 1, 1});
+        f.router().prompt_size = size;
+        Routed r = f.send(levels);
+        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, size ? 1 : 0);
+        f.up().release_all();
+    }
+}
+
 // A session that spills with no holder of its prompt under the bound goes
 // to the least loaded peer, not to the next peer on the ring that is
 // merely under the bound.
