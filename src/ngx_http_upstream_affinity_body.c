@@ -369,8 +369,19 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
     case AFFINITY_PROMPT_OK:
         ctx->nlevels = n;
 
-        /* the prompt is no longer than its body: levels stop at max= */
-        ctx->prompt_size = body->len;
+        /*
+         * the prompt's size, from above: no more than its body's (which
+         * counts inline images by their bytes), and, when it did not
+         * reach the next level, shorter than that level; one shorter than
+         * the first level is its one level's length
+         */
+
+        if (n && ctx->levels[n - 1].length == ascf->schedule[n - 1]) {
+            ctx->prompt_size = (n < ascf->nschedule)
+                               ? ngx_min(body->len, ascf->schedule[n])
+                               : body->len;
+        }
+
         break;
 
     case AFFINITY_PROMPT_NONE:

@@ -29,7 +29,8 @@ What the shim does, and this does too:
   levels from the body the replay sends (affinity_json_load and
   affinity_json_prompt) with prefix_affinity's default schedule
   (lengths 100,500,1000, step 256, growth 6 %, max 32k:
-  affinity_level_schedule), and the body's size as the prompt's;
+  affinity_level_schedule), and the body's size, or the next level's
+  length when smaller, as the prompt's;
   timeouts 1h (sessions) and 10m (prefixes);
   every peer AFFINITY_PEER_USABLE; now the simulated second; the balance
   factor 1.25, slack 2 (affinity_balance's defaults);
@@ -407,7 +408,13 @@ class ModulePolicy:
                 # prefix_affinity cache=: the replicas' own KV cache size
                 if self.cache:
                     request.prefix_capacity = fleet.params.cache_tokens
-                request.prompt_size = len(req.source.body_bytes())
+                # the prompt's size from above, as the shim gives it: its
+                # body's, and below the next level it did not reach
+                schedule = self.levels.schedule
+                if levels[n - 1].length == schedule[n - 1]:
+                    size = len(req.source.body_bytes())
+                    request.prompt_size = size if n == len(schedule) \
+                        else min(size, schedule[n])
         request.now = NOW_ORIGIN + int(req.arrival)
         request.timeout = SESSION_TIMEOUT
         request.rotate = self.rng.getrandbits(32)

@@ -32,9 +32,14 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
     for (size_t i = 0; i < std::min(npeers, kMaxPeers); i++) {
         // When the prefix zone also counts the upstream's requests, the
         // peer's slot there is the one it already has.
-        uint32_t slot = prefixes.owns(peers[i].slot, peers[i].id)
-                        ? peers[i].slot
-                        : prefixes.claim_slot(peers[i].id, now);
+        uint32_t slot = peers[i].slot;
+
+        if (prefixes.owns(slot, peers[i].id)) {
+            // In use: not to be reclaimed for another peer.
+            atomic_store(&slots[slot].last_used, now);
+        } else {
+            slot = prefixes.claim_slot(peers[i].id, now);
+        }
 
         slots_[i] = slot != kNoSlot ? &slots[slot] : nullptr;
         fill_[i] = slots_[i] ? atomic_load(&slots_[i]->cache_fill) : 0;

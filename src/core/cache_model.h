@@ -25,9 +25,12 @@
 //
 // Stamps are one byte, in units of capacity / kStampsPerCapacity, so an
 // entry stays half a cache line: the age is taken modulo 256 units, 16
-// capacities, and an entry left untouched that long may pass for fresh
-// again (idle expiry and the next record correct it).  With no capacity
-// configured the model is off: every holder is presumed to hold.
+// capacities, and a holder not sent the prefix again for that long passes
+// for fresh again until the entry expires or the holder gets it again.
+// A capacity changed on reload changes the units: the stamps already in
+// the zone mean other ages until their holders get their prefixes again.
+// With no capacity configured the model is off: every holder is presumed
+// to hold.
 #pragma once
 
 #include <cstddef>

@@ -260,12 +260,18 @@ uint32_t shared_length(PrefixTable &table, const uint64_t *keys,
     return 0;
 }
 
-// The longest level of the prompt that peer i is presumed to hold.
-uint32_t held_length(PrefixTable &table, const uint64_t *keys,
-                     const affinity_request_t &request,
-                     const LoadBound &load, const CacheModel &cache, int i)
-    noexcept
+// The longest level of the prompt that peer i is presumed to hold; 0 if
+// the index lists it for levels of the prompt but presumes them all
+// evicted, kNotListed if it lists it for none (the entries expired, or
+// other peers pushed it out): then nothing is known either way.
+constexpr int64_t kNotListed = -1;
+
+int64_t held_length(PrefixTable &table, const uint64_t *keys,
+                    const affinity_request_t &request, const LoadBound &load,
+                    const CacheModel &cache, int i) noexcept
 {
+    int64_t held = kNotListed;
+
     for (size_t j = request.nlevels; j-- > 0;) {
         PrefixEntry *entry = table.find(keys[j]);
 
@@ -278,12 +284,14 @@ uint32_t held_length(PrefixTable &table, const uint64_t *keys,
                 if (cache.holds(i, entry->stamps[k])) {
                     return request.levels[j].length;
                 }
+
+                held = 0;
                 break;
             }
         }
     }
 
-    return 0;
+    return held;
 }
 
 // A session's placement when it has no usable pin, or a spill away from a
@@ -342,9 +350,10 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     if (pinned >= 0 && prefixes && cache.enabled()
         && held_length(*prefixes, keys, request, load, cache, pinned) == 0)
     {
-        // The pinned peer is presumed to have evicted every part of the
-        // prompt (cache capacity): the session has nothing left there, and
-        // is placed anew by its prompt, as a new one would be.  Measured
+        // The pinned peer is listed for parts of the prompt but presumed
+        // to have evicted them all (cache capacity): the session has
+        // nothing left there, and is placed anew by its prompt, as a new
+        // one would be.  Measured
         // in the offline fleet (tight profile, full-size workloads, three
         // seeds, capacity as the replicas'): chat 0.93 -> 0.98 of the
         // oracle's hits with session ids, TTFT 1.32 -> 1.08 times the
@@ -357,9 +366,11 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
             entry->spill = 0;
             decision = {i, AFFINITY_ROUTE_SESSION_MOVED, by_prompt.prefix_len,
                         kNoSlot};
+            return i;
         }
 
-        return i;
+        // No usable peer for a prompt (all draining, say): the pin may
+        // still serve it, below.
     }
 
     // A draining peer still serves the sessions pinned to it, within the
@@ -463,8 +474,8 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // cache (the longest cached prefix), with the index standing in for the
 // caches.  Among that level's recent peers the prompt's own ring peer (the
 // first under the bound on the ring from its longest level) is taken if it
-// is one of them, else the least loaded one (for a prompt that goes on
-// past its longest level, the most recent one), with one exception: when the
+// is one of them, else the least loaded one (at the prompt's longest
+// level, the most recent one), with one exception: when the
 // level has as many peers as an entry remembers (widely held, so the ring
 // peer likely holds it too), the ring peer is taken unless a remembered
 // holder has fewer requests in flight.  So a prefix every peer holds (a
@@ -536,16 +547,17 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         int best = -1;
         int over = -1;
         bool shared = holders.count >= kStayHolders;
-        // A prompt that goes on past its longest level (levels stop at
-        // max=) cannot tell its holders apart by what they hold beyond it:
-        // the most recent one most likely got its latest turns.  Measured
-        // in the offline fleet (tight profile, full-size workloads, three
-        // seeds, with cache=, without session ids): conversations 0.92 ->
-        // 0.94 of the oracle's hits, agent sessions 1.01 -> 1.02, chat
-        // 0.98 -> 0.99; short slices (ten seeds) and the roomy profile
+        // At the prompt's longest level its holders cannot be told apart
+        // by what they hold beyond it (the rest of the prompt, up to one
+        // level's spacing, or all of it past max=): the most recent one
+        // most likely got the latest turns.  Measured in the offline fleet
+        // (tight profile, full-size workloads, three seeds, without
+        // session ids) against the least loaded holder: conversations 0.88
+        // -> 0.94 of the oracle's hits without cache= and 0.92 -> 0.94
+        // with it, chat 0.88 -> 0.93 (0.98 -> 0.99), agent sessions 1.01
+        // -> 1.02; short slices (ten seeds) and the roomy profile
         // unchanged.
-        bool recent = j == request.nlevels - 1
-                      && request.prompt_size > request.levels[j].length;
+        bool recent = j == request.nlevels - 1;
         int64_t extra = shared ? document_extra(request.levels[j].length)
                                : 0;
 
@@ -638,7 +650,7 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
 
     uint64_t size = std::max<uint64_t>(request.prompt_size,
                                        request.levels[nkeys - 1].length);
-    cache.add(peer, size - held);
+    cache.add(peer, size - std::min<uint64_t>(held, size));
 
     uint8_t stamp = cache.stamp(peer);
     uint32_t id = short_peer_id(peer_id);

@@ -232,9 +232,11 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
         atomic_store<uint64_t>(&count, 0);
     }
 
-    // The engine's figures were the old peer's.
+    // The engine's figures, and the count of prompt text sent, were the
+    // old peer's.
     atomic_store<uint64_t>(&slot.engine_time, 0);
     atomic_store<int64_t>(&slot.engine_others, 0);
+    atomic_store<uint64_t>(&slot.cache_fill, 0);
 
     atomic_store(&slot.id, peer_id);
 }

@@ -1057,13 +1057,42 @@ TEST(PrefixRoute, SessionWhoseCacheIsPresumedEvictedIsPlacedAnew)
         EXPECT_EQ(again.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT});
         EXPECT_EQ(again.decision.peer, r.decision.peer);
     }
+
+    // Presumed evicted, but no peer may take a prompt (all draining): the
+    // pinned peer still serves its session.
+    Fleet d;
+    d.router().prefix_capacity = 1000;
+    Routed pin = d.send(first, true, "draining-session");
+    const size_t pinned = size_t(pin.decision.peer);
+    for (uint32_t k = 0; k < 3; k++) {
+        serve_on(d, pinned, chat({{"user", words(9510 + k, 2000)}}));
+    }
+    for (size_t i = 0; i < d.up().size(); i++) {
+        d.up().set_state(i, AFFINITY_PEER_DRAINING);
+    }
+    Routed r = d.send(first, true, "draining-session");
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+        << route_name(r.decision.route);
+    EXPECT_EQ(size_t(r.decision.peer), pinned);
+
+    // A session whose prompt the index no longer lists at all (its entries
+    // expired; its pin did not) is not presumed anything: it stays.
+    Fleet e;
+    e.router().prefix_capacity = 1000;
+    pin = e.send(first, true, "expired-session");
+    e.router().now += e.router().prefix_timeout + 1;
+    r = e.send(first, true, "expired-session");
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+        << route_name(r.decision.route);
+    EXPECT_EQ(r.decision.peer, pin.decision.peer);
 }
 
-// A prompt that goes on past its longest level (levels stop at max=, 32k
-// characters) goes to the most recent holder of that level within the
-// slack, not the least loaded one: only the most recent is likely to hold
-// what follows it.  A prompt that ends there goes to the least loaded.
-TEST(PrefixRoute, PromptPastItsLevelsGoesToTheMostRecentHolder)
+// At the prompt's longest level the most recent holder within the slack
+// is taken, not the least loaded one: holders cannot be told apart by what
+// they hold past that level (all of a long prompt past max=), and the most
+// recent one most likely got the latest turns.  Beyond its slack, the next
+// one.
+TEST(PrefixRoute, LongestLevelGoesToItsMostRecentHolder)
 {
     const std::string history = words(97, 40000);
     auto turn = [&history](uint32_t q) {
@@ -1073,18 +1102,23 @@ TEST(PrefixRoute, PromptPastItsLevelsGoesToTheMostRecentHolder)
     ASSERT_LT(levels.back().length, canonical_length(turn(2)))
         << "levels stop at max=";
 
-    for (uint64_t size : {uint64_t{0}, uint64_t{turn(2).size()}}) {
-        SCOPED_TRACE("prompt size " + std::to_string(size));
-        Fleet f;
-        serve_on(f, 0, turn(0));
-        serve_on(f, 1, turn(1));             // the most recent holder
-        hold_each(f, {1, 2, 1, 1});
-        f.router().prompt_size = size;
-        Routed r = f.send(levels);
-        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
-        EXPECT_EQ(r.decision.peer, size ? 1 : 0);
-        f.up().release_all();
-    }
+    Fleet f;
+    serve_on(f, 0, turn(0));
+    serve_on(f, 1, turn(1));                 // the most recent holder
+    hold_each(f, {1, 2, 1, 1});
+    f.router().prompt_size = turn(2).size();
+    Routed r = f.send(levels);
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    EXPECT_EQ(r.decision.peer, 1) << "the most recent, though busier";
+    f.up().release_all();
+
+    // The most recent beyond its slack: share (15 + 1) / 4 = 4, and
+    // 12 + 1 > 4 + 2.
+    hold_each(f, {1, 12, 1, 1});
+    r = f.send(levels);
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    EXPECT_EQ(r.decision.peer, 0);
+    f.up().release_all();
 }
 
 // A session that spills with no holder of its prompt under the bound goes

@@ -386,7 +386,8 @@ typedef struct {
        evicted a prefix, and is not followed for it */
     uint64_t                 prefix_capacity;
     /* with prefix_capacity: the prompt's length in characters, or an
-       estimate from above (the body's size); 0: its longest level's */
+       estimate from above (the body's size, or the length of the next
+       scheduled level when smaller); 0: its longest level's */
     uint64_t                 prompt_size;
 } affinity_request_t;
 
