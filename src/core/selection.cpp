@@ -312,6 +312,18 @@ int place_session(const LoadBound &load, const Ring *ring,
     return place(load, ring, request.ring_hash, -1, request.rotate);
 }
 
+// A session pinned anew to peer i (index), for good: its previous pin
+// holds nothing it can use.
+void move_session(SessionTable &table, SessionEntry *entry, uint64_t id,
+                  int i, const affinity_decision_t &by_prompt,
+                  affinity_decision_t &decision) noexcept
+{
+    table.repin(entry, id);
+    entry->spill = 0;
+    decision = {i, AFFINITY_ROUTE_SESSION_MOVED, by_prompt.prefix_len,
+                kNoSlot};
+}
+
 // A new session is placed by its prompt when the prefix index knows it
 // (prefixes is set): a generated id, or a client that changed its id,
 // still lands where the prompt's prefix is cached.
@@ -353,19 +365,15 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         // The pinned peer is listed for parts of the prompt but presumed
         // to have evicted them all (cache capacity): the session has
         // nothing left there, and is placed anew by its prompt, as a new
-        // one would be.  Measured
-        // in the offline fleet (tight profile, full-size workloads, three
-        // seeds, capacity as the replicas'): chat 0.93 -> 0.98 of the
-        // oracle's hits with session ids, TTFT 1.32 -> 1.08 times the
-        // oracle's; conversations 0.92 -> 0.96.
+        // one would be.  Measured in the offline fleet (tight profile,
+        // full-size workloads, three seeds, capacity as the replicas'):
+        // chat 0.93 -> 0.97 of the oracle's hits with session ids, TTFT
+        // 1.32 -> 1.09 times the oracle's; conversations 0.92 -> 0.95.
         int i = route_prefix(*prefixes, keys, ring, load, cache, request,
                              by_prompt);
 
         if (i >= 0) {
-            table.repin(entry, peers[i].id);
-            entry->spill = 0;
-            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, by_prompt.prefix_len,
-                        kNoSlot};
+            move_session(table, entry, peers[i].id, i, by_prompt, decision);
             return i;
         }
 
@@ -392,10 +400,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                               by_prompt);
 
         if (i >= 0) {
-            table.repin(entry, peers[i].id);
-            entry->spill = 0;
-            decision = {i, AFFINITY_ROUTE_SESSION_MOVED, by_prompt.prefix_len,
-                        kNoSlot};
+            move_session(table, entry, peers[i].id, i, by_prompt, decision);
         }
 
         return i;
