@@ -638,9 +638,10 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
                    uint64_t peer_id, size_t peer, CacheModel &cache) noexcept
 {
     uint32_t held = 0;
+    uint8_t recorded = cache.stamp(peer);
 
     for (size_t j = 0; j < nkeys; j++) {
-        int before = table.record(keys[j], peer_id, cache.stamp(peer));
+        int before = table.record(keys[j], peer_id, recorded);
 
         if (before != kNotHeld
             && cache.holds(int(peer), static_cast<uint8_t>(before)))
@@ -659,6 +660,12 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
 
     uint8_t stamp = cache.stamp(peer);
     uint32_t id = short_peer_id(peer_id);
+
+    // A stamp is a sixteenth of the capacity: most prompts leave it as
+    // recorded, and the levels need no second pass.
+    if (stamp == recorded) {
+        return;
+    }
 
     for (size_t j = 0; j < nkeys; j++) {
         PrefixEntry *entry = table.find(keys[j]);
