@@ -80,6 +80,8 @@ static ngx_int_t ngx_http_upstream_affinity_once(ngx_conf_t *cf,
     ngx_str_t *once);
 static ngx_int_t ngx_http_upstream_affinity_timeout(ngx_conf_t *cf,
     ngx_str_t *param, ngx_str_t *value, time_t *timeout);
+static ssize_t ngx_http_upstream_affinity_param_size(ngx_conf_t *cf,
+    ngx_str_t *param, const char *name, size_t min, off_t max);
 static ngx_int_t ngx_http_upstream_affinity_cookie_parameter(ngx_conf_t *cf,
     ngx_str_t *value, ngx_http_upstream_affinity_cookie_t *cookie);
 static ngx_int_t ngx_http_upstream_affinity_cookie_attributes(ngx_conf_t *cf,
@@ -702,7 +704,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     u_char      *p, *last, *start;
     ssize_t      size;
     ngx_int_t    n, rc;
-    ngx_str_t   *value, s, zone;
+    ngx_str_t   *value, zone;
     ngx_uint_t   i, nlengths, step, growth, max, longest;
     ngx_str_t   *max_arg, *growth_arg;
     uint32_t     lengths[AFFINITY_MAX_LEVELS], schedule[AFFINITY_MAX_LEVELS];
@@ -773,12 +775,8 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_strncmp(value[i].data, "step=", 5) == 0) {
-            s.data = value[i].data + 5;
-            s.len = value[i].len - 5;
-
-            size = ngx_http_upstream_affinity_parse_size(cf, "step",
-                       &value[i], &s, 0,
-                       NGX_HTTP_UPSTREAM_AFFINITY_LEVEL_LIMIT);
+            size = ngx_http_upstream_affinity_param_size(cf, &value[i],
+                       "step", 0, NGX_HTTP_UPSTREAM_AFFINITY_LEVEL_LIMIT);
             if (size == NGX_ERROR) {
                 return NGX_CONF_ERROR;
             }
@@ -803,12 +801,8 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_strncmp(value[i].data, "max=", 4) == 0) {
-            s.data = value[i].data + 4;
-            s.len = value[i].len - 4;
-
-            size = ngx_http_upstream_affinity_parse_size(cf, "max",
-                       &value[i], &s, 1,
-                       NGX_HTTP_UPSTREAM_AFFINITY_LEVEL_LIMIT);
+            size = ngx_http_upstream_affinity_param_size(cf, &value[i],
+                       "max", 1, NGX_HTTP_UPSTREAM_AFFINITY_LEVEL_LIMIT);
             if (size == NGX_ERROR) {
                 return NGX_CONF_ERROR;
             }
@@ -819,13 +813,9 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_strncmp(value[i].data, "cache=", 6) == 0) {
-            s.data = value[i].data + 6;
-            s.len = value[i].len - 6;
-
             /* tokens each server's KV cache holds, as the engine says */
-            size = ngx_http_upstream_affinity_parse_size(cf, "cache",
-                       &value[i], &s, 1,
-                       NGX_HTTP_UPSTREAM_AFFINITY_CACHE_LIMIT);
+            size = ngx_http_upstream_affinity_param_size(cf, &value[i],
+                       "cache", 1, NGX_HTTP_UPSTREAM_AFFINITY_CACHE_LIMIT);
             if (size == NGX_ERROR) {
                 return NGX_CONF_ERROR;
             }
@@ -1396,6 +1386,25 @@ ngx_http_upstream_affinity_parse_size(ngx_conf_t *cf, const char *what,
     }
 
     return size;
+}
+
+
+/* the size of a "NAME=SIZE" parameter, as above */
+
+static ssize_t
+ngx_http_upstream_affinity_param_size(ngx_conf_t *cf, ngx_str_t *param,
+    const char *name, size_t min, off_t max)
+{
+    size_t     skip;
+    ngx_str_t  s;
+
+    skip = ngx_strlen(name) + 1;
+
+    s.data = param->data + skip;
+    s.len = param->len - skip;
+
+    return ngx_http_upstream_affinity_parse_size(cf, name, param, &s, min,
+                                                 max);
 }
 
 

@@ -187,7 +187,8 @@ typedef struct {
     ngx_uint_t                              prefix_len; /* matched level */
     affinity_level_t                       *levels;
     ngx_uint_t                              nlevels;
-    size_t                                  prompt_size;    /* body bytes */
+    size_t                                  prompt_size;    /* from above,
+                                                               or 0 */
     uint64_t                                owner;      /* of the response
                                                            continued */
     affinity_response_scan_t               *scan;      /* of the response */
