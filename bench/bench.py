@@ -74,6 +74,9 @@ MOCK_BASE_PORT = 19301      # core_policy.BASE_PORT names peers after it
 SESSION_ZONE = 'session_affinity zone=bench_sessions:16m;'
 PREFIX_ZONE = 'prefix_affinity zone=bench_prefixes:32m;'
 PREFIX_CACHE_ZONE = 'prefix_affinity cache={cache} zone=bench_prefixes:32m;'
+# The engines are polled as often as the module allows: the replay runs
+# its workload faster than real time.
+METRICS_LINE = 'affinity_metrics interval=100ms timeout=1s;'
 
 # Each policy: (kind, label, balancer lines, hashes the session id).
 # nginx policies go into an upstream block, HAProxy ones into a backend
@@ -114,6 +117,16 @@ POLICIES = {
                              '(this module)',
                              SESSION_ZONE + '\n        ' + PREFIX_CACHE_ZONE,
                              False),
+    # The module reading each replica's KV cache size from its metrics
+    # page (vLLM's cache_config_info) rather than told it.
+    'prefix_metrics': ('nginx',
+                       'prefix_affinity; affinity_metrics; (this module)',
+                       PREFIX_ZONE + '\n        ' + METRICS_LINE, False),
+    'session_prefix_metrics': ('nginx',
+                               'session_affinity; prefix_affinity; '
+                               'affinity_metrics; (this module)',
+                               SESSION_ZONE + '\n        ' + PREFIX_ZONE
+                               + '\n        ' + METRICS_LINE, False),
     # prefix_affinity's level schedules (make bench-levels)
     'prefix_default': ('nginx', 'prefix_affinity (defaults; this module)',
                        PREFIX_ZONE, False),
@@ -155,9 +168,6 @@ for _name, (_n, _store, _metrics) in INSTANCES.items():
         SESSION_ZONE + '\n        ' + PREFIX_ZONE, False)
 INSTANCE_POLICIES = ['x1', 'x2', 'x2_shared', 'x4', 'x4_shared']
 REDIS_PORT = 19390
-# The engines are polled as often as the module allows: the replay runs
-# its workload faster than real time.
-METRICS_LINE = 'affinity_metrics interval=100ms timeout=1s;'
 
 MAIN_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
                  'session_affinity', 'prefix_affinity', 'round_robin',

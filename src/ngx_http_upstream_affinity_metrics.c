@@ -427,10 +427,10 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
     affinity_zone_peer_polled(shctx->zone, slot, &load,
                               (uint32_t) ngx_time());
 
-    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, f->poller->log, 0,
+    ngx_log_debug5(NGX_LOG_DEBUG_HTTP, f->poller->log, 0,
                    "affinity metrics of %V: %.0f running, %.0f waiting, "
-                   "cache %.3f", &f->name, load.running, load.waiting,
-                   load.cache_usage);
+                   "cache %.3f of %.0f tokens", &f->name, load.running,
+                   load.waiting, load.cache_usage, load.cache_tokens);
 
     ngx_http_upstream_affinity_metrics_done(f, NULL);
 }

@@ -427,9 +427,11 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
 
             if (ps[j].stats.engine_load >= 0
                 && json_object_set_new(p, "engine",
-                       json_pack("{s:I,s:f,s:I,s:I}",
+                       json_pack("{s:I,s:f,s:I,s:I,s:I}",
                                  "load", (json_int_t) ps[j].stats.engine_load,
                                  "cache_usage", ps[j].stats.cache_usage,
+                                 "cache_tokens",
+                                 (json_int_t) ps[j].stats.cache_tokens,
                                  "age", (json_int_t) (ngx_time()
                                               - ps[j].stats.engine_time),
                                  "elsewhere",
@@ -533,7 +535,9 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_REQUESTS,
     NGX_HTTP_UPSTREAM_AFFINITY_FAILURES,
     NGX_HTTP_UPSTREAM_AFFINITY_PINS,
-    NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD
+    NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD,
+    NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS,
+    NGX_HTTP_UPSTREAM_AFFINITY_PEER_METRICS
 } ngx_http_upstream_affinity_metric_e;
 
 
@@ -548,7 +552,10 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
       "Sessions pinned to the peer." },
     { "nginx_upstream_affinity_peer_engine_load", "gauge",
       "Requests running and waiting, as the peer's engine last reported "
-      "them (affinity_metrics)." }
+      "them (affinity_metrics)." },
+    { "nginx_upstream_affinity_peer_engine_cache_tokens", "gauge",
+      "The tokens the peer's KV cache holds, as its engine reported them "
+      "(affinity_metrics)." }
 };
 
 
@@ -730,7 +737,7 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
         }
     }
 
-    for (m = 0; m < 5; m++) {
+    for (m = 0; m < NGX_HTTP_UPSTREAM_AFFINITY_PEER_METRICS; m++) {
         if (ngx_http_upstream_affinity_printf(&t,
                 "# HELP %s %s\n# TYPE %s %s\n",
                 ngx_http_upstream_affinity_peer_metrics[m][0],
@@ -760,8 +767,12 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                 case NGX_HTTP_UPSTREAM_AFFINITY_PINS:
                     v = ngx_max(ps[j].stats.pins, 0);
                     break;
-                default: /* NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD */
+                case NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD:
                     v = ps[j].stats.engine_load;
+                    break;
+                default: /* NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS */
+                    v = ps[j].stats.cache_tokens
+                        ? (int64_t) ps[j].stats.cache_tokens : -1;
                     break;
                 }
 

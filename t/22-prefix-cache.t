@@ -4,7 +4,9 @@
 # text than its KV cache holds is presumed to have evicted a prefix.  A
 # prompt is then placed as a new one (prefix_new) instead of following its
 # old holder, and a session whose whole prompt is presumed evicted on its
-# pinned server is placed anew (session_moved).  Without cache= both stay.
+# pinned server is placed anew (session_moved).  Without cache= both stay,
+# unless the server's engine tells its cache's size (affinity_metrics, a
+# mock replica with vLLM's cache_config_info): that size is then used.
 # One server per upstream, so that every prompt reaches the same cache and
 # only the route tells what the module presumed.
 
@@ -14,14 +16,19 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use JSON::PP;
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers log_lines chat proxied_upstream);
+use AffinityConf qw(proxy_conf servers log_lines chat proxied_upstream
+                    eventually engine_figures);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(1);
-my %port = map { $_ => $t->port } qw(bare cached session);
+# 62 blocks of 16 tokens, 992 tokens: as cache=1000 within 1 %.
+my ($replica) = $t->start_mock_replicas(1, '--cache-tokens', 1000,
+                                        '--decode-ms-per-token', 0);
+my %port = map { $_ => $t->port } qw(bare cached session reported status);
 my $log = $t->path('logs/cache.log');
 
 # 1,000 tokens: prompts of about 5,000 characters evict a prefix.
@@ -34,10 +41,16 @@ my %body = (
 
 $t->write_conf(proxy_conf($t, servers(\@ports) . "        prefix_affinity;\n",
     http => "    log_format cache '\$affinity_route|\$affinity_prefix_len';\n"
-          . join '', map {
+          . join('', map {
                 proxied_upstream($_, servers(\@ports) . "        $body{$_}",
                                  $port{$_}, log => qq(access_log "$log" cache;))
-            } sort keys %body));
+            } sort keys %body)
+          . proxied_upstream(reported => servers([ $replica ])
+                . "        prefix_affinity zone=reported_prefixes:1m;\n"
+                . "        affinity_metrics interval=100ms;",
+                $port{reported}, log => qq(access_log "$log" cache;))
+          . "    server {\n        listen 127.0.0.1:$port{status};\n"
+          . "        location / { affinity_status; }\n    }\n"));
 $t->start_nginx;
 
 my %json = ('Content-Type' => 'application/json');
@@ -51,7 +64,7 @@ sub text {
 
 sub ask {
     my ($upstream, $body, %headers) = @_;
-    my $r = $t->http(POST => '/', port => $port{$upstream},
+    my $r = $t->http(POST => '/v1/chat/completions', port => $port{$upstream},
                      headers => { %json, %headers }, body => $body);
     is $r->{status}, 200, 'served' or diag explain $r;
     my @lines = log_lines($log);
@@ -67,7 +80,14 @@ sub others {
 my $doc = text('document', 2400);
 sub question { chat([ system => $doc ], [ user => "Question $_[0]?" ]) }
 
-for my $upstream (qw(bare cached)) {
+ok eventually(sub { (engine_figures($t, $port{status}, 'reported')
+                        ->{$replica}{cache_tokens} // 0) == 992 }, 5),
+    'the replica\'s engine told its KV cache\'s size: 992 tokens';
+like $t->http(GET => '/?format=prometheus', port => $port{status})->{body},
+    qr/^nginx_upstream_affinity_peer_engine_cache_tokens\{upstream="reported",peer="127\.0\.0\.1:$replica",backup="false"\} 992$/m,
+    'prometheus: the size';
+
+for my $upstream (qw(bare cached reported)) {
     subtest "a shared document, $upstream" => sub {
         is ask($upstream, question(1)), 'prefix_new', 'first seen';
         is ask($upstream, question(2)), 'prefix_hit', 'then followed';
@@ -78,10 +98,11 @@ for my $upstream (qw(bare cached)) {
 
         # 6,000 since: presumed evicted, with cache= only.
         others($upstream, 3);
+        my $sized = $upstream ne 'bare';
         is ask($upstream, question(4)),
-            $upstream eq 'cached' ? 'prefix_new' : 'prefix_hit',
-            $upstream eq 'cached' ? 'presumed evicted: placed as new'
-                                  : 'without cache=, followed';
+            $sized ? 'prefix_new' : 'prefix_hit',
+            $sized ? 'presumed evicted: placed as new'
+                   : 'without a size, followed';
         is ask($upstream, question(5)), 'prefix_hit', 'cached again';
     };
 }

@@ -68,7 +68,7 @@ my %EXPECTED;
 $EXPECTED{nginx_upstream_affinity_info} = [qw(version nginx)];
 $EXPECTED{"nginx_upstream_affinity_$_"} = [qw(upstream peer backup)]
     for qw(peer_inflight peer_requests_total peer_failures_total peer_pins
-           peer_engine_load);
+           peer_engine_load peer_engine_cache_tokens);
 $EXPECTED{nginx_upstream_affinity_routes_total} = [qw(upstream peer route)];
 $EXPECTED{nginx_upstream_affinity_fallbacks_total} = [qw(upstream reason)];
 $EXPECTED{"nginx_upstream_affinity_balance_$_"} = [qw(upstream)]

@@ -134,7 +134,8 @@ class PeerStats(ctypes.Structure):
                 ('engine_load', ctypes.c_int64),
                 ('cache_usage', ctypes.c_double),
                 ('engine_time', c_u32), ('reserved', c_u32),
-                ('engine_elsewhere', ctypes.c_int64)]
+                ('engine_elsewhere', ctypes.c_int64),
+                ('cache_tokens', c_u64)]
 
 
 class ZoneInfo(ctypes.Structure):

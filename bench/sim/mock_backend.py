@@ -579,6 +579,16 @@ class ServedReplica:
             lines.append('# HELP %s %s' % (name, help_text))
             lines.append('# TYPE %s gauge' % name)
             lines.append('%s%s %r' % (name, label, value))
+        # The KV cache's size, in the labels of an info metric, as vLLM
+        # gives it: blocks of block_size tokens.
+        lines.append('# HELP vllm:cache_config_info Information of the '
+                     'LLMEngine CacheConfig')
+        lines.append('# TYPE vllm:cache_config_info gauge')
+        lines.append('vllm:cache_config_info{block_size="%d",'
+                     'cache_dtype="auto",enable_prefix_caching="True",'
+                     'engine="0",num_cpu_blocks="None",'
+                     'num_gpu_blocks="%d"} 1.0'
+                     % (model.BLOCK_TOKENS, capacity))
         return lines
 
     # Stores

@@ -187,6 +187,7 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     uint64_t usage = atomic_load(&s.cache_usage);
     stats->cache_usage = reported && usage != UINT64_MAX
                          ? double(usage) / 1e6 : -1.0;
+    stats->cache_tokens = atomic_load(&s.cache_tokens);
 }
 
 int affinity_engine_metrics(const char *text, size_t len,
@@ -215,6 +216,9 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
     atomic_store<int64_t>(&s.engine_others, 0);
+    if (load->found & AFFINITY_ENGINE_CAPACITY) {
+        atomic_store<uint64_t>(&s.cache_tokens, uint64_t(load->cache_tokens));
+    }
     atomic_store<uint64_t>(&s.engine_time, now);
 }
 
@@ -467,7 +471,7 @@ void affinity_prefixes_record(affinity_zone_t *zone,
 
     PrefixTable table(zone_of(zone), now, timeout);
     affinity_peer_t peer = {peer_id, 1, kNoSlot};
-    CacheModel cache(zone_of(zone), &peer, 1, capacity, now);
+    CacheModel cache(zone_of(zone), &peer, 1, capacity, nullptr, now);
     uint8_t stamp = cache.stamp(0);
 
     for (size_t i = 0; i < nlevels && i < AFFINITY_MAX_LEVELS; i++) {

@@ -29,8 +29,10 @@
 // for fresh again until the entry expires or the holder gets it again.
 // A capacity changed on reload changes the units: the stamps already in
 // the zone mean other ages until their holders get their prefixes again.
-// With no capacity configured the model is off: every holder is presumed
-// to hold.
+// The capacity is the upstream's (prefix_affinity cache=), or else each
+// peer's as its engine reported it (affinity_metrics: vLLM's
+// cache_config_info, SGLang's max_total_num_tokens).  A peer of unknown
+// capacity is not modelled: it is presumed to hold all it got.
 #pragma once
 
 #include <cstddef>
@@ -49,16 +51,21 @@ class CacheModel {
 public:
     // The clocks of peers[0..npeers) in the prefix zone (slots claimed
     // there if needed; caller holds its lock).  capacity: tokens per
-    // peer's cache, 0 for no model.
+    // peer's cache, or 0 for each peer's reported[i] (the engine's figure
+    // in the zone that counts the requests; 0: unknown), or, with no
+    // reported figures, what the prefix zone last kept of them.  npeers
+    // 0: no model, and no zone needed.
     CacheModel(Zone prefixes, const affinity_peer_t *peers, size_t npeers,
-               uint64_t capacity, uint64_t now) noexcept;
+               uint64_t capacity, const uint64_t *reported, uint64_t now)
+        noexcept;
 
-    bool enabled() const noexcept { return unit_ != 0; }
+    // Whether any peer's cache is modelled.
+    bool enabled() const noexcept { return enabled_; }
 
     // Peer i's clock, as a stamp.
     uint8_t stamp(size_t i) const noexcept
     {
-        return unit_ ? static_cast<uint8_t>(fill_[i] / unit_) : 0;
+        return unit_[i] ? static_cast<uint8_t>(fill_[i] / unit_[i]) : 0;
     }
 
     // Whether peer i, stamped so when it got a prefix, is presumed to hold
@@ -66,7 +73,7 @@ public:
     // taken to hold it: its clock is unknown here.
     bool holds(int i, uint8_t stamp) const noexcept
     {
-        return unit_ == 0 || i < 0 || slots_[i] == nullptr
+        return i < 0 || unit_[i] == 0
                || static_cast<uint8_t>(this->stamp(size_t(i)) - stamp)
                       < kStampsPerCapacity;
     }
@@ -75,11 +82,12 @@ public:
     void add(size_t i, uint64_t chars) noexcept;
 
 private:
-    // Set for peers[0..npeers) only when the model is on: off, it costs a
-    // request nothing.
+    // unit_[i] != 0: peer i's cache is modelled, its clock in *slots_[i].
+    // A peer of unknown capacity costs a request nothing.
     PeerSlot *slots_[kMaxPeers];
     uint64_t fill_[kMaxPeers];
-    uint64_t unit_;
+    uint64_t unit_[kMaxPeers];
+    bool enabled_;
 };
 
 }  // namespace affinity

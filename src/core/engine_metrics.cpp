@@ -9,7 +9,10 @@ namespace affinity {
 
 namespace {
 
-enum class Gauge { None, Running, Waiting, Cache };
+enum class Gauge { None, Running, Waiting, Cache, Capacity, CacheConfig };
+
+// Far above any engine's KV cache, in tokens: a larger figure is junk.
+constexpr double kMaxCacheTokens = 1e15;
 
 Gauge gauge_of(std::string_view name) noexcept
 {
@@ -25,6 +28,8 @@ Gauge gauge_of(std::string_view name) noexcept
         {"sglang:num_running_reqs", Gauge::Running},
         {"sglang:num_queue_reqs", Gauge::Waiting},
         {"sglang:token_usage", Gauge::Cache},
+        {"vllm:cache_config_info", Gauge::CacheConfig},
+        {"sglang:max_total_num_tokens", Gauge::Capacity},
     };
 
     for (const Name &n : kNames) {
@@ -57,6 +62,73 @@ const char *labels_end(const char *p, const char *end) noexcept
     return nullptr;
 }
 
+// The number a label of [p, end) (a label set without its braces) holds:
+// NAME="VALUE".  NaN if the set does not have it, or it is not a number.
+double label_number(const char *p, const char *end, std::string_view name)
+    noexcept
+{
+    while (p < end) {
+        while (p < end && (*p == ' ' || *p == ',')) {
+            p++;
+        }
+
+        const char *label = p;
+
+        while (p < end && *p != '=') {
+            p++;
+        }
+
+        std::string_view found(label, size_t(p - label));
+
+        if (p + 1 >= end || p[1] != '"') {
+            break;
+        }
+
+        const char *value = p + 2;
+
+        for (p = value; p < end && *p != '"'; p++) {
+            if (*p == '\\') {
+                p++;
+            }
+        }
+
+        if (p >= end) {
+            break;
+        }
+
+        if (found == name) {
+            double v = 0;
+            auto [stop, ec] = std::from_chars(value, p, v);
+
+            return ec == std::errc() && stop == p ? v : std::nan("");
+        }
+
+        p++;
+    }
+
+    return std::nan("");
+}
+
+// The tokens of a KV cache vLLM describes in cache_config_info's labels:
+// num_gpu_blocks blocks of block_size tokens.  NaN if not told.
+double vllm_cache_tokens(const char *labels, const char *end) noexcept
+{
+    double blocks = label_number(labels, end, "num_gpu_blocks");
+    double block_size = label_number(labels, end, "block_size");
+
+    return blocks > 0 && block_size > 0 ? blocks * block_size : std::nan("");
+}
+
+void add_cache_tokens(double tokens, affinity_engine_load_t &load) noexcept
+{
+    if (std::isfinite(tokens) && tokens >= 1
+        && load.cache_tokens + tokens <= kMaxCacheTokens)
+    {
+        load.cache_tokens += tokens;
+        load.found |= AFFINITY_ENGINE_CAPACITY;
+    }
+}
+
 // One sample line: NAME[{labels}] VALUE [TIMESTAMP].
 void sample(const char *p, const char *end, affinity_engine_load_t &load)
     noexcept
@@ -74,10 +146,22 @@ void sample(const char *p, const char *end, affinity_engine_load_t &load)
     }
 
     if (p < end && *p == '{') {
-        p = labels_end(p + 1, end);
+        const char *labels = p + 1;
+
+        p = labels_end(labels, end);
         if (p == nullptr) {
             return;
         }
+
+        // An info metric: what it says is in its labels.
+        if (gauge == Gauge::CacheConfig) {
+            add_cache_tokens(vllm_cache_tokens(labels, p - 1), load);
+            return;
+        }
+    }
+
+    if (gauge == Gauge::CacheConfig) {
+        return;
     }
 
     while (p < end && (*p == ' ' || *p == '\t')) {
@@ -110,7 +194,11 @@ void sample(const char *p, const char *end, affinity_engine_load_t &load)
         load.cache_usage = std::max(load.cache_usage, std::min(v, 1.0));
         load.found |= AFFINITY_ENGINE_CACHE;
         break;
+    case Gauge::Capacity:
+        add_cache_tokens(v, load);
+        break;
     case Gauge::None:
+    case Gauge::CacheConfig:
         break;
     }
 }

@@ -1,6 +1,6 @@
 // The load an inference engine reports about itself, read from its
-// Prometheus text (/metrics): requests running and waiting, and how full
-// its KV cache is.  Several nginx instances each see only their own
+// Prometheus text (/metrics): requests running and waiting, how full its
+// KV cache is, and how large.  Several nginx instances each see only their own
 // requests; the engine sees everyone's.
 //
 // Names read (summed over label sets, e.g. one per engine of a
@@ -9,6 +9,9 @@
 //   waiting  vllm:num_requests_waiting   sglang:num_queue_reqs
 //   cache    vllm:kv_cache_usage_perc    vllm:gpu_cache_usage_perc (older)
 //            sglang:token_usage
+//   its KV cache's size in tokens (summed)
+//            vllm:cache_config_info's labels num_gpu_blocks x block_size
+//            sglang:max_total_num_tokens
 // Everything else is skipped.  The text comes from a server over the
 // network: the parser reads only inside [text, text + len) and is fuzzed.
 #pragma once

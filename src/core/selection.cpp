@@ -11,7 +11,8 @@ namespace affinity {
 LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                      const uint8_t *states, size_t npeers,
                      const affinity_balance_t &balance, uint64_t now) noexcept
-    : peers_(peers),
+    : peer_slots_(zone.peer_slots()),
+      peers_(peers),
       states_(states),
       npeers_(std::min(npeers, kMaxPeers)),
       factor_(balance.factor),
@@ -703,8 +704,18 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         keys[j] = table.key(request.levels[j].hash);
     }
 
-    CacheModel cache(index, peers, npeers,
-                     prefixes ? request.prefix_capacity : 0, request.now);
+    // Without a configured capacity, each peer's engine may have told its
+    // own (affinity_metrics).
+    uint64_t reported[kMaxPeers];
+
+    if (prefixes && request.prefix_capacity == 0) {
+        for (size_t i = 0; i < std::min(npeers, kMaxPeers); i++) {
+            reported[i] = load.cache_tokens(i);
+        }
+    }
+
+    CacheModel cache(index, peers, prefixes ? npeers : 0,
+                     request.prefix_capacity, reported, request.now);
 
     affinity_request_t capped = request;
     capped.nlevels = static_cast<uint32_t>(nkeys);

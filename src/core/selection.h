@@ -73,6 +73,15 @@ public:
     // The counter slot of peer i, or kNoSlot.
     uint32_t slot(size_t i) const noexcept { return slots_[i]; }
 
+    // The tokens peer i's KV cache holds, as its engine reported them; 0:
+    // unknown.
+    uint64_t cache_tokens(size_t i) const noexcept
+    {
+        return slots_[i] != kNoSlot
+                   ? atomic_load(&peer_slots_[slots_[i]].cache_tokens)
+                   : 0;
+    }
+
     bool failed(size_t i) const noexcept
     {
         return states_[i] == AFFINITY_PEER_FAILED;
@@ -86,6 +95,7 @@ public:
     }
 
 private:
+    const PeerSlot *peer_slots_;
     const affinity_peer_t *peers_;
     const uint8_t *states_;
     size_t npeers_;

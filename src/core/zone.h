@@ -100,6 +100,10 @@ struct alignas(64) PeerSlot {
     // to hold (cache_model.h): the clock of its cache's modelled LRU.  In
     // the prefix zone, under its lock.
     uint64_t cache_fill;
+    // The tokens its KV cache holds, as its engine last reported them; 0:
+    // never.  Atomic.  Copied into the prefix zone's slot by the cache
+    // model, for what other instances record there (affinity_store).
+    uint64_t cache_tokens;
 };
 
 static_assert(sizeof(PeerSlot) == 192, "a peer slot is three cache lines");

@@ -32,7 +32,7 @@ TEST(CacheModel, WithNoCapacityEveryHolderHolds)
     TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
     std::vector<affinity_peer_t> peers = two_peers();
     affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
-                               peers.size(), 0, 1000);
+                               peers.size(), 0, nullptr, 1000);
 
     EXPECT_FALSE(cache.enabled());
     cache.add(0, 1u << 30);
@@ -49,7 +49,7 @@ TEST(CacheModel, HolderEvictsAfterItsCapacityOfNewCharacters)
     const uint64_t after = evicts_after(tokens);      // 5,000 characters
 
     affinity::CacheModel first(affinity::Zone(zone.region()), peers.data(),
-                               peers.size(), tokens, 1000);
+                               peers.size(), tokens, nullptr, 1000);
     ASSERT_TRUE(first.enabled());
     const uint8_t got = first.stamp(0);
 
@@ -61,7 +61,7 @@ TEST(CacheModel, HolderEvictsAfterItsCapacityOfNewCharacters)
 
     // The clock lives in the zone: the next request sees it.
     affinity::CacheModel next(affinity::Zone(zone.region()), peers.data(),
-                              peers.size(), tokens, 1001);
+                              peers.size(), tokens, nullptr, 1001);
     EXPECT_TRUE(next.holds(0, got));
     next.add(0, after / 16 + 2);
     EXPECT_FALSE(next.holds(0, got)) << "a capacity of new characters";
@@ -79,7 +79,7 @@ TEST(CacheModel, StampsWrapAfterSixteenCapacities)
     TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
     std::vector<affinity_peer_t> peers = two_peers();
     affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
-                               peers.size(), 1000, 1000);
+                               peers.size(), 1000, nullptr, 1000);
     const uint8_t got = cache.stamp(0);
     const uint64_t unit = evicts_after(1000) / 16;
 
@@ -99,11 +99,49 @@ TEST(CacheModel, UsesTheCounterSlotWhenThePrefixZoneCountsRequests)
     ASSERT_EQ(zone.info().peer_slots_used, 2u);
 
     affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
-                               peers.size(), 1000, 1000);
+                               peers.size(), 1000, nullptr, 1000);
     cache.add(1, 12345);
     EXPECT_EQ(zone.info().peer_slots_used, 2u) << "no other slot claimed";
     affinity::Zone z(zone.region());
     EXPECT_EQ(z.peer_slots()[peers[1].slot].cache_fill, 12345u);
+}
+
+// Without a configured capacity, each peer's engine's figure: a peer whose
+// engine told none is not modelled.  The figure is kept in the prefix zone
+// for records that come without figures (other instances' prefixes).
+TEST(CacheModel, EachPeerMayHaveItsEnginesCapacity)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    const uint64_t reported[] = {1000, 0};
+
+    affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
+                               peers.size(), 0, reported, 1000);
+    ASSERT_TRUE(cache.enabled());
+    EXPECT_EQ(zone.info().peer_slots_used, 1u) << "only the sized peer's";
+    const uint8_t got0 = cache.stamp(0);
+    const uint8_t got1 = cache.stamp(1);
+
+    cache.add(0, evicts_after(1000) + 1);
+    cache.add(1, 1u << 30);
+    EXPECT_FALSE(cache.holds(0, got0));
+    EXPECT_TRUE(cache.holds(1, got1)) << "unknown capacity: holds";
+
+    // A record with no figures finds peer 0's in the prefix zone.
+    affinity::CacheModel record(affinity::Zone(zone.region()), peers.data(),
+                                peers.size(), 0, nullptr, 1001);
+    EXPECT_TRUE(record.enabled());
+    EXPECT_EQ(record.stamp(0), cache.stamp(0));
+    EXPECT_FALSE(record.holds(0, got0));
+    EXPECT_TRUE(record.holds(1, 0));
+    EXPECT_EQ(zone.info().peer_slots_used, 1u) << "no slot claimed for it";
+
+    // A configured capacity is everyone's, whatever the engines say.
+    affinity::CacheModel configured(affinity::Zone(zone.region()),
+                                    peers.data(), peers.size(), 100000,
+                                    reported, 1002);
+    EXPECT_TRUE(configured.holds(0, got0))
+        << "a hundred times the capacity: 5,001 characters are little";
 }
 
 }  // namespace

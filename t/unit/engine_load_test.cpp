@@ -68,6 +68,53 @@ TEST(EngineMetrics, LabelsMayHoldBracesAndQuotes)
     EXPECT_DOUBLE_EQ(l.running, 2.0);
 }
 
+// The KV cache's size: vLLM puts it in an info metric's labels, SGLang in a
+// gauge.  Data-parallel engines' sizes add up.
+TEST(EngineMetrics, CacheSize)
+{
+    affinity_engine_load_t v = parse(
+        "# TYPE vllm:cache_config_info gauge\n"
+        "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\","
+        "enable_prefix_caching=\"True\",engine=\"0\","
+        "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\","
+        "num_gpu_blocks=\"4096\",prefix_caching_hash_algo=\"sha256\"} 1.0\n"
+        "vllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"1024\", "
+        "block_size=\"32\"} 1.0\n"
+        "vllm:num_requests_running{engine=\"0\"} 1\n");
+    EXPECT_DOUBLE_EQ(v.cache_tokens, 4096.0 * 16 + 1024.0 * 32);
+    EXPECT_TRUE(v.found & AFFINITY_ENGINE_CAPACITY);
+
+    affinity_engine_load_t s = parse(
+        "sglang:max_total_num_tokens{model_name=\"m\"} 471258.0\n"
+        "sglang:num_running_reqs{model_name=\"m\"} 0\n");
+    EXPECT_DOUBLE_EQ(s.cache_tokens, 471258.0);
+    EXPECT_TRUE(s.found & AFFINITY_ENGINE_CAPACITY);
+
+    // Not yet sized, junk, or a label's name only as part of another's.
+    const char *unsized[] = {
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"}"
+        " 1.0\n",
+        "vllm:cache_config_info{block_size=\"16\"} 1.0\n",
+        "vllm:cache_config_info 1.0\n",
+        "vllm:cache_config_info{block_size=\"-16\",num_gpu_blocks=\"-4\"}"
+        " 1\n",
+        "vllm:cache_config_info{block_size=\"16\",xnum_gpu_blocks=\"4\"}"
+        " 1\n",
+        "vllm:cache_config_info{block_size=16,num_gpu_blocks=\"4\"} 1\n",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4} 1\n",
+        "vllm:cache_config_info{block_size=\"1e300\","
+        "num_gpu_blocks=\"1e300\"} 1\n",
+        "sglang:max_total_num_tokens 0\n",
+        "sglang:max_total_num_tokens NaN\n",
+        "sglang:max_total_num_tokens 1e30\n",
+    };
+    for (const char *t : unsized) {
+        affinity_engine_load_t l = parse(t);
+        EXPECT_DOUBLE_EQ(l.cache_tokens, 0.0) << t;
+        EXPECT_FALSE(l.found & AFFINITY_ENGINE_CAPACITY) << t;
+    }
+}
+
 TEST(EngineMetrics, JunkGivesNothing)
 {
     const char *texts[] = {

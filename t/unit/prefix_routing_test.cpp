@@ -168,6 +168,7 @@ public:
     Upstream &up() { return upstream_; }
     Router &router() { return router_; }
     affinity_zone_t *prefixes() const { return prefixes_.get(); }
+    affinity_zone_t *counters() const { return counters_; }
     TestZone &prefix_zone() { return prefixes_; }
     TestZone &session_zone() { return sessions_; }
 
@@ -1021,6 +1022,52 @@ TEST(PrefixRoute, HolderPresumedToHaveEvictedIsNotFollowed)
         }
     }
     EXPECT_GT(canonical_length(talks[0].body(3)), 3500u);
+}
+
+// With no capacity configured, a peer's engine may tell its own
+// (affinity_metrics): its holders are then modelled with it, and the
+// other peers' not.  Whether the counters are in the prefix zone or not.
+TEST(PrefixRoute, EngineReportedCapacityModelsItsPeer)
+{
+    const std::string doc = words(96, 2000);
+    auto ask = [&doc](uint32_t q) {
+        return chat({{"system", doc}, {"user", words(9100 + q, 100)}});
+    };
+
+    for (bool together : {false, true}) {
+        SCOPED_TRACE(together ? "counters in the prefix zone" : "apart");
+        Fleet f(4, together);
+        affinity_engine_load_t load{};
+        load.cache_tokens = 1000;       // 5,000 characters
+        load.found = AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_CAPACITY;
+        affinity_zone_peer_polled(f.counters(), f.up().peer(0).slot, &load,
+                                  1);
+        affinity_engine_load_t unsized{};
+        unsized.found = AFFINITY_ENGINE_RUNNING;
+        affinity_zone_peer_polled(f.counters(), f.up().peer(1).slot,
+                                  &unsized, 1);
+
+        serve_on(f, 0, ask(0));
+        serve_on(f, 1, ask(1));
+        for (uint32_t k = 0; k < 3; k++) {
+            serve_on(f, 0, chat({{"user", words(9200 + k, 2000)}}));
+            serve_on(f, 1, chat({{"user", words(9300 + k, 2000)}}));
+        }
+
+        // 6,000 characters since: peer 0 is presumed to have evicted the
+        // document, peer 1 (no size known) not.
+        Routed r = f.send(ask(2));
+        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, 1);
+
+        // A later report without the size keeps the one known.
+        affinity_zone_peer_polled(f.counters(), f.up().peer(0).slot,
+                                  &unsized, 2);
+        serve_on(f, 1, chat({{"user", words(9400, 100)}}));
+        f.up().set_state(1, AFFINITY_PEER_FAILED);
+        r = f.send(ask(3));
+        EXPECT_EQ(r.decision.route, kPrefixNew) << route_name(r.decision.route);
+    }
 }
 
 // A session whose pinned peer is presumed to have evicted every part of

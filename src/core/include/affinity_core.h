@@ -224,6 +224,8 @@ typedef struct {
     uint32_t    reserved;
     int64_t     engine_elsewhere;   /* requests other instances said they
                                        sent it since (affinity_store) */
+    uint64_t    cache_tokens;   /* its KV cache's size as the engine
+                                   reported it, 0 if it never did */
 } affinity_peer_stats_t;
 
 /* Lock-free; counters are read atomically one by one. */
@@ -383,7 +385,9 @@ typedef struct {
     /* with prefixes: the tokens each peer's KV cache holds, 0 if unknown.
        A holder that has since been sent prompts of about that size (at
        AFFINITY_CHARS_PER_TOKEN) that it did not hold is presumed to have
-       evicted a prefix, and is not followed for it */
+       evicted a prefix, and is not followed for it.  0: each peer's size
+       as its engine last reported it (affinity_zone_peer_polled()), if
+       it did */
     uint64_t                 prefix_capacity;
     /* with prefix_capacity: the prompt's length in characters, or an
        estimate from above (the body's size, or the length of the next
@@ -666,14 +670,16 @@ AFFINITY_API const char *affinity_response_scan_id(
  * SGLang's Prometheus names) give its requests running and waiting, and
  * how full its KV cache is.
  */
-#define AFFINITY_ENGINE_RUNNING  1
-#define AFFINITY_ENGINE_WAITING  2
-#define AFFINITY_ENGINE_CACHE    4
+#define AFFINITY_ENGINE_RUNNING   1
+#define AFFINITY_ENGINE_WAITING   2
+#define AFFINITY_ENGINE_CACHE     4
+#define AFFINITY_ENGINE_CAPACITY  8
 
 typedef struct {
     double      running;        /* summed over label sets */
     double      waiting;
     double      cache_usage;    /* 0..1, the largest */
+    double      cache_tokens;   /* the tokens its KV cache holds, summed */
     uint32_t    found;          /* AFFINITY_ENGINE_* read */
     uint32_t    reserved;
 } affinity_engine_load_t;
@@ -688,7 +694,9 @@ AFFINITY_API int affinity_engine_metrics(const char *text, size_t len,
  * peer's in-flight count here at that moment.  Routing then counts the
  * peer as max(in-flight here, engine's running + waiting + what this
  * instance sent it since), while the figure is younger than the balance's
- * engine_ttl.
+ * engine_ttl.  A KV cache size it reported is kept until it reports
+ * another: with no prefix_capacity, the prefix index models the peer's
+ * cache with it.
  */
 AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
     uint32_t slot, const affinity_engine_load_t *load, uint32_t now)
