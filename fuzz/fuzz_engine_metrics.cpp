@@ -4,9 +4,10 @@
 //
 // The input is the text, copied into a heap block of its exact size so
 // that AddressSanitizer reports any read past it.  Checked: the figures
-// are finite and not negative, the cache usage within 0..1, the flags say
-// what was found, and the answer is 0 exactly when running or waiting
-// requests were found.
+// are finite and not negative, the cache usage within 0..1, the cache's
+// size and the prefix cache's counters set exactly when their flags are,
+// no more hits than queries, and the answer is 0 exactly when running or
+// waiting requests were found.
 
 #include <cmath>
 #include <cstddef>
@@ -39,13 +40,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(std::isfinite(load.running) && load.running >= 0);
     CHECK(std::isfinite(load.waiting) && load.waiting >= 0);
     CHECK(load.cache_usage >= 0 && load.cache_usage <= 1);
-    CHECK((load.found & ~uint32_t(7)) == 0);
+    CHECK((load.found & ~uint32_t(AFFINITY_ENGINE_RUNNING
+                                   | AFFINITY_ENGINE_WAITING
+                                   | AFFINITY_ENGINE_CACHE
+                                   | AFFINITY_ENGINE_CAPACITY
+                                   | AFFINITY_ENGINE_COMPUTED)) == 0);
     CHECK((rc == 0) == ((load.found & 3) != 0));
     if (!(load.found & AFFINITY_ENGINE_RUNNING)) {
         CHECK(load.running == 0);
     }
     if (!(load.found & AFFINITY_ENGINE_CACHE)) {
         CHECK(load.cache_usage == 0);
+    }
+    CHECK(load.cache_tokens >= 0 && load.cache_tokens <= 1e15);
+    CHECK((load.cache_tokens >= 1)
+          == ((load.found & AFFINITY_ENGINE_CAPACITY) != 0));
+    CHECK(std::isfinite(load.queried_tokens)
+          && std::isfinite(load.hit_tokens));
+    if (load.found & AFFINITY_ENGINE_COMPUTED) {
+        CHECK(load.hit_tokens >= 0 && load.hit_tokens <= load.queried_tokens);
+    } else {
+        CHECK(load.queried_tokens == 0 && load.hit_tokens == 0);
     }
 
     std::free(text);

@@ -382,10 +382,11 @@ ngx_http_upstream_affinity_metrics_recv(ngx_event_t *rev)
 static void
 ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
 {
-    u_char                              *p, *last;
-    uint32_t                             slot;
-    affinity_engine_load_t               load;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
+    u_char                                 *p, *last;
+    uint32_t                                slot;
+    affinity_engine_load_t                  load;
+    ngx_http_upstream_affinity_shctx_t     *shctx;
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
 
     if (f->in == NULL) {
         ngx_http_upstream_affinity_metrics_done(f, "empty reply");
@@ -426,6 +427,25 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
 
     affinity_zone_peer_polled(shctx->zone, slot, &load,
                               (uint32_t) ngx_time());
+
+    /*
+     * What the engine computed, from every instance and client, moves its
+     * modelled cache in the prefix index (prefix_affinity): this instance
+     * alone counts only its own prompts.
+     */
+
+    conf = f->poller->conf;
+
+    if (conf->prefix_zone != NULL
+        && (load.found & AFFINITY_ENGINE_COMPUTED))
+    {
+        shctx = conf->prefix_zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        affinity_prefixes_polled(shctx->zone, f->peer, &load,
+                                 conf->prefix_cache);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+    }
 
     ngx_log_debug5(NGX_LOG_DEBUG_HTTP, f->poller->log, 0,
                    "affinity metrics of %V: %.0f running, %.0f waiting, "

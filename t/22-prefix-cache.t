@@ -6,7 +6,8 @@
 # old holder, and a session whose whole prompt is presumed evicted on its
 # pinned server is placed anew (session_moved).  Without cache= both stay,
 # unless the server's engine tells its cache's size (affinity_metrics, a
-# mock replica with vLLM's cache_config_info): that size is then used.
+# mock replica with vLLM's cache_config_info): that size is then used, and
+# what the engine says it computed counts the prompts sent past nginx.
 # One server per upstream, so that every prompt reaches the same cache and
 # only the route tells what the module presumed.
 
@@ -106,6 +107,29 @@ for my $upstream (qw(bare cached reported)) {
         is ask($upstream, question(5)), 'prefix_hit', 'cached again';
     };
 }
+
+# Other nginx instances and clients that bypass this one fill the engine's
+# cache too: what the engine says it computed moves the server's count.
+subtest 'prompts sent past this nginx count, as the engine reports them' => sub {
+    my $doc = text('bypassed', 2400);
+    my $q = sub { chat([ system => $doc ], [ user => "Question $_[0]?" ]) };
+
+    is ask(reported => $q->(1)), 'prefix_new', 'first seen';
+    is ask(reported => $q->(2)), 'prefix_hit', 'then followed';
+
+    # 6,000 characters straight to the replica, not through nginx.
+    for my $k (1 .. 3) {
+        my $r = $t->http(POST => '/v1/chat/completions', port => $replica,
+                         headers => \%json,
+                         body => chat([ user => text("bypass$k", 2000) ]));
+        is $r->{status}, 200, 'sent past nginx';
+    }
+    # A few polls (every 100 ms).
+    select undef, undef, undef, 1;
+
+    is ask(reported => $q->(3)), 'prefix_new',
+        'presumed evicted by what the engine computed';
+};
 
 subtest 'a session whose prompt is presumed evicted is placed anew' => sub {
     my %id = ('X-Session-ID' => 'cache-session-1');

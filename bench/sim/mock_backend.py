@@ -579,6 +579,18 @@ class ServedReplica:
             lines.append('# HELP %s %s' % (name, help_text))
             lines.append('# TYPE %s gauge' % name)
             lines.append('%s%s %r' % (name, label, value))
+        # The prefix cache's counters, in tokens: what the engine computed
+        # is the queries less the hits.
+        for name, help_text, value in (
+                ('vllm:prefix_cache_queries_total',
+                 'Prefix cache queries, in terms of number of queried '
+                 'tokens.', figures['prompt_tokens_total']),
+                ('vllm:prefix_cache_hits_total',
+                 'Prefix cache hits, in terms of number of cached tokens.',
+                 figures['cached_tokens_total'])):
+            lines.append('# HELP %s %s' % (name, help_text))
+            lines.append('# TYPE %s counter' % name)
+            lines.append('%s%s %r' % (name, label, float(value)))
         # The KV cache's size, in the labels of an info metric, as vLLM
         # gives it: blocks of block_size tokens.
         lines.append('# HELP vllm:cache_config_info Information of the '

@@ -460,6 +460,21 @@ void affinity_sessions_pin(affinity_zone_t *zone, uint64_t key_hash,
     }
 }
 
+void affinity_prefixes_polled(affinity_zone_t *zone, uint64_t peer_id,
+                              const affinity_engine_load_t *load,
+                              uint64_t capacity) noexcept
+{
+    if (peer_id == 0 || load == nullptr
+        || (load->found & AFFINITY_ENGINE_COMPUTED) == 0)
+    {
+        return;
+    }
+
+    CacheModel::engine_computed(zone_of(zone), peer_id,
+                                load->queried_tokens - load->hit_tokens,
+                                capacity);
+}
+
 void affinity_prefixes_record(affinity_zone_t *zone,
                               const uint64_t *level_hashes, size_t nlevels,
                               uint64_t peer_id, uint32_t now,

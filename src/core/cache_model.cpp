@@ -92,4 +92,70 @@ void CacheModel::add(size_t i, uint64_t chars) noexcept
     }
 }
 
+
+void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
+                                 double tokens, uint64_t capacity) noexcept
+{
+    // Counts beyond any engine's lifetime are junk.
+    if (!(tokens >= 0 && tokens < 1e18)) {
+        return;
+    }
+
+    uint32_t n = prefixes.find_slot(peer_id);
+
+    // A peer never modelled here has no clock to move.
+    if (n == kNoSlot) {
+        return;
+    }
+
+    PeerSlot &slot = prefixes.peer_slots()[n];
+    uint64_t size = capacity ? capacity : atomic_load(&slot.cache_tokens);
+    uint32_t count = static_cast<uint32_t>(static_cast<uint64_t>(tokens));
+    uint64_t fill = slot.cache_fill;
+    uint32_t mark = static_cast<uint32_t>(slot.engine_mark >> 32);
+
+    if (size == 0) {
+        slot.engine_mark = 0;
+        return;
+    }
+
+    if (slot.engine_mark != 0) {
+        // Both modulo 2^32: reports come seconds apart.
+        uint32_t computed = count - static_cast<uint32_t>(slot.engine_mark);
+
+        if (computed >= (1u << 31)) {
+            // The count went back: a restarted engine, its cache empty.
+            fill += stamp_unit(size) * kStampsPerCapacity;
+            mark = static_cast<uint32_t>(fill);
+
+        } else {
+            mark += static_cast<uint32_t>(uint64_t{computed}
+                                          * AFFINITY_CHARS_PER_TOKEN);
+
+            // The engine's clock ahead of this one's: caught up.  Behind
+            // by more than a capacity: held there.
+            int64_t ahead = static_cast<int32_t>(
+                mark - static_cast<uint32_t>(fill));
+            int64_t limit = static_cast<int64_t>(
+                std::min<uint64_t>(std::min(size, kMaxCapacity)
+                                       * AFFINITY_CHARS_PER_TOKEN,
+                                   uint64_t{1} << 30));
+
+            if (ahead > 0) {
+                fill += static_cast<uint64_t>(ahead);
+            } else if (ahead < -limit) {
+                mark = static_cast<uint32_t>(fill - uint64_t(limit));
+            }
+        }
+
+        atomic_store(&slot.cache_fill, fill);
+
+    } else {
+        mark = static_cast<uint32_t>(fill);
+    }
+
+    uint64_t next = (uint64_t{mark} << 32) | count;
+    slot.engine_mark = next != 0 ? next : 1;
+}
+
 }  // namespace affinity

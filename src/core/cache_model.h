@@ -33,6 +33,16 @@
 // peer's as its engine reported it (affinity_metrics: vLLM's
 // cache_config_info, SGLang's max_total_num_tokens).  A peer of unknown
 // capacity is not modelled: it is presumed to hold all it got.
+//
+// The clock counts only what this instance sends.  An engine that reports
+// the prompt tokens it computed (affinity_metrics: prefix cache queries
+// less hits) tells what its cache really took in, from every nginx
+// instance and every client.  A second clock advances by that, and the
+// peer's clock is kept at least as far as it: where this instance's own
+// count, which runs fast, is ahead, nothing changes; where others fill
+// the engine too, the clock follows the engine.  The second clock is kept
+// within a capacity behind the first, so that a lead this instance gained
+// alone does not hide others' traffic for long.
 #pragma once
 
 #include <cstddef>
@@ -80,6 +90,11 @@ public:
 
     // Peer i was sent chars characters it was not presumed to hold.
     void add(size_t i, uint64_t chars) noexcept;
+
+    // peer_id's engine computed this many prompt tokens since it started
+    // (caller holds the prefix zone's lock): affinity_prefixes_polled().
+    static void engine_computed(Zone prefixes, uint64_t peer_id,
+                                double tokens, uint64_t capacity) noexcept;
 
 private:
     // unit_[i] != 0: peer i's cache is modelled, its clock in *slots_[i].

@@ -9,10 +9,27 @@ namespace affinity {
 
 namespace {
 
-enum class Gauge { None, Running, Waiting, Cache, Capacity, CacheConfig };
+enum class Gauge {
+    None,
+    Running,
+    Waiting,
+    Cache,
+    Capacity,
+    CacheConfig,
+    Queried,
+    Hit
+};
 
 // Far above any engine's KV cache, in tokens: a larger figure is junk.
 constexpr double kMaxCacheTokens = 1e15;
+
+// Far above the tokens any engine computes in its life: a larger count is
+// junk.
+constexpr double kMaxCountTokens = 1e17;
+
+// Each of the prefix cache's two counters, until both are read.
+constexpr uint32_t kQueried = 1u << 16;
+constexpr uint32_t kHit = 1u << 17;
 
 Gauge gauge_of(std::string_view name) noexcept
 {
@@ -30,6 +47,10 @@ Gauge gauge_of(std::string_view name) noexcept
         {"sglang:token_usage", Gauge::Cache},
         {"vllm:cache_config_info", Gauge::CacheConfig},
         {"sglang:max_total_num_tokens", Gauge::Capacity},
+        {"vllm:prefix_cache_queries_total", Gauge::Queried},
+        {"vllm:prefix_cache_hits_total", Gauge::Hit},
+        {"sglang:prompt_tokens_total", Gauge::Queried},
+        {"sglang:cached_tokens_total", Gauge::Hit},
     };
 
     for (const Name &n : kNames) {
@@ -197,6 +218,20 @@ void sample(const char *p, const char *end, affinity_engine_load_t &load)
     case Gauge::Capacity:
         add_cache_tokens(v, load);
         break;
+    case Gauge::Queried:
+        if (v > kMaxCountTokens) {
+            break;
+        }
+        load.queried_tokens += v;
+        load.found |= kQueried;
+        break;
+    case Gauge::Hit:
+        if (v > kMaxCountTokens) {
+            break;
+        }
+        load.hit_tokens += v;
+        load.found |= kHit;
+        break;
     case Gauge::None:
     case Gauge::CacheConfig:
         break;
@@ -236,6 +271,21 @@ bool parse_engine_metrics(const char *text, size_t len,
         }
 
         p = eol ? eol + 1 : end;
+    }
+
+    // The tokens computed are the difference of two counters: only with
+    // both, and never below zero.
+    if ((load.found & (kQueried | kHit)) == (kQueried | kHit)
+        && load.hit_tokens <= load.queried_tokens)
+    {
+        load.found |= AFFINITY_ENGINE_COMPUTED;
+    }
+
+    load.found &= ~(kQueried | kHit);
+
+    if ((load.found & AFFINITY_ENGINE_COMPUTED) == 0) {
+        load.queried_tokens = 0;
+        load.hit_tokens = 0;
     }
 
     return (load.found & (AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_WAITING))

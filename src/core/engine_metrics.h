@@ -12,6 +12,9 @@
 //   its KV cache's size in tokens (summed)
 //            vllm:cache_config_info's labels num_gpu_blocks x block_size
 //            sglang:max_total_num_tokens
+//   prompt tokens looked up in its prefix cache, and found there
+//            vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total
+//            sglang:prompt_tokens_total, sglang:cached_tokens_total
 // Everything else is skipped.  The text comes from a server over the
 // network: the parser reads only inside [text, text + len) and is fuzzed.
 #pragma once

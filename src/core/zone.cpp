@@ -238,6 +238,7 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     atomic_store<int64_t>(&slot.engine_others, 0);
     atomic_store<uint64_t>(&slot.cache_fill, 0);
     atomic_store<uint64_t>(&slot.cache_tokens, 0);
+    slot.engine_mark = 0;
 
     atomic_store(&slot.id, peer_id);
 }

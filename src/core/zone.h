@@ -104,6 +104,12 @@ struct alignas(64) PeerSlot {
     // never.  Atomic.  Copied into the prefix zone's slot by the cache
     // model, for what other instances record there (affinity_store).
     uint64_t cache_tokens;
+    // The engine's own count of prompt tokens computed, as of its last
+    // report (low 32 bits, modulo 2^32), and where the clock would be had
+    // it counted only those (high 32 bits, in characters, modulo 2^32):
+    // cache_model.h.  0: no report yet.  In the prefix zone, under its
+    // lock.
+    uint64_t engine_mark;
 };
 
 static_assert(sizeof(PeerSlot) == 192, "a peer slot is three cache lines");

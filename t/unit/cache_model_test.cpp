@@ -144,4 +144,80 @@ TEST(CacheModel, EachPeerMayHaveItsEnginesCapacity)
         << "a hundred times the capacity: 5,001 characters are little";
 }
 
+// What an engine reports it computed moves its peer's clock where this
+// instance counted less: the prompts of other instances and clients.
+TEST(CacheModel, EngineCountOfComputedTokensMovesTheClock)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    affinity::Zone z(zone.region());
+    const uint64_t tokens = 1000;               // evicts after 5,000 chars
+    auto report = [&](size_t i, double computed) {
+        affinity_engine_load_t load{};
+        load.queried_tokens = computed + 500;
+        load.hit_tokens = 500;
+        load.found = AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_COMPUTED;
+        affinity_prefixes_polled(zone.get(), peers[i].id, &load, tokens);
+    };
+    auto model = [&]() {
+        return affinity::CacheModel(z, peers.data(), peers.size(), tokens,
+                                    nullptr, 1000);
+    };
+    auto fill = [&](size_t i) {
+        return z.peer_slots()[z.find_slot(peers[i].id)].cache_fill;
+    };
+
+    // Peer 0 got a prefix; its engine had computed 10,000 tokens before.
+    uint8_t got = model().stamp(0);
+    report(0, 10000);
+    EXPECT_EQ(fill(0), 0u) << "the first report only marks";
+
+    // Its engine computed 1,600 tokens more (6,400 characters) that this
+    // instance never sent: presumed evicted.
+    report(0, 11600);
+    EXPECT_EQ(fill(0), 6400u);
+    EXPECT_FALSE(model().holds(0, got));
+    EXPECT_EQ(fill(1), 0u) << "the other peer's clock stays";
+
+    // What this instance sent itself is not counted twice: 2,000 chars
+    // sent, 500 tokens (2,000 chars) computed.
+    got = model().stamp(0);
+    model().add(0, 2000);
+    report(0, 12100);
+    EXPECT_EQ(fill(0), 8400u);
+    // Its own count runs ahead (4,000 chars for 200 tokens computed):
+    // kept, and the engine's only counts once it is ahead again.
+    model().add(0, 4000);
+    report(0, 12300);
+    EXPECT_EQ(fill(0), 12400u);
+    report(0, 13700);   // 5,600 more chars: 3,200 behind, then 2,400 ahead
+    EXPECT_EQ(fill(0), 14800u);
+
+    // A lead of this instance's own is kept within a capacity (4,000
+    // characters) of the engine's clock: 20,000 chars sent alone, none
+    // computed, then 5,000 tokens computed by others.
+    model().add(0, 20000);
+    report(0, 13700);
+    EXPECT_EQ(fill(0), 34800u);
+    report(0, 18700);       // 20,000 chars: 16,000 beyond the lead kept
+    EXPECT_EQ(fill(0), 50800u);
+
+    // A count that went back: a restarted engine, its cache empty.
+    got = model().stamp(0);
+    EXPECT_TRUE(model().holds(0, got));
+    report(0, 100);
+    EXPECT_FALSE(model().holds(0, got));
+
+    // Junk and partial reports change nothing.
+    uint64_t before = fill(0);
+    affinity_engine_load_t junk{};
+    junk.queried_tokens = 1e30;
+    junk.found = AFFINITY_ENGINE_COMPUTED;
+    affinity_prefixes_polled(zone.get(), peers[0].id, &junk, tokens);
+    junk.queried_tokens = 1e9;
+    junk.found = AFFINITY_ENGINE_RUNNING;
+    affinity_prefixes_polled(zone.get(), peers[0].id, &junk, tokens);
+    EXPECT_EQ(fill(0), before);
+}
+
 }  // namespace

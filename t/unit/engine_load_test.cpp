@@ -115,6 +115,40 @@ TEST(EngineMetrics, CacheSize)
     }
 }
 
+// The prompt tokens an engine computed: its prefix cache's queries less
+// its hits, in tokens, only with both counters.
+TEST(EngineMetrics, PrefixCacheCounters)
+{
+    affinity_engine_load_t v = parse(
+        "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} "
+        "9000.0\n"
+        "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} "
+        "1000.0\n"
+        "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 4000\n"
+        "vllm:num_requests_running 0\n");
+    EXPECT_TRUE(v.found & AFFINITY_ENGINE_COMPUTED);
+    EXPECT_DOUBLE_EQ(v.queried_tokens - v.hit_tokens, 6000.0);
+
+    affinity_engine_load_t s = parse(
+        "sglang:prompt_tokens_total{model_name=\"m\"} 500\n"
+        "sglang:cached_tokens_total{model_name=\"m\"} 200\n"
+        "sglang:num_queue_reqs 0\n");
+    EXPECT_TRUE(s.found & AFFINITY_ENGINE_COMPUTED);
+    EXPECT_DOUBLE_EQ(s.queried_tokens - s.hit_tokens, 300.0);
+
+    for (const char *t : {
+             "vllm:prefix_cache_queries_total 10\n",
+             "vllm:prefix_cache_hits_total 10\n",
+             "vllm:prefix_cache_queries_total 10\n"
+             "vllm:prefix_cache_hits_total 11\n",
+         })
+    {
+        affinity_engine_load_t l = parse(t);
+        EXPECT_FALSE(l.found & AFFINITY_ENGINE_COMPUTED) << t;
+        EXPECT_EQ(l.found, 0u) << t;
+    }
+}
+
 TEST(EngineMetrics, JunkGivesNothing)
 {
     const char *texts[] = {

@@ -674,13 +674,18 @@ AFFINITY_API const char *affinity_response_scan_id(
 #define AFFINITY_ENGINE_WAITING   2
 #define AFFINITY_ENGINE_CACHE     4
 #define AFFINITY_ENGINE_CAPACITY  8
+#define AFFINITY_ENGINE_COMPUTED  16
 
 typedef struct {
     double      running;        /* summed over label sets */
     double      waiting;
     double      cache_usage;    /* 0..1, the largest */
     double      cache_tokens;   /* the tokens its KV cache holds, summed */
-    uint32_t    found;          /* AFFINITY_ENGINE_* read */
+    double      queried_tokens; /* prompt tokens looked up in its prefix
+                                   cache since it started, summed */
+    double      hit_tokens;     /* of them, found there */
+    uint32_t    found;          /* AFFINITY_ENGINE_* read; COMPUTED: both
+                                   of the above */
     uint32_t    reserved;
 } affinity_engine_load_t;
 
@@ -770,6 +775,20 @@ AFFINITY_API void affinity_sessions_pin(affinity_zone_t *zone,
 AFFINITY_API void affinity_prefixes_record(affinity_zone_t *zone,
     const uint64_t *level_hashes, size_t nlevels, uint64_t peer_id,
     uint32_t now, uint32_t timeout, uint64_t capacity) AFFINITY_NOEXCEPT;
+
+/*
+ * peer_id's engine reported how many prompt tokens it has computed since it
+ * started (queried_tokens - hit_tokens of an AFFINITY_ENGINE_COMPUTED
+ * load): what its KV cache really took in, whoever sent it.  Its modelled
+ * cache (prefix_capacity) advances by what this instance did not count
+ * itself since the last report: the prompts of other nginx instances and
+ * of clients that bypass nginx.  A count that went back is an engine that
+ * restarted, its cache empty: every prefix it held is presumed evicted.
+ * capacity: as in affinity_prefixes_record().  Caller holds the zone lock.
+ */
+AFFINITY_API void affinity_prefixes_polled(affinity_zone_t *zone,
+    uint64_t peer_id, const affinity_engine_load_t *load, uint64_t capacity)
+    AFFINITY_NOEXCEPT;
 
 
 #ifdef __cplusplus
