@@ -812,6 +812,14 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
         }
 
+        if (value[i].len == 9
+            && ngx_strncmp(value[i].data, "cache=off", 9) == 0)
+        {
+            /* no cache model, whatever the engines report */
+            ascf->prefix_cache = AFFINITY_CAPACITY_OFF;
+            continue;
+        }
+
         if (ngx_strncmp(value[i].data, "cache=", 6) == 0) {
             /* tokens each server's KV cache holds, as the engine says */
             size = ngx_http_upstream_affinity_param_size(cf, &value[i],

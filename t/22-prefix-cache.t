@@ -7,7 +7,8 @@
 # pinned server is placed anew (session_moved).  Without cache= both stay,
 # unless the server's engine tells its cache's size (affinity_metrics, a
 # mock replica with vLLM's cache_config_info): that size is then used, and
-# what the engine says it computed counts the prompts sent past nginx.
+# what the engine says it computed counts the prompts sent past nginx;
+# cache=off keeps every holder whatever the engine says.
 # One server per upstream, so that every prompt reaches the same cache and
 # only the route tells what the module presumed.
 
@@ -27,9 +28,9 @@ use AffinityConf qw(proxy_conf servers log_lines chat proxied_upstream
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(1);
 # 62 blocks of 16 tokens, 992 tokens: as cache=1000 within 1 %.
-my ($replica) = $t->start_mock_replicas(1, '--cache-tokens', 1000,
-                                        '--decode-ms-per-token', 0);
-my %port = map { $_ => $t->port } qw(bare cached session reported status);
+my ($replica, $unmodelled) = $t->start_mock_replicas(2,
+    '--cache-tokens', 1000, '--decode-ms-per-token', 0);
+my %port = map { $_ => $t->port } qw(bare cached session reported off status);
 my $log = $t->path('logs/cache.log');
 
 # 1,000 tokens: prompts of about 5,000 characters evict a prefix.
@@ -50,6 +51,10 @@ $t->write_conf(proxy_conf($t, servers(\@ports) . "        prefix_affinity;\n",
                 . "        prefix_affinity zone=reported_prefixes:1m;\n"
                 . "        affinity_metrics interval=100ms;",
                 $port{reported}, log => qq(access_log "$log" cache;))
+          . proxied_upstream(off => servers([ $unmodelled ])
+                . "        prefix_affinity cache=off zone=off_prefixes:1m;\n"
+                . "        affinity_metrics interval=100ms;",
+                $port{off}, log => qq(access_log "$log" cache;))
           . "    server {\n        listen 127.0.0.1:$port{status};\n"
           . "        location / { affinity_status; }\n    }\n"));
 $t->start_nginx;
@@ -88,7 +93,7 @@ like $t->http(GET => '/?format=prometheus', port => $port{status})->{body},
     qr/^nginx_upstream_affinity_peer_engine_cache_tokens\{upstream="reported",peer="127\.0\.0\.1:$replica",backup="false"\} 992$/m,
     'prometheus: the size';
 
-for my $upstream (qw(bare cached reported)) {
+for my $upstream (qw(bare cached reported off)) {
     subtest "a shared document, $upstream" => sub {
         is ask($upstream, question(1)), 'prefix_new', 'first seen';
         is ask($upstream, question(2)), 'prefix_hit', 'then followed';
@@ -99,7 +104,7 @@ for my $upstream (qw(bare cached reported)) {
 
         # 6,000 since: presumed evicted, with cache= only.
         others($upstream, 3);
-        my $sized = $upstream ne 'bare';
+        my $sized = $upstream eq 'cached' || $upstream eq 'reported';
         is ask($upstream, question(4)),
             $sized ? 'prefix_new' : 'prefix_hit',
             $sized ? 'presumed evicted: placed as new'

@@ -28,6 +28,8 @@ METRICS = (
     ('requests_total', 'counter', 'Inference requests received.'),
     ('prompt_tokens_total', 'counter',
      'Prompt tokens of the inference requests received.'),
+    ('queried_tokens_total', 'counter',
+     'Prompt tokens looked up in the prefix cache (when prefill starts).'),
     ('cached_tokens_total', 'counter',
      'Prompt tokens served from the prefix cache.'),
     ('cache_hits_total', 'counter',
@@ -113,6 +115,7 @@ class Replica:
         (cached tokens, seconds of prefill)."""
         cached = model.cached_tokens(self.cache, chain, prompt_tokens)
         counters = self.counters
+        counters['queried_tokens_total'] += prompt_tokens
         counters['cached_tokens_total'] += cached
         counters['cache_hits_total' if cached > 0
                  else 'cache_misses_total'] += 1

@@ -579,12 +579,13 @@ class ServedReplica:
             lines.append('# HELP %s %s' % (name, help_text))
             lines.append('# TYPE %s gauge' % name)
             lines.append('%s%s %r' % (name, label, value))
-        # The prefix cache's counters, in tokens: what the engine computed
-        # is the queries less the hits.
+        # The prefix cache's counters, in tokens, both counted when a
+        # prefill starts, as vLLM counts them when it schedules a request:
+        # what the engine computed is the queries less the hits.
         for name, help_text, value in (
                 ('vllm:prefix_cache_queries_total',
                  'Prefix cache queries, in terms of number of queried '
-                 'tokens.', figures['prompt_tokens_total']),
+                 'tokens.', figures['queried_tokens_total']),
                 ('vllm:prefix_cache_hits_total',
                  'Prefix cache hits, in terms of number of cached tokens.',
                  figures['cached_tokens_total'])):

@@ -216,7 +216,9 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
     atomic_store<int64_t>(&s.engine_others, 0);
-    if (load->found & AFFINITY_ENGINE_CAPACITY) {
+    if ((load->found & AFFINITY_ENGINE_CAPACITY)
+        && load->cache_tokens >= 1 && load->cache_tokens <= 1e15)
+    {
         atomic_store<uint64_t>(&s.cache_tokens, uint64_t(load->cache_tokens));
     }
     atomic_store<uint64_t>(&s.engine_time, now);

@@ -27,8 +27,8 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
                        const uint64_t *reported, uint64_t now) noexcept
     : enabled_(false)
 {
-    // No prefixes: the zone may be none.
-    if (npeers == 0) {
+    // No prefixes (the zone may be none), or no model wanted.
+    if (npeers == 0 || capacity == kCapacityOff) {
         return;
     }
 
@@ -45,13 +45,8 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
         unit_[i] = 0;
 
         if (!prefixes.owns(slot, peers[i].id)) {
-            if (tokens != 0) {
-                slot = prefixes.claim_slot(peers[i].id, now);
-            } else if (capacity == 0 && reported == nullptr) {
-                slot = prefixes.find_slot(peers[i].id);
-            } else {
-                continue;
-            }
+            slot = tokens != 0 ? prefixes.claim_slot(peers[i].id, now)
+                               : prefixes.find_slot(peers[i].id);
         }
 
         if (slot == kNoSlot) {
@@ -60,14 +55,16 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
 
         PeerSlot &s = slots[slot];
 
-        // The engine's figure is kept here too, for records that come
-        // with none (affinity_prefixes_record()).
-        if (capacity == 0 && reported != nullptr) {
-            if (tokens != 0 && atomic_load(&s.cache_tokens) != tokens) {
+        // The engine's figure is kept here too: for records that come with
+        // none (affinity_prefixes_record()), and while the counters have
+        // none (their slot handed over, their zone new), so that the
+        // peer's stamps keep their meaning.
+        if (capacity == 0) {
+            if (tokens == 0) {
+                tokens = atomic_load(&s.cache_tokens);
+            } else if (atomic_load(&s.cache_tokens) != tokens) {
                 atomic_store(&s.cache_tokens, tokens);
             }
-        } else if (capacity == 0) {
-            tokens = atomic_load(&s.cache_tokens);
         }
 
         if (tokens == 0) {
@@ -86,18 +83,17 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
 
 void CacheModel::add(size_t i, uint64_t chars) noexcept
 {
-    if (unit_[i] != 0) {
+    if (enabled_ && unit_[i] != 0) {
         fill_[i] += chars;
         atomic_store(&slots_[i]->cache_fill, fill_[i]);
     }
 }
 
-
 void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
                                  double tokens, uint64_t capacity) noexcept
 {
     // Counts beyond any engine's lifetime are junk.
-    if (!(tokens >= 0 && tokens < 1e18)) {
+    if (!(tokens >= 0 && tokens < 1e18) || capacity == kCapacityOff) {
         return;
     }
 
@@ -109,53 +105,72 @@ void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
     }
 
     PeerSlot &slot = prefixes.peer_slots()[n];
-    uint64_t size = capacity ? capacity : atomic_load(&slot.cache_tokens);
+    uint64_t size = std::min(capacity ? capacity
+                                      : atomic_load(&slot.cache_tokens),
+                             kMaxCapacity);
+    uint64_t was = slot.engine_mark;
     uint32_t count = static_cast<uint32_t>(static_cast<uint64_t>(tokens));
-    uint64_t fill = slot.cache_fill;
-    uint32_t mark = static_cast<uint32_t>(slot.engine_mark >> 32);
+    uint64_t fill = atomic_load(&slot.cache_fill);
+    uint32_t mark = static_cast<uint32_t>(was >> 32);
 
     if (size == 0) {
         slot.engine_mark = 0;
         return;
     }
 
-    if (slot.engine_mark != 0) {
-        // Both modulo 2^32: reports come seconds apart.
-        uint32_t computed = count - static_cast<uint32_t>(slot.engine_mark);
+    // Both counts modulo 2^32: reports come seconds apart.
+    uint32_t computed = count - static_cast<uint32_t>(was);
+    uint32_t back = static_cast<uint32_t>(was) - count;
 
-        if (computed >= (1u << 31)) {
-            // The count went back: a restarted engine, its cache empty.
-            fill += stamp_unit(size) * kStampsPerCapacity;
-            mark = static_cast<uint32_t>(fill);
+    if (was == 0) {
+        // The first report: a mark to count from.
+        mark = static_cast<uint32_t>(fill);
 
-        } else {
-            mark += static_cast<uint32_t>(uint64_t{computed}
-                                          * AFFINITY_CHARS_PER_TOKEN);
-
-            // The engine's clock ahead of this one's: caught up.  Behind
-            // by more than a capacity: held there.
-            int64_t ahead = static_cast<int32_t>(
-                mark - static_cast<uint32_t>(fill));
-            int64_t limit = static_cast<int64_t>(
-                std::min<uint64_t>(std::min(size, kMaxCapacity)
-                                       * AFFINITY_CHARS_PER_TOKEN,
-                                   uint64_t{1} << 30));
-
-            if (ahead > 0) {
-                fill += static_cast<uint64_t>(ahead);
-            } else if (ahead < -limit) {
-                mark = static_cast<uint32_t>(fill - uint64_t(limit));
-            }
+    } else if (back != 0 && back < (1u << 31)) {
+        // The count went back.  By a capacity or more: an engine that
+        // restarted, its cache empty.  By less: counters read a moment
+        // apart (several processes, several ranks); the old count stays.
+        if (back < size) {
+            return;
         }
 
+        fill += stamp_unit(size) * kStampsPerCapacity;
+        mark = static_cast<uint32_t>(fill);
         atomic_store(&slot.cache_fill, fill);
 
-    } else {
+    } else if (uint64_t{computed} * AFFINITY_CHARS_PER_TOKEN
+               >= (uint64_t{1} << 31))
+    {
+        // Too far from the last report to compare modulo 2^32 characters
+        // (reports missed for long): a new mark.
         mark = static_cast<uint32_t>(fill);
+
+    } else {
+        uint32_t chars = static_cast<uint32_t>(uint64_t{computed}
+                                               * AFFINITY_CHARS_PER_TOKEN);
+
+        mark += chars;
+
+        // The engine's clock ahead of this one's: caught up, by no more
+        // than it moved.  Behind by more than a capacity: held there.
+        int64_t ahead = static_cast<int32_t>(
+            mark - static_cast<uint32_t>(fill));
+        int64_t limit = static_cast<int64_t>(
+            std::min<uint64_t>(size * AFFINITY_CHARS_PER_TOKEN,
+                               uint64_t{1} << 30));
+
+        if (ahead > 0) {
+            fill += std::min<uint64_t>(uint64_t(ahead), chars);
+            mark = static_cast<uint32_t>(fill);
+            atomic_store(&slot.cache_fill, fill);
+        } else if (ahead < -limit) {
+            mark = static_cast<uint32_t>(fill - uint64_t(limit));
+        }
     }
 
+    // The mark's high half may be 0, its count too: 0 means no mark.
     uint64_t next = (uint64_t{mark} << 32) | count;
-    slot.engine_mark = next != 0 ? next : 1;
+    slot.engine_mark = next != 0 ? next : uint64_t{1} << 32;
 }
 
 }  // namespace affinity

@@ -55,6 +55,7 @@
 namespace affinity {
 
 constexpr uint64_t kStampsPerCapacity = 16;
+constexpr uint64_t kCapacityOff = AFFINITY_CAPACITY_OFF;
 constexpr uint64_t kCapacityMarginPercent = 125;
 
 class CacheModel {
@@ -62,9 +63,9 @@ public:
     // The clocks of peers[0..npeers) in the prefix zone (slots claimed
     // there if needed; caller holds its lock).  capacity: tokens per
     // peer's cache, or 0 for each peer's reported[i] (the engine's figure
-    // in the zone that counts the requests; 0: unknown), or, with no
-    // reported figures, what the prefix zone last kept of them.  npeers
-    // 0: no model, and no zone needed.
+    // in the zone that counts the requests; 0 or no reported figures: the
+    // last the prefix zone kept of it), or kCapacityOff for no model.
+    // npeers 0: no model, and no zone needed.
     CacheModel(Zone prefixes, const affinity_peer_t *peers, size_t npeers,
                uint64_t capacity, const uint64_t *reported, uint64_t now)
         noexcept;
@@ -75,7 +76,9 @@ public:
     // Peer i's clock, as a stamp.
     uint8_t stamp(size_t i) const noexcept
     {
-        return unit_[i] ? static_cast<uint8_t>(fill_[i] / unit_[i]) : 0;
+        return enabled_ && unit_[i]
+                   ? static_cast<uint8_t>(fill_[i] / unit_[i])
+                   : 0;
     }
 
     // Whether peer i, stamped so when it got a prefix, is presumed to hold
@@ -83,7 +86,7 @@ public:
     // taken to hold it: its clock is unknown here.
     bool holds(int i, uint8_t stamp) const noexcept
     {
-        return i < 0 || unit_[i] == 0
+        return !enabled_ || i < 0 || unit_[i] == 0
                || static_cast<uint8_t>(this->stamp(size_t(i)) - stamp)
                       < kStampsPerCapacity;
     }
@@ -98,7 +101,7 @@ public:
 
 private:
     // unit_[i] != 0: peer i's cache is modelled, its clock in *slots_[i].
-    // A peer of unknown capacity costs a request nothing.
+    // Set only when enabled_: no model costs a request nothing.
     PeerSlot *slots_[kMaxPeers];
     uint64_t fill_[kMaxPeers];
     uint64_t unit_[kMaxPeers];

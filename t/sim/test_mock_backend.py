@@ -436,6 +436,7 @@ class InferenceTest(unittest.TestCase):
         expected = {
             'mock_requests_total': 3,
             'mock_prompt_tokens_total': (10 + 13 + 5) * BLOCK,
+            'mock_queried_tokens_total': (10 + 13 + 5) * BLOCK,
             'mock_cached_tokens_total': 10 * BLOCK,
             'mock_cache_hits_total': 1,
             'mock_cache_misses_total': 2,
@@ -451,6 +452,16 @@ class InferenceTest(unittest.TestCase):
         figures = stats(self.port)
         for name, value in expected.items():
             self.assertEqual(figures[name[len('mock_'):]], value, name)
+        # vLLM's names for what a balancer reads: the prefix cache's
+        # counters and its size.
+        vllm = '{engine="0",model_name="mock"}'
+        self.assertEqual(
+            samples[('vllm:prefix_cache_queries_total', vllm)],
+            (10 + 13 + 5) * BLOCK)
+        self.assertEqual(samples[('vllm:prefix_cache_hits_total', vllm)],
+                         10 * BLOCK)
+        # the default --cache-tokens, 262144, in blocks of 16 tokens
+        self.assertIn('num_gpu_blocks="16384"', data.decode())
 
     def test_reset_clears_cache_and_counters(self):
         prompt = block_text(10, 'reset')

@@ -220,4 +220,71 @@ TEST(CacheModel, EngineCountOfComputedTokensMovesTheClock)
     EXPECT_EQ(fill(0), before);
 }
 
+// The engine's counts as they come: an idle engine's zeros, counters read
+// a moment apart, a count past 2^32, no model wanted, a slot handed over.
+TEST(CacheModel, EngineCountsAsTheyCome)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::vector<affinity_peer_t> peers = two_peers();
+    affinity::Zone z(zone.region());
+    const uint64_t tokens = 1000;
+    auto report = [&](double computed, uint64_t capacity = 1000,
+                      size_t i = 0) {
+        affinity_engine_load_t load{};
+        load.queried_tokens = computed;
+        load.found = AFFINITY_ENGINE_COMPUTED;
+        affinity_prefixes_polled(zone.get(), peers[i].id, &load, capacity);
+    };
+    auto model = [&](uint64_t capacity = 1000) {
+        return affinity::CacheModel(z, peers.data(), peers.size(), capacity,
+                                    nullptr, 1000);
+    };
+    auto slot = [&](size_t i = 0) -> affinity::PeerSlot & {
+        return z.peer_slots()[z.find_slot(peers[i].id)];
+    };
+
+    // An idle engine on a fresh zone: zeros, again and again.
+    uint8_t got = model().stamp(0);
+    for (int k = 0; k < 3; k++) {
+        report(0);
+    }
+    EXPECT_EQ(slot().cache_fill, 0u);
+    EXPECT_TRUE(model().holds(0, got));
+
+    // A count a little lower than the last (counters read a moment apart)
+    // is not a restart; counting goes on from the higher one.
+    report(500);
+    EXPECT_EQ(slot().cache_fill, 2000u);
+    report(490);
+    EXPECT_EQ(slot().cache_fill, 2000u);
+    report(510);
+    EXPECT_EQ(slot().cache_fill, 2040u);
+    EXPECT_TRUE(model().holds(0, got));
+
+    // Past 2^32 tokens (the other peer's engine): 150 computed, not a
+    // restart.
+    const double wrap = 4294967296.0;
+    report(wrap - 100, tokens, 1);
+    EXPECT_EQ(slot(1).cache_fill, 0u);
+    report(wrap + 50, tokens, 1);
+    EXPECT_EQ(slot(1).cache_fill, 600u);
+
+    // cache=off: no model, whatever the engine says.
+    affinity::CacheModel off = model(AFFINITY_CAPACITY_OFF);
+    EXPECT_FALSE(off.enabled());
+    off.add(0, uint64_t{1} << 30);
+    EXPECT_TRUE(off.holds(0, 200));
+    EXPECT_EQ(off.stamp(1), 0);
+    report(wrap + 5000, AFFINITY_CAPACITY_OFF, 1);
+    EXPECT_EQ(slot(1).cache_fill, 600u);
+
+    // A slot handed to another peer forgets the size and the mark.
+    slot().cache_tokens = tokens;
+    uint32_t n = z.find_slot(peers[0].id);
+    z.hand_over(z.peer_slots()[n], 12345, 1000);
+    EXPECT_EQ(z.peer_slots()[n].cache_tokens, 0u);
+    EXPECT_EQ(z.peer_slots()[n].engine_mark, 0u);
+    EXPECT_EQ(z.peer_slots()[n].cache_fill, 0u);
+}
+
 }  // namespace

@@ -360,6 +360,10 @@ typedef enum {
 
 typedef struct affinity_level_s  affinity_level_t;
 
+/* affinity_request_t.prefix_capacity: no cache model, whatever the engines
+ * report. */
+#define AFFINITY_CAPACITY_OFF  UINT64_MAX
+
 typedef struct {
     uint64_t    key_hash;   /* affinity_zone_key_hash() of the key */
     uint64_t    ring_hash;  /* affinity_ring_hash() of the key */
@@ -382,7 +386,8 @@ typedef struct {
        continues (affinity_responses_owner()), 0 if unknown */
     uint64_t                 owner;
 
-    /* with prefixes: the tokens each peer's KV cache holds, 0 if unknown.
+    /* with prefixes: the tokens each peer's KV cache holds, 0 if unknown,
+       AFFINITY_CAPACITY_OFF for no cache model at all.
        A holder that has since been sent prompts of about that size (at
        AFFINITY_CHARS_PER_TOKEN) that it did not hold is presumed to have
        evicted a prefix, and is not followed for it.  0: each peer's size
