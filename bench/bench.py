@@ -117,16 +117,6 @@ POLICIES = {
                              '(this module)',
                              SESSION_ZONE + '\n        ' + PREFIX_CACHE_ZONE,
                              False),
-    # The module reading each replica's KV cache size from its metrics
-    # page (vLLM's cache_config_info) rather than told it.
-    'prefix_metrics': ('nginx',
-                       'prefix_affinity; affinity_metrics; (this module)',
-                       PREFIX_ZONE + '\n        ' + METRICS_LINE, False),
-    'session_prefix_metrics': ('nginx',
-                               'session_affinity; prefix_affinity; '
-                               'affinity_metrics; (this module)',
-                               SESSION_ZONE + '\n        ' + PREFIX_ZONE
-                               + '\n        ' + METRICS_LINE, False),
     # prefix_affinity's level schedules (make bench-levels)
     'prefix_default': ('nginx', 'prefix_affinity (defaults; this module)',
                        PREFIX_ZONE, False),
@@ -153,7 +143,8 @@ POLICIES = {
 # metrics): whether they share what they learn through a Redis server
 # (affinity_store), whether they count the engines' own load
 # (affinity_metrics).
-INSTANCES = {'x1': (1, False, False), 'x2': (2, False, False),
+INSTANCES = {'x1': (1, False, False), 'x1_metrics': (1, False, True),
+             'x2': (2, False, False),
              'x2_shared': (2, True, True), 'x4': (4, False, False),
              'x4_shared': (4, True, True),
              'x2_store': (2, True, False), 'x4_store': (4, True, False),
@@ -166,7 +157,10 @@ for _name, (_n, _store, _metrics) in INSTANCES.items():
         f'session_affinity; prefix_affinity; x{_n} instances'
         + (f', {_how}' if _how else (', on their own' if _n > 1 else '')),
         SESSION_ZONE + '\n        ' + PREFIX_ZONE, False)
-INSTANCE_POLICIES = ['x1', 'x2', 'x2_shared', 'x4', 'x4_shared']
+# x1_metrics: one instance reading the engines' figures, as the shared
+# ones do (their load, their cache's size and what it computed).
+INSTANCE_POLICIES = ['x1', 'x1_metrics', 'x2', 'x2_shared', 'x4',
+                     'x4_shared']
 REDIS_PORT = 19390
 
 MAIN_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
