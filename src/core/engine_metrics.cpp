@@ -150,6 +150,17 @@ void add_cache_tokens(double tokens, affinity_engine_load_t &load) noexcept
     }
 }
 
+// One label set's value of a prefix cache counter, added to the sum; a
+// count no engine reaches is junk, and skipped.
+void add_count(double v, uint32_t flag, double &sum, uint32_t &found)
+    noexcept
+{
+    if (v <= kMaxCountTokens) {
+        sum += v;
+        found |= flag;
+    }
+}
+
 // One sample line: NAME[{labels}] VALUE [TIMESTAMP].
 void sample(const char *p, const char *end, affinity_engine_load_t &load)
     noexcept
@@ -219,18 +230,10 @@ void sample(const char *p, const char *end, affinity_engine_load_t &load)
         add_cache_tokens(v, load);
         break;
     case Gauge::Queried:
-        if (v > kMaxCountTokens) {
-            break;
-        }
-        load.queried_tokens += v;
-        load.found |= kQueried;
+        add_count(v, kQueried, load.queried_tokens, load.found);
         break;
     case Gauge::Hit:
-        if (v > kMaxCountTokens) {
-            break;
-        }
-        load.hit_tokens += v;
-        load.found |= kHit;
+        add_count(v, kHit, load.hit_tokens, load.found);
         break;
     case Gauge::None:
     case Gauge::CacheConfig:
