@@ -382,7 +382,8 @@ ngx_http_upstream_affinity_metrics_recv(ngx_event_t *rev)
 static void
 ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
 {
-    u_char                                 *p, *last;
+    off_t                                   size;
+    u_char                                 *p, *last, *length, *digits;
     uint32_t                                slot;
     affinity_engine_load_t                  load;
     ngx_http_upstream_affinity_shctx_t     *shctx;
@@ -409,6 +410,33 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
     if (p == NULL) {
         ngx_http_upstream_affinity_metrics_done(f, "truncated reply");
         return;
+    }
+
+    /*
+     * A page cut short would show counters that stepped back: with a
+     * Content-Length, the whole body or nothing.
+     */
+
+    length = ngx_strlcasestrn(f->in->pos, p + 2,
+                              (u_char *) CRLF "content-length:", 17 - 1);
+
+    if (length != NULL) {
+        for (length += 17; length < p && *length == ' '; length++) {
+            /* void */
+        }
+
+        for (digits = length; digits < p && *digits >= '0' && *digits <= '9';
+             digits++)
+        {
+            /* void */
+        }
+
+        size = ngx_atoof(length, digits - length);
+
+        if (size == NGX_ERROR || last - (p + 4) < size) {
+            ngx_http_upstream_affinity_metrics_done(f, "truncated reply");
+            return;
+        }
     }
 
     p += 4;

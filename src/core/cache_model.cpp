@@ -126,14 +126,17 @@ void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
         // The first report: a mark to count from.
         mark = static_cast<uint32_t>(fill);
 
-    } else if (back != 0 && back < (1u << 31)) {
-        // The count went back.  By a capacity or more: an engine that
-        // restarted, its cache empty.  By less: counters read a moment
-        // apart (several processes, several ranks); the old count stays.
-        if (back < size) {
-            return;
-        }
+    } else if (back != 0 && back < (1u << 31) && back < size) {
+        // A little back: counters read a moment apart (several processes,
+        // several ranks).  The old count stays.
+        return;
 
+    } else if ((back != 0 && back < (1u << 31))
+               || uint64_t{computed} > static_cast<uint64_t>(tokens))
+    {
+        // Back by a capacity or more, or more computed since the last
+        // report than in the engine's whole life: the count restarted
+        // from zero, and so did the engine, its cache empty.
         fill += stamp_unit(size) * kStampsPerCapacity;
         mark = static_cast<uint32_t>(fill);
         atomic_store(&slot.cache_fill, fill);

@@ -258,7 +258,14 @@ bool parse_engine_metrics(const char *text, size_t len,
     while (p < end) {
         const char *eol = static_cast<const char *>(
             std::memchr(p, '\n', size_t(end - p)));
-        const char *line_end = eol ? eol : end;
+
+        // Every line ends with a line feed, the last one too: a line
+        // without one is a page cut short, its number maybe cut too.
+        if (eol == nullptr) {
+            break;
+        }
+
+        const char *line_end = eol;
         const char *q = p;
 
         while (q < line_end && (*q == ' ' || *q == '\t')) {
@@ -273,7 +280,7 @@ bool parse_engine_metrics(const char *text, size_t len,
             sample(q, last, load);
         }
 
-        p = eol ? eol + 1 : end;
+        p = eol + 1;
     }
 
     // The tokens computed are the difference of two counters: only with

@@ -15,7 +15,8 @@
 //   prompt tokens looked up in its prefix cache, and found there
 //            vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total
 //            sglang:prompt_tokens_total, sglang:cached_tokens_total
-// Everything else is skipped.  The text comes from a server over the
+// Everything else is skipped, and a last line without its line feed (a page
+// cut short).  The text comes from a server over the
 // network: the parser reads only inside [text, text + len) and is fuzzed.
 #pragma once
 

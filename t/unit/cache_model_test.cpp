@@ -269,14 +269,34 @@ TEST(CacheModel, EngineCountsAsTheyCome)
     report(wrap + 50, tokens, 1);
     EXPECT_EQ(slot(1).cache_fill, 600u);
 
+    // A restart once the count had passed 2^31 (modulo 2^32): to 100 is
+    // no step back modulo 2^32, but more than the engine's whole life.
+    got = model().stamp(1);
+    report(wrap + 1.5e9, tokens, 1);    // too far to compare: a new mark
+    report(wrap + 3e9, tokens, 1);      // again
+    report(wrap + 3e9 + 10, tokens, 1);
+    EXPECT_TRUE(model().holds(1, got));
+    report(100, tokens, 1);
+    EXPECT_FALSE(model().holds(1, got));
+    const uint64_t restarted = slot(1).cache_fill;
+
+    // Back by exactly a capacity: a restart too.
+    got = model().stamp(1);
+    report(100 + tokens, tokens, 1);
+    EXPECT_EQ(slot(1).cache_fill, restarted + tokens * 4);
+    got = model().stamp(1);
+    report(100, tokens, 1);
+    EXPECT_FALSE(model().holds(1, got));
+
     // cache=off: no model, whatever the engine says.
     affinity::CacheModel off = model(AFFINITY_CAPACITY_OFF);
     EXPECT_FALSE(off.enabled());
     off.add(0, uint64_t{1} << 30);
     EXPECT_TRUE(off.holds(0, 200));
     EXPECT_EQ(off.stamp(1), 0);
+    const uint64_t unmoved = slot(1).cache_fill;
     report(wrap + 5000, AFFINITY_CAPACITY_OFF, 1);
-    EXPECT_EQ(slot(1).cache_fill, 600u);
+    EXPECT_EQ(slot(1).cache_fill, unmoved);
 
     // A slot handed to another peer forgets the size and the mark.
     slot().cache_tokens = tokens;

@@ -149,6 +149,22 @@ TEST(EngineMetrics, PrefixCacheCounters)
     }
 }
 
+// A page cut short: its last line, without a line feed, may hold half a
+// number, and is not read.
+TEST(EngineMetrics, LastLineWithoutLineFeedIsNotRead)
+{
+    affinity_engine_load_t l = parse(
+        "vllm:num_requests_running 3\n"
+        "vllm:prefix_cache_queries_total 90000\n"
+        "vllm:prefix_cache_hits_total 12");
+    EXPECT_DOUBLE_EQ(l.running, 3.0);
+    EXPECT_FALSE(l.found & AFFINITY_ENGINE_COMPUTED);
+
+    int rc = 0;
+    parse("vllm:num_requests_running 3", &rc);
+    EXPECT_EQ(rc, -1);
+}
+
 TEST(EngineMetrics, JunkGivesNothing)
 {
     const char *texts[] = {
