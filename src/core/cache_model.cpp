@@ -155,7 +155,10 @@ void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
         mark += chars;
 
         // The engine's clock ahead of this one's: caught up, by no more
-        // than it moved.  Behind by more than a capacity: held there.
+        // than it moved.  Behind by more than a capacity: held there.  A
+        // mark left for hours (reports missed while this instance sent
+        // 2^31 characters) may compare wrongly modulo 2^32: the catch-up
+        // is still no more than the engine computed.
         int64_t ahead = static_cast<int32_t>(
             mark - static_cast<uint32_t>(fill));
         int64_t limit = static_cast<int64_t>(
