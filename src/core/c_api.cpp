@@ -217,7 +217,7 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                : UINT64_MAX);
     atomic_store<int64_t>(&s.engine_others, 0);
     if ((load->found & AFFINITY_ENGINE_CAPACITY)
-        && load->cache_tokens >= 1 && load->cache_tokens <= 1e15)
+        && load->cache_tokens >= 1 && load->cache_tokens <= kMaxCacheTokens)
     {
         atomic_store<uint64_t>(&s.cache_tokens, uint64_t(load->cache_tokens));
     }

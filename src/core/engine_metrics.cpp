@@ -20,9 +20,6 @@ enum class Gauge {
     Hit
 };
 
-// Far above any engine's KV cache, in tokens: a larger figure is junk.
-constexpr double kMaxCacheTokens = 1e15;
-
 // Far above the tokens any engine computes in its life: a larger count is
 // junk.
 constexpr double kMaxCountTokens = 1e17;

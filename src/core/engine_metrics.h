@@ -26,6 +26,9 @@
 
 namespace affinity {
 
+// Far above any engine's KV cache, in tokens: a larger figure is junk.
+constexpr double kMaxCacheTokens = 1e15;
+
 bool parse_engine_metrics(const char *text, size_t len,
                           affinity_engine_load_t &load) noexcept;
 

@@ -11,8 +11,7 @@ namespace affinity {
 LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                      const uint8_t *states, size_t npeers,
                      const affinity_balance_t &balance, uint64_t now) noexcept
-    : peer_slots_(zone.peer_slots()),
-      peers_(peers),
+    : peers_(peers),
       states_(states),
       npeers_(std::min(npeers, kMaxPeers)),
       factor_(balance.factor),
@@ -24,6 +23,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
 
     for (size_t i = 0; i < npeers_; i++) {
         int64_t n = 0;
+        uint64_t tokens = 0;
         uint32_t slot = peers[i].slot;
 
         if (!zone.owns(slot, peers[i].id)) {
@@ -50,10 +50,14 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                     n, atomic_load(&s.engine_load) + std::max<int64_t>(sent, 0)
                            + std::max<int64_t>(others, 0));
             }
+
+            // On the engine figures' cache line: read with them.
+            tokens = atomic_load(&s.cache_tokens);
         }
 
         slots_[i] = slot;
         inflight_[i] = n;
+        cache_tokens_[i] = tokens;
 
         // Failed peers carry no new load and do not lower everyone's bound.
         if (states[i] != AFFINITY_PEER_FAILED) {
@@ -706,16 +710,9 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
 
     // Without a configured capacity, each peer's engine may have told its
     // own (affinity_metrics).
-    uint64_t reported[kMaxPeers];
-
-    if (prefixes && request.prefix_capacity == 0) {
-        for (size_t i = 0; i < std::min(npeers, kMaxPeers); i++) {
-            reported[i] = load.cache_tokens(i);
-        }
-    }
-
     CacheModel cache(index, peers, prefixes ? npeers : 0,
-                     request.prefix_capacity, reported, request.now);
+                     request.prefix_capacity, load.cache_tokens(),
+                     request.now);
 
     affinity_request_t capped = request;
     capped.nlevels = static_cast<uint32_t>(nkeys);

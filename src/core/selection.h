@@ -73,14 +73,9 @@ public:
     // The counter slot of peer i, or kNoSlot.
     uint32_t slot(size_t i) const noexcept { return slots_[i]; }
 
-    // The tokens peer i's KV cache holds, as its engine reported them; 0:
-    // unknown.
-    uint64_t cache_tokens(size_t i) const noexcept
-    {
-        return slots_[i] != kNoSlot
-                   ? atomic_load(&peer_slots_[slots_[i]].cache_tokens)
-                   : 0;
-    }
+    // The tokens each peer's KV cache holds, as its engine reported them;
+    // 0: unknown.
+    const uint64_t *cache_tokens() const noexcept { return cache_tokens_; }
 
     bool failed(size_t i) const noexcept
     {
@@ -95,12 +90,12 @@ public:
     }
 
 private:
-    const PeerSlot *peer_slots_;
     const affinity_peer_t *peers_;
     const uint8_t *states_;
     size_t npeers_;
     int64_t inflight_[kMaxPeers];
     uint32_t slots_[kMaxPeers];
+    uint64_t cache_tokens_[kMaxPeers];
     double share_per_weight_;
     double factor_;
     double slack_;
