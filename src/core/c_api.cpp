@@ -208,7 +208,8 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
     double total = load->running + load->waiting;
 
     atomic_store<int64_t>(&s.engine_load,
-                          total < 1e9 ? int64_t(total + 0.5) : int64_t(1e9));
+                          total < kMaxRequests ? int64_t(total + 0.5)
+                                               : int64_t(kMaxRequests));
     atomic_store<int64_t>(&s.engine_base,
                           std::max<int64_t>(atomic_load(&s.inflight), 0));
     atomic_store<uint64_t>(&s.cache_usage,

@@ -147,12 +147,13 @@ void add_cache_tokens(double tokens, affinity_engine_load_t &load) noexcept
     }
 }
 
-// One label set's value of a prefix cache counter, added to the sum; a
-// count no engine reaches is junk, and skipped.
-void add_count(double v, uint32_t flag, double &sum, uint32_t &found)
-    noexcept
+// One label set's value, added to the sum: a value above most, which no
+// engine reaches, is junk and skipped (the sum of a page's worth of them
+// stays finite).
+void add_count(double v, double most, uint32_t flag, double &sum,
+               uint32_t &found) noexcept
 {
-    if (v <= kMaxCountTokens) {
+    if (v <= most) {
         sum += v;
         found |= flag;
     }
@@ -212,12 +213,12 @@ void sample(const char *p, const char *end, affinity_engine_load_t &load)
 
     switch (gauge) {
     case Gauge::Running:
-        load.running += v;
-        load.found |= AFFINITY_ENGINE_RUNNING;
+        add_count(v, kMaxRequests, AFFINITY_ENGINE_RUNNING, load.running,
+                  load.found);
         break;
     case Gauge::Waiting:
-        load.waiting += v;
-        load.found |= AFFINITY_ENGINE_WAITING;
+        add_count(v, kMaxRequests, AFFINITY_ENGINE_WAITING, load.waiting,
+                  load.found);
         break;
     case Gauge::Cache:
         load.cache_usage = std::max(load.cache_usage, std::min(v, 1.0));
@@ -227,10 +228,11 @@ void sample(const char *p, const char *end, affinity_engine_load_t &load)
         add_cache_tokens(v, load);
         break;
     case Gauge::Queried:
-        add_count(v, kQueried, load.queried_tokens, load.found);
+        add_count(v, kMaxCountTokens, kQueried, load.queried_tokens,
+                  load.found);
         break;
     case Gauge::Hit:
-        add_count(v, kHit, load.hit_tokens, load.found);
+        add_count(v, kMaxCountTokens, kHit, load.hit_tokens, load.found);
         break;
     case Gauge::None:
     case Gauge::CacheConfig:

@@ -29,6 +29,10 @@ namespace affinity {
 // Far above any engine's KV cache, in tokens: a larger figure is junk.
 constexpr double kMaxCacheTokens = 1e15;
 
+// Far above the requests any engine runs or queues: a larger figure is
+// junk.
+constexpr double kMaxRequests = 1e9;
+
 bool parse_engine_metrics(const char *text, size_t len,
                           affinity_engine_load_t &load) noexcept;
 

@@ -179,6 +179,8 @@ TEST(EngineMetrics, JunkGivesNothing)
         "vllm:num_requests_running_x 3\n",
         "# vllm:num_requests_running 3\n",
         "vllm:kv_cache_usage_perc 0.5\n",
+        // each finite, their sum not: no engine queues 1e308 requests
+        "vllm:num_requests_waiting 1e308\nvllm:num_requests_waiting 1e308\n",
     };
     for (const char *t : texts) {
         int rc = 0;
