@@ -6,8 +6,9 @@
 // route_prefix()): the longest level that one of its recent peers under the
 // load bound holds decides, and the least loaded of those peers gets the
 // request (PREFIX_HIT), whether the level is a conversation's own or shared
-// by many prompts; a level with as many peers as an entry remembers goes
-// to the prompt's ring peer unless a holder is less loaded.  A shared
+// by many prompts; the least loaded peer (ties in the ring order of the
+// prompt's longest level) takes it when it is one of them, and also when
+// the level has as many peers as an entry remembers.  A shared
 // level whose holders are all over the bound still goes to its least loaded
 // holder, one request above the bound, when moving to a shorter level's
 // holder would re-prefill 4,096 characters or more.  When no level's peer
@@ -218,21 +219,6 @@ public:
             }
         }
         return best;
-    }
-
-    // The first peer on the ring from hash that would take one more
-    // request under the bound (as counted before the request).
-    int ring_first_accepting(uint64_t hash) const
-    {
-        uint32_t walk[kMaxTestPeers];
-        size_t n = affinity_ring_walk(upstream_.ring(), hash, walk,
-                                      kMaxTestPeers);
-        for (size_t k = 0; k < n; k++) {
-            if (would_accept(upstream_, walk[k])) {
-                return int(walk[k]);
-            }
-        }
-        return -1;
     }
 
     // The index entry of a level, through the PrefixTable class.
@@ -551,31 +537,30 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
     // In flight together, they fill the holder up to the bound's slack
     // above its share (a 1,000-character prefix is not worth the factor's
     // longer queue); the next goes to the least loaded peer and becomes a
-    // holder too.  Later ones go to their
-    // ring peer if it is a holder with room (spreading costs nothing
-    // then), or once the prefix has as many holders as an entry remembers
-    // (widely held) unless a holder is less loaded than the ring peer;
-    // else to the least loaded holder with room.
+    // holder too.  Later ones go to the least loaded peer if it is a
+    // holder with room (spreading costs nothing then) or once the prefix
+    // has as many holders as an entry remembers (widely held), else to
+    // the least loaded holder with room.
     std::set<int> used;
     for (uint32_t i = 20; i < 60; i++) {
         std::vector<affinity_level_t> l =
             levels_of(Conversation(200 + i, system).body(1));
         std::vector<int> holders = f.peers_of(sys.back());
-        const int ring = f.ring_first_accepting(l.back().hash);
+        const int cold = f.least_loaded_on_ring(l.back().hash);
         int64_t total = 0;
         for (size_t p = 0; p < f.up().size(); p++) {
             total += f.up().inflight(p);
         }
         const double share = double(total + 1) / double(f.up().size());
         int least = -1;
-        bool ring_holds = false;
+        bool cold_holds = false;
         for (int h : holders) {
             if (!would_accept(f.up(), size_t(h))
                 || double(f.up().inflight(size_t(h)) + 1) > share + 2.0)
             {
                 continue;
             }
-            ring_holds |= h == ring;
+            cold_holds |= h == cold;
             if (least < 0 || f.up().inflight(size_t(h))
                                  < f.up().inflight(size_t(least)))
             {
@@ -585,9 +570,6 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
 
         const int64_t least_load = least < 0 ? -1
                                              : f.up().inflight(size_t(least));
-        const int64_t ring_load = ring < 0 ? -1
-                                           : f.up().inflight(size_t(ring));
-        const int cold = f.least_loaded_on_ring(l.back().hash);
         Routed r = f.send(l, false);
         used.insert(r.decision.peer);
         expect_within_bound(f.up(), "after a placement");
@@ -599,10 +581,8 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
         }
         EXPECT_EQ(r.decision.route, kPrefixHit) << "conversation " << i;
         EXPECT_EQ(r.decision.prefix_len, 1000u);
-        if (ring_holds || (holders.size() == affinity::kPrefixPeers
-                           && least_load >= ring_load))
-        {
-            EXPECT_EQ(r.decision.peer, ring) << "conversation " << i;
+        if (cold_holds || holders.size() == affinity::kPrefixPeers) {
+            EXPECT_EQ(r.decision.peer, cold) << "conversation " << i;
         } else {
             EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)) - 1,
                       least_load)
@@ -614,11 +594,10 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
 }
 
 // A prefix held by as many peers as an entry remembers (four of eight
-// here) goes to the prompt's ring peer, which likely holds it too, while
-// that costs no longer queue; when a remembered holder has fewer requests
-// in flight than the ring peer, the holder gets it: certain to hold the
-// prefix, and sooner free.
-TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
+// here) is likely held by the others too (an entry forgets its older
+// holders): it goes to the least loaded peer, a remembered holder or not,
+// ties in the ring order of the prompt's longest level.
+TEST(PrefixRoute, WidelyHeldPrefixGoesToTheLeastLoadedPeer)
 {
     Fleet f(8);
     const std::string system = words(77, 1200);
@@ -645,7 +624,7 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
 
     // New conversations whose ring peer is not a holder.
     std::vector<std::vector<affinity_level_t>> outside;
-    for (uint32_t i = 0; i < 200 && outside.size() < 11; i++) {
+    for (uint32_t i = 0; i < 200 && outside.size() < 12; i++) {
         std::vector<affinity_level_t> l =
             levels_of(Conversation(400 + i, system).body(1));
         const int ring = f.ring_first(l.back().hash);
@@ -655,7 +634,7 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
             outside.push_back(l);
         }
     }
-    ASSERT_EQ(outside.size(), 11u);
+    ASSERT_EQ(outside.size(), 12u);
 
     // Every peer has one request in flight but one holder, idle: it takes
     // the prompt (and stays one of the four).
@@ -674,6 +653,32 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
         f.up().release_all();
     }
 
+    // Every peer has one request in flight but a peer that is neither a
+    // remembered holder nor the prompt's ring peer, idle: it takes the
+    // prompt, and becomes the most recent holder.
+    {
+        const int ring = f.ring_first(outside[11].back().hash);
+        int idle = -1;
+        for (int p = 0; p < int(f.up().size()) && idle < 0; p++) {
+            if (p != ring && std::find(holders.begin(), holders.end(), p)
+                                 == holders.end())
+            {
+                idle = p;
+            }
+        }
+        ASSERT_GE(idle, 0);
+        for (size_t p = 0; p < f.up().size(); p++) {
+            f.up().acquire(p);
+        }
+        f.up().release(size_t(idle));
+        Routed r = f.send(outside[11]);
+        EXPECT_EQ(r.decision.route, kPrefixHit);
+        EXPECT_EQ(r.decision.prefix_len, 1000u);
+        EXPECT_EQ(r.decision.peer, idle);
+        EXPECT_EQ(f.peers_of(sys.back()).front(), idle);
+        f.up().release_all();
+    }
+
     // Every peer has one request in flight: a tie, so the ring peer, which
     // becomes a holder.
     for (size_t p = 0; p < f.up().size(); p++) {
@@ -685,6 +690,77 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToALessLoadedHolder)
     EXPECT_EQ(tie.decision.prefix_len, 1000u);
     EXPECT_EQ(tie.decision.peer, ring);
     EXPECT_EQ(f.peers_of(sys.back()).front(), ring);
+    f.up().release_all();
+}
+
+// A widely held level of a document's length (4,096 characters or more)
+// is not copied to the least loaded peer: it goes to the prompt's ring peer
+// unless a remembered holder has fewer requests in flight.
+TEST(PrefixRoute, WidelyHeldDocumentGoesToTheRingPeerOrAHolder)
+{
+    Fleet f(8);
+    const std::string document = words(78, 9000);
+    std::vector<affinity_level_t> doc =
+        levels_of(chat({{"system", document}}));
+    ASSERT_GE(doc.back().length, 4096u);
+
+    const std::vector<int> holders = {0, 2, 4, 6};
+    for (size_t k = 0; k < holders.size(); k++) {
+        for (size_t i = 0; i < f.up().size(); i++) {
+            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
+                                                     : AFFINITY_PEER_BUSY);
+        }
+        Routed r = f.send(Conversation(500 + uint32_t(k), document).body(1));
+        ASSERT_EQ(r.decision.peer, holders[k]);
+    }
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+
+    // Questions about it whose ring peer is not a holder.
+    std::vector<std::vector<affinity_level_t>> outside;
+    for (uint32_t i = 0; i < 200 && outside.size() < 2; i++) {
+        std::vector<affinity_level_t> l =
+            levels_of(Conversation(600 + i, document).body(1));
+        const int ring = f.ring_first(l.back().hash);
+        if (std::find(holders.begin(), holders.end(), ring)
+            == holders.end())
+        {
+            outside.push_back(l);
+        }
+    }
+    ASSERT_EQ(outside.size(), 2u);
+
+    // Every peer has one request in flight but a peer that is neither a
+    // holder nor the ring peer, idle: the ring peer takes the question.
+    const int ring = f.ring_first(outside[0].back().hash);
+    int idle = -1;
+    for (int p = 0; p < int(f.up().size()) && idle < 0; p++) {
+        if (p != ring && std::find(holders.begin(), holders.end(), p)
+                             == holders.end())
+        {
+            idle = p;
+        }
+    }
+    ASSERT_GE(idle, 0);
+    for (size_t p = 0; p < f.up().size(); p++) {
+        f.up().acquire(p);
+    }
+    f.up().release(size_t(idle));
+    Routed r = f.send(outside[0]);
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    EXPECT_EQ(r.decision.prefix_len, doc.back().length);
+    EXPECT_EQ(r.decision.peer, ring);
+    f.up().release_all();
+
+    // A holder idle among busy peers takes it.
+    for (size_t p = 0; p < f.up().size(); p++) {
+        f.up().acquire(p);
+    }
+    f.up().release(size_t(holders[1]));
+    Routed h = f.send(outside[1]);
+    EXPECT_EQ(h.decision.route, kPrefixHit);
+    EXPECT_EQ(h.decision.peer, holders[1]);
     f.up().release_all();
 }
 
