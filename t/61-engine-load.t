@@ -5,7 +5,8 @@
 # and queues -- also those another nginx instance sent it.  Here a client
 # that bypasses nginx keeps one replica busy: with affinity_metrics new
 # sessions avoid it, without they do not.  A server whose metrics hang or
-# are junk changes nothing but its own figure, and says so once.
+# are junk, or a page shorter than its Content-Length, changes nothing but
+# its own figure, and says so once.
 
 use strict;
 use warnings;
@@ -13,7 +14,9 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use IO::Select;
 use IO::Socket::INET;
+use POSIX ();
 use JSON::PP;
 use Test::More;
 use Time::HiRes qw(time sleep);
@@ -29,8 +32,14 @@ my $status = $t->port;
 my $faulty = $t->port;
 my $junk = $t->port;
 my ($hang) = $t->start_backends(1, delay_ms => 60_000);    # t/backend.pl
+my $cut = $t->port;
+my $whole = $t->port;
+my $pages = metrics_pages($cut, $whole);
 
 my $engine = "        affinity_metrics interval=200ms timeout=300ms;\n";
+# Pages read on time whatever the machine's load: their only fault is the
+# one under test.
+my $patient = "        affinity_metrics interval=200ms timeout=3s;\n";
 
 $t->write_conf(proxy_conf($t,
     servers(\@replicas) . "        session_affinity zone=seeing:1m;\n"
@@ -44,6 +53,12 @@ $t->write_conf(proxy_conf($t,
         . "    server {\n        listen 127.0.0.1:$junk;\n"
         . "        location = /metrics { return 200 'vllm:num_requests_running{ garbage\\n<html>'; }\n"
         . "        location / { return 200 'ok'; }\n    }\n"
+        . proxied_upstream(cut => servers([$cut])
+                                  . "        session_affinity zone=cut:1m;\n"
+                                  . $patient, $t->port)
+        . proxied_upstream(whole => servers([$whole])
+                                    . "        session_affinity zone=whole:1m;\n"
+                                    . $patient, $t->port)
         . "    server {\n        listen 127.0.0.1:$status;\n"
         . "        location / { affinity_status; }\n    }\n"));
 $t->start_nginx;
@@ -130,6 +145,57 @@ my $log = $t->error_log;
 my $n = () = $log =~ /affinity: metrics of 127\.0\.0\.1:(?:$junk|$hang) in upstream "faulty"/g;
 ok $n >= 1 && $n <= 2, "logged once per worker ($n)";
 
+# ---- a page shorter than its Content-Length --------------------------------
+
+# The same page, whole and cut short: the whole one is read, the cut one is
+# not (its counters would seem to step back).
+ok eventually(sub { (engines('whole')->{$whole}{load} // 0) == 12 }, 5),
+    'a whole page is read';
+ok !defined engines('cut')->{$cut}, 'a page cut short is not';
+$n = () = $t->error_log
+    =~ /affinity: metrics of 127\.0\.0\.1:$cut in upstream "cut": truncated reply/g;
+ok $n >= 1 && $n <= 2, "truncated reply logged once per worker ($n)";
+kill 'TERM', $pages;
+waitpid $pages, 0;
+
 is_deeply [ $t->log_problems ], [], 'no alerts, crashes or sanitizer reports';
 
 done_testing;
+
+# metrics_pages($cut, $whole) - a process serving the same vLLM metrics
+# page on two ports, whole on $whole and with a Content-Length 4,000 bytes
+# longer than the page on $cut, then closing the connection.  Returns its
+# pid.
+sub metrics_pages {
+    my ($cut, $whole) = @_;
+    my @listen = map {
+        IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $_,
+                              Listen => 16, ReuseAddr => 1)
+            or die "listen on $_: $!"
+    } $cut, $whole;
+    my $pid = fork // die "fork: $!";
+    return $pid if $pid;
+
+    # Killed, exit at once: the test's END blocks are the parent's.
+    $SIG{TERM} = sub { POSIX::_exit(0) };
+    my $parent = getppid;
+    my $page = qq{vllm:num_requests_running{model_name="m"} 7\n}
+             . qq{vllm:num_requests_waiting{model_name="m"} 5\n};
+    my $select = IO::Select->new(@listen);
+    while (getppid == $parent) {
+        for my $l ($select->can_read(1)) {
+            my $c = $l->accept or next;
+            my $head = '';
+            while ($head !~ /\r\n\r\n/) {
+                my $got = sysread $c, $head, 4096, length $head;
+                last unless $got;
+            }
+            my $length = length($page)
+                         + ($l->sockport == $cut ? 4000 : 0);
+            syswrite $c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                         . "Content-Length: $length\r\n\r\n$page";
+            close $c;
+        }
+    }
+    POSIX::_exit(0);
+}

@@ -412,9 +412,10 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     }
 
     // The pinned peer is only busy or over the bound.  With the prefix
-    // index the request is routed by its prompt: to the least loaded peer
-    // holding the longest part of it, else, when no holder may take it, to
-    // the least loaded peer, as a new prompt would be.  Without the index,
+    // index the request is routed by its prompt (route_prefix): to a peer
+    // holding the longest part of it (or, for a short prefix every peer
+    // likely holds, the least loaded peer), else, when no holder may take
+    // it, to the least loaded peer, as a new prompt would be.  Without the index,
     // to the session's previous pin if it has room (its cache holds all of
     // the session but its latest turns), else to the next peer on the
     // ring.  That peer then holds the whole conversation: the pin follows
@@ -482,15 +483,16 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // Routes by the longest level of the prompt that a usable peer under the
 // load bound is known to hold: the choice of a router that could see every
 // cache (the longest cached prefix), with the index standing in for the
-// caches.  Among that level's recent peers the least loaded peer of all
-// (ties in the ring order of the prompt's longest level) is taken if it is
-// one of them, else the least loaded one (at the prompt's longest level,
-// the most recent one), with one exception: when the level has as many
-// peers as an entry remembers (widely held: an entry forgets its older
-// holders, so others likely hold it too), a short level (under
-// kDocumentChars) goes to the least loaded peer, remembered or not, and a
-// long one to the prompt's ring peer unless a remembered holder has fewer
-// requests in flight.  So a prefix every peer holds (a system prompt, tool
+// caches.  Among that level's recent peers under the bound and their
+// slack, the least loaded one is taken, ties to the least loaded peer of
+// all (ties in the ring order of the prompt's longest level); at the
+// prompt's longest level, the most recent one.  One exception: when the
+// level has as many peers as an entry remembers (widely held: an entry
+// forgets its older holders, so others likely hold it too) and one of
+// them may take the prompt, a short level (under kDocumentChars) goes to
+// the least loaded peer of all, remembered or not, and a long one to the
+// prompt's ring peer unless the holder chosen has fewer requests in
+// flight.  So a prefix every peer holds (a system prompt, tool
 // schemas) costs no queue, while one that few peers hold (a long shared
 // document, a conversation's history) is followed to them rather than
 // copied into every cache.  The bound, and the slack above a holder's
@@ -533,11 +535,11 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // -> 0.99 / 0.96 times; shared documents' TTFT p50 0.99 / 0.90 -> 0.58
 // times the oracle's.  Roomy profile (three seeds) unchanged but
 // conversations' peak (+ 1 -> + 0).  Long widely held levels sent to the
-// least loaded peer too measured alike but on agent sessions (TTFT p50
-// 0.97 from 0.98 times the oracle's), and copied one shared document
-// into every cache (t/21-shared-prefix.t); followed to their least
-// loaded holder only, they cost agent sessions 0.01 of the oracle's hits
-// and TTFT 1.08 times the oracle's.
+// least loaded peer too measured alike (agent sessions' TTFT p50 0.97
+// times the oracle's instead of 0.98) but copied one shared document into
+// every cache (t/21-shared-prefix.t); followed to their least loaded
+// holder only, they cost agent sessions 0.01 of the oracle's hits and
+// TTFT 1.08 times the oracle's.
 int route_prefix(PrefixTable &table, const uint64_t *keys,
                  const Ring *ring, const LoadBound &load,
                  const CacheModel &cache, const affinity_request_t &request,
@@ -545,12 +547,10 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
 {
     // Placed by the prompt, not by a session key: sessions that open with
     // the same question share its cache.  The least loaded peer (ties in
-    // the ring order of the prompt's longest level) and the prompt's ring
-    // peer are found once a level is found held: a prompt no peer holds
-    // (most new conversations) needs neither.
+    // the ring order of the prompt's longest level) is found once, when a
+    // level is found held or, for a prompt no peer holds, at the end.
     uint64_t own = request.levels[request.nlevels - 1].hash;
     int idlest = -1;
-    int placed = -1;
     bool walked = false;
 
     // The least loaded holder of the longest shared level whose holders
@@ -573,7 +573,6 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
 
         if (!walked) {
             idlest = load.least_loaded_on_ring(ring, own, request.rotate);
-            placed = place(load, ring, own, -1, request.rotate);
             walked = true;
         }
 
@@ -630,10 +629,14 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
             if (copied && idlest >= 0 && load.accepts(size_t(idlest))) {
                 best = idlest;
 
-            } else if (!copied && placed >= 0
-                       && !load.less_loaded(size_t(best), size_t(placed)))
-            {
-                best = placed;
+            } else if (!copied) {
+                int placed = place(load, ring, own, -1, request.rotate);
+
+                if (placed >= 0
+                    && !load.less_loaded(size_t(best), size_t(placed)))
+                {
+                    best = placed;
+                }
             }
         }
 
@@ -657,7 +660,8 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         }
     }
 
-    int fresh = load.least_loaded_on_ring(ring, own, request.rotate);
+    int fresh = walked ? idlest
+                       : load.least_loaded_on_ring(ring, own, request.rotate);
 
     if (fresh >= 0) {
         decision = {fresh, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};

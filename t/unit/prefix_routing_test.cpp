@@ -8,7 +8,9 @@
 // request (PREFIX_HIT), whether the level is a conversation's own or shared
 // by many prompts; the least loaded peer (ties in the ring order of the
 // prompt's longest level) takes it when it is one of them, and also when
-// the level has as many peers as an entry remembers.  A shared
+// the level has as many peers as an entry remembers and is shorter than
+// 4,096 characters (a longer one goes to the prompt's ring peer unless a
+// holder is less loaded).  A shared
 // level whose holders are all over the bound still goes to its least loaded
 // holder, one request above the bound, when moving to a shorter level's
 // holder would re-prefill 4,096 characters or more.  When no level's peer

@@ -421,16 +421,19 @@ typedef struct {
  *
  * With a session key: the pinned peer while it is usable and under the load
  * bound; when it is merely busy or overloaded, a spill (with prompt levels
- * to a holder of the longest part of the prompt, else to the previous pin
- * or the next peer on the ring) that the pin follows; a new pin, placed by
+ * routed by the prompt as below, else to the previous pin or the next peer
+ * on the ring) that the pin follows; a new pin, placed by
  * the prompt (below) or on the ring with bounded load, when the key is new
  * or its peer failed.
  * Else, with prompt levels: the longest level held by a usable peer under
- * the bound wins; among its recent peers the prompt's ring peer if it is
- * one of them, else the least loaded, or, when the level has as many
- * recent peers as an entry remembers, the ring peer unless one of them has
- * fewer in flight.  If no level is held, the
- * least loaded usable peer, ties in ring order from the longest level.
+ * the bound wins; among its recent peers the least loaded one, ties to the
+ * least loaded peer of all (ties in ring order from the longest level), but
+ * at the prompt's longest level the most recent one.  When the level has
+ * as many recent peers as an entry remembers (widely held), a level
+ * shorter than 4,096 characters goes to the least loaded peer of all, held
+ * or not, and a longer one to the prompt's ring peer unless the chosen
+ * holder has fewer in flight.  If no level is held, the least loaded
+ * usable peer, ties in ring order from the longest level.
  * Else: the usable peer with the least in-flight per weight.
  * Every level of the prompt is then recorded for the chosen peer.  The
  * bound is soft: when every usable peer is over it, the least loaded one is
