@@ -595,6 +595,68 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
     EXPECT_GE(f.peers_of(sys.back()).size(), 2u);
 }
 
+// The conversations on system numbered from first, each served by one of
+// holders (the others busy for it): those peers hold its levels.
+void make_holders(Fleet &f, const std::string &system, uint32_t first,
+                  const std::vector<int> &holders)
+{
+    for (size_t k = 0; k < holders.size(); k++) {
+        for (size_t i = 0; i < f.up().size(); i++) {
+            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
+                                                     : AFFINITY_PEER_BUSY);
+        }
+        Routed r = f.send(Conversation(first + uint32_t(k), system).body(1));
+        ASSERT_EQ(r.decision.peer, holders[k]);
+    }
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+}
+
+// The levels of n conversations on system, numbered from first on, whose
+// ring peer is none of holders.
+std::vector<std::vector<affinity_level_t>> outside_of(
+    Fleet &f, const std::string &system, uint32_t first, size_t n,
+    const std::vector<int> &holders)
+{
+    std::vector<std::vector<affinity_level_t>> outside;
+    for (uint32_t i = 0; i < 200 && outside.size() < n; i++) {
+        std::vector<affinity_level_t> l =
+            levels_of(Conversation(first + i, system).body(1));
+        const int ring = f.ring_first(l.back().hash);
+        if (std::find(holders.begin(), holders.end(), ring)
+            == holders.end())
+        {
+            outside.push_back(l);
+        }
+    }
+    return outside;
+}
+
+// A peer that is neither ring nor one of holders.
+int bystander(Fleet &f, int ring, const std::vector<int> &holders)
+{
+    for (int p = 0; p < int(f.up().size()); p++) {
+        if (p != ring && std::find(holders.begin(), holders.end(), p)
+                             == holders.end())
+        {
+            return p;
+        }
+    }
+    return -1;
+}
+
+// One request in flight on every peer but idle.
+void busy_but(Fleet &f, int idle)
+{
+    for (size_t p = 0; p < f.up().size(); p++) {
+        f.up().acquire(p);
+    }
+    if (idle >= 0) {
+        f.up().release(size_t(idle));
+    }
+}
+
 // A prefix held by as many peers as an entry remembers (four of eight
 // here) is likely held by the others too (an entry forgets its older
 // holders): it goes to the least loaded peer, a remembered holder or not,
@@ -606,47 +668,23 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToTheLeastLoadedPeer)
     std::vector<affinity_level_t> sys = levels_of(chat({{"system", system}}));
     ASSERT_EQ(sys.back().length, 1000u);
 
-    // Four conversations on the system prompt, each served by a peer of
-    // its own (the others busy for it): four holders.
     const std::vector<int> holders = {0, 2, 4, 6};
-    for (size_t k = 0; k < holders.size(); k++) {
-        for (size_t i = 0; i < f.up().size(); i++) {
-            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
-                                                     : AFFINITY_PEER_BUSY);
-        }
-        Routed r = f.send(Conversation(300 + uint32_t(k), system).body(1));
-        ASSERT_EQ(r.decision.peer, holders[k]);
-    }
-    for (size_t i = 0; i < f.up().size(); i++) {
-        f.up().set_state(i, AFFINITY_PEER_USABLE);
-    }
+    make_holders(f, system, 300, holders);
     std::vector<int> remembered = f.peers_of(sys.back());
     std::sort(remembered.begin(), remembered.end());
     ASSERT_EQ(remembered, holders);
 
     // New conversations whose ring peer is not a holder.
-    std::vector<std::vector<affinity_level_t>> outside;
-    for (uint32_t i = 0; i < 200 && outside.size() < 12; i++) {
-        std::vector<affinity_level_t> l =
-            levels_of(Conversation(400 + i, system).body(1));
-        const int ring = f.ring_first(l.back().hash);
-        if (std::find(holders.begin(), holders.end(), ring)
-            == holders.end())
-        {
-            outside.push_back(l);
-        }
-    }
+    std::vector<std::vector<affinity_level_t>> outside =
+        outside_of(f, system, 400, 12, holders);
     ASSERT_EQ(outside.size(), 12u);
 
     // Every peer has one request in flight but one holder, idle: it takes
     // the prompt (and stays one of the four).
     for (size_t k = 0; k < 10; k++) {
         SCOPED_TRACE(testing::Message() << "conversation " << k);
-        for (size_t p = 0; p < f.up().size(); p++) {
-            f.up().acquire(p);
-        }
         const int idle = holders[k % holders.size()];
-        f.up().release(size_t(idle));
+        busy_but(f, idle);
 
         Routed r = f.send(outside[k]);
         EXPECT_EQ(r.decision.route, kPrefixHit);
@@ -658,34 +696,20 @@ TEST(PrefixRoute, WidelyHeldPrefixGoesToTheLeastLoadedPeer)
     // Every peer has one request in flight but a peer that is neither a
     // remembered holder nor the prompt's ring peer, idle: it takes the
     // prompt, and becomes the most recent holder.
-    {
-        const int ring = f.ring_first(outside[11].back().hash);
-        int idle = -1;
-        for (int p = 0; p < int(f.up().size()) && idle < 0; p++) {
-            if (p != ring && std::find(holders.begin(), holders.end(), p)
-                                 == holders.end())
-            {
-                idle = p;
-            }
-        }
-        ASSERT_GE(idle, 0);
-        for (size_t p = 0; p < f.up().size(); p++) {
-            f.up().acquire(p);
-        }
-        f.up().release(size_t(idle));
-        Routed r = f.send(outside[11]);
-        EXPECT_EQ(r.decision.route, kPrefixHit);
-        EXPECT_EQ(r.decision.prefix_len, 1000u);
-        EXPECT_EQ(r.decision.peer, idle);
-        EXPECT_EQ(f.peers_of(sys.back()).front(), idle);
-        f.up().release_all();
-    }
+    const int idle = bystander(f, f.ring_first(outside[11].back().hash),
+                               holders);
+    ASSERT_GE(idle, 0);
+    busy_but(f, idle);
+    Routed r = f.send(outside[11]);
+    EXPECT_EQ(r.decision.route, kPrefixHit);
+    EXPECT_EQ(r.decision.prefix_len, 1000u);
+    EXPECT_EQ(r.decision.peer, idle);
+    EXPECT_EQ(f.peers_of(sys.back()).front(), idle);
+    f.up().release_all();
 
     // Every peer has one request in flight: a tie, so the ring peer, which
     // becomes a holder.
-    for (size_t p = 0; p < f.up().size(); p++) {
-        f.up().acquire(p);
-    }
+    busy_but(f, -1);
     const int ring = f.ring_first(outside[10].back().hash);
     Routed tie = f.send(outside[10]);
     EXPECT_EQ(tie.decision.route, kPrefixHit);
@@ -707,48 +731,19 @@ TEST(PrefixRoute, WidelyHeldDocumentGoesToTheRingPeerOrAHolder)
     ASSERT_GE(doc.back().length, 4096u);
 
     const std::vector<int> holders = {0, 2, 4, 6};
-    for (size_t k = 0; k < holders.size(); k++) {
-        for (size_t i = 0; i < f.up().size(); i++) {
-            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
-                                                     : AFFINITY_PEER_BUSY);
-        }
-        Routed r = f.send(Conversation(500 + uint32_t(k), document).body(1));
-        ASSERT_EQ(r.decision.peer, holders[k]);
-    }
-    for (size_t i = 0; i < f.up().size(); i++) {
-        f.up().set_state(i, AFFINITY_PEER_USABLE);
-    }
+    make_holders(f, document, 500, holders);
 
     // Questions about it whose ring peer is not a holder.
-    std::vector<std::vector<affinity_level_t>> outside;
-    for (uint32_t i = 0; i < 200 && outside.size() < 2; i++) {
-        std::vector<affinity_level_t> l =
-            levels_of(Conversation(600 + i, document).body(1));
-        const int ring = f.ring_first(l.back().hash);
-        if (std::find(holders.begin(), holders.end(), ring)
-            == holders.end())
-        {
-            outside.push_back(l);
-        }
-    }
+    std::vector<std::vector<affinity_level_t>> outside =
+        outside_of(f, document, 600, 2, holders);
     ASSERT_EQ(outside.size(), 2u);
 
     // Every peer has one request in flight but a peer that is neither a
     // holder nor the ring peer, idle: the ring peer takes the question.
     const int ring = f.ring_first(outside[0].back().hash);
-    int idle = -1;
-    for (int p = 0; p < int(f.up().size()) && idle < 0; p++) {
-        if (p != ring && std::find(holders.begin(), holders.end(), p)
-                             == holders.end())
-        {
-            idle = p;
-        }
-    }
+    const int idle = bystander(f, ring, holders);
     ASSERT_GE(idle, 0);
-    for (size_t p = 0; p < f.up().size(); p++) {
-        f.up().acquire(p);
-    }
-    f.up().release(size_t(idle));
+    busy_but(f, idle);
     Routed r = f.send(outside[0]);
     EXPECT_EQ(r.decision.route, kPrefixHit);
     EXPECT_EQ(r.decision.prefix_len, doc.back().length);
@@ -756,10 +751,7 @@ TEST(PrefixRoute, WidelyHeldDocumentGoesToTheRingPeerOrAHolder)
     f.up().release_all();
 
     // A holder idle among busy peers takes it.
-    for (size_t p = 0; p < f.up().size(); p++) {
-        f.up().acquire(p);
-    }
-    f.up().release(size_t(holders[1]));
+    busy_but(f, holders[1]);
     Routed h = f.send(outside[1]);
     EXPECT_EQ(h.decision.route, kPrefixHit);
     EXPECT_EQ(h.decision.peer, holders[1]);
