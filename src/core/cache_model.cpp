@@ -121,17 +121,18 @@ void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
     // Both counts modulo 2^32: reports come seconds apart.
     uint32_t computed = count - static_cast<uint32_t>(was);
     uint32_t back = static_cast<uint32_t>(was) - count;
+    bool went_back = back != 0 && back < (1u << 31);
 
     if (was == 0) {
         // The first report: a mark to count from.
         mark = static_cast<uint32_t>(fill);
 
-    } else if (back != 0 && back < (1u << 31) && back < size) {
+    } else if (went_back && back < size) {
         // A little back: counters read a moment apart (several processes,
         // several ranks).  The old count stays.
         return;
 
-    } else if ((back != 0 && back < (1u << 31))
+    } else if (went_back
                || uint64_t{computed} > static_cast<uint64_t>(tokens))
     {
         // Back by a capacity or more, or more computed since the last
