@@ -33,7 +33,11 @@ Endpoints, per replica:
     GET  /stats    the same figures as JSON
     POST /reset    empties the prefix cache and the stores, zeroes the counters
     GET  /health, /v1/models
-Every response carries X-Replica and X-Replica-Port.
+Every response carries X-Replica and X-Replica-Port.  Inference replies
+also carry X-Replica-TTFT: the seconds, in the mock's time, from the
+request's arrival (its body read) to its first token, the time to first
+token as the engine itself sees it (vLLM's time_to_first_token_seconds),
+without the client's, the proxy's and the connections' time.
 
 Like vLLM with its default in-memory store, each replica keeps its own
 responses (unless "store": false) and conversations, so a follow-up routed
@@ -1042,6 +1046,7 @@ class Connection:
         lookup of its previous turn or conversation (404 if this replica
         does not keep it), and completed when its reply goes out."""
         replica = self.replica
+        arrived = asyncio.get_running_loop().time()
         record = None
         try:
             body = parse_body(request.body)
@@ -1057,15 +1062,18 @@ class Connection:
             return await self.send_not_found(request, error)
         reply = FORMATS[kind](job, replica.next_id())
         if record is None:
-            return await self.run(request, job, reply)
+            return await self.run(request, job, reply, arrived)
         replica.start_response(record, reply)
         try:
-            return await self.run(request, job, reply)
+            return await self.run(request, job, reply, arrived)
         finally:
             record.cancel()         # a no-op once completed
 
-    async def run(self, request, job, reply):
-        """Admission, prefill and decode of a job, then its reply."""
+    async def run(self, request, job, reply, arrived):
+        """Admission, prefill and decode of a job, then its reply, which
+        says in X-Replica-TTFT the seconds from the request's arrival (its
+        body read) to its first token, as an engine measures its own time
+        to first token: without the client's and the proxy's time."""
         replica = self.replica
         loop = asyncio.get_running_loop()
         await replica.admit(job)
@@ -1075,19 +1083,22 @@ class Connection:
             decode_start = loop.time()
             decode_end = decode_start + \
                 replica.params.decode_seconds(job.output_tokens)
+            ttft = [('X-Replica-TTFT', '%.6f' % (decode_start - arrived))]
             # The slot is freed at the end of decode even if the client
             # is slow to take the reply.
             loop.call_at(decode_end, release)
             text = filler_text(job.output_tokens)
             if job.stream:
                 return await self.stream(request, reply, text,
-                                         decode_start, decode_end)
+                                         decode_start, decode_end, ttft)
             await sleep_until(decode_end)
-            return await self.send_json(request, 200, reply.complete(text))
+            return await self.send_json(request, 200, reply.complete(text),
+                                        ttft)
         finally:
             release()
 
-    async def stream(self, request, reply, text, decode_start, decode_end):
+    async def stream(self, request, reply, text, decode_start, decode_end,
+                     extra=()):
         """Server-sent events: the head and the first token at the end of
         prefill (so a proxy's header time is the time to first token), then
         a few chunks spread over the decode time."""
@@ -1096,7 +1107,7 @@ class Connection:
         keep_alive = chunked and request.keep_alive
         head = self.head(200, keep_alive, 'text/event-stream',
                          [('Cache-Control', 'no-cache'),
-                          ('X-Accel-Buffering', 'no')]
+                          ('X-Accel-Buffering', 'no'), *extra]
                          + ([('Transfer-Encoding', 'chunked')] if chunked
                             else []))
         await self.write(head, reply.opening(text[:sent]), chunked)
@@ -1129,20 +1140,20 @@ class Connection:
             ('Connection', 'keep-alive' if keep_alive else 'close'),
             *extra])
 
-    async def send(self, request, status, body, content_type):
+    async def send(self, request, status, body, content_type, extra=()):
         """A complete reply; returns whether the connection stays open."""
         keep_alive = request is not None and request.keep_alive
         head = self.head(status, keep_alive, content_type,
-                         [('Content-Length', len(body))])
+                         [('Content-Length', len(body)), *extra])
         if request is not None and request.method == 'HEAD':
             body = b''
         self.writer.write(head + body)
         await self.writer.drain()
         return keep_alive
 
-    async def send_json(self, request, status, obj):
+    async def send_json(self, request, status, obj, extra=()):
         return await self.send(request, status, to_json(obj).encode(),
-                               'application/json')
+                               'application/json', extra)
 
     async def send_error(self, request, status, message,
                          error_type='invalid_request_error'):

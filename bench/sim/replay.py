@@ -140,6 +140,7 @@ async def exchange(target, body, headers, rec, clock):
         resp = await http1.read_response_head(reader)
         status = rec['status'] = resp.status
         rec['replica'] = resp.headers.get('x-replica')
+        rec['replica_ttft'] = _seconds(resp.headers.get('x-replica-ttft'))
         watcher = StreamWatcher()
         error_text = b''
         async for data in http1.iter_body(reader, resp.headers,
@@ -170,8 +171,8 @@ async def replay_one(request, at, body, options, clock):
     recorded in 'err'."""
     session = request.session
     rec = {'i': request.index, 'sid': session, 'at': at, 'send': None,
-           'ttft': None, 'end': None, 'status': None, 'replica': None,
-           'pt': None, 'ct': None, 'err': None}
+           'ttft': None, 'replica_ttft': None, 'end': None, 'status': None,
+           'replica': None, 'pt': None, 'ct': None, 'err': None}
     try:
         if isinstance(body, Exception):
             raise body
@@ -294,6 +295,15 @@ async def reset_stats(urls):
             print('warning: reset %s: %s' % (reset, e), file=sys.stderr)
 
 
+def _seconds(text):
+    """A header's figure of seconds, or None if absent or not one."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
 # --- summary ----------------------------------------------------------------
 
 def summarize(results, speed, stats_before=None, stats_after=None):
@@ -304,6 +314,11 @@ def summarize(results, speed, stats_before=None, stats_after=None):
     prompt = sum(r['pt'] for r in with_usage)
     cached = sum(r['ct'] or 0 for r in with_usage)
     ttfts = [r['ttft'] for r in ok if r['ttft'] is not None]
+    # The replicas' own figure (X-Replica-TTFT): what the client measures
+    # less the client's, nginx's and the connections' time, which the
+    # replay multiplies by its speed with the rest.
+    replica_ttfts = [r['replica_ttft'] for r in ok
+                     if r['replica_ttft'] is not None]
     lags = [r['send'] - r['at'] for r in results if r['send'] is not None]
     summary = {
         'requests': len(results),
@@ -316,6 +331,8 @@ def summarize(results, speed, stats_before=None, stats_after=None):
         'hit_ratio': cached / prompt if prompt else None,
         'ttft_trace_s': _scaled(trace.percentiles(ttfts), speed),
         'ttft_wall_s': _scaled(trace.percentiles(ttfts), 1.0),
+        'replica_ttft_trace_s': _scaled(trace.percentiles(replica_ttfts),
+                                        speed),
         'send_lag_wall_s': _scaled(trace.percentiles(lags, (50, 99, 100)),
                                    1.0),
         'wall_s': round(max((r['end'] for r in results), default=0.0), 3),
@@ -512,11 +529,13 @@ def one_line(doc):
         return '-' if v is None else '%g' % v
     t = s['ttft_trace_s']
     return ('%s: %d requests, %d errors, hit %s (server %s), TTFT trace s '
-            'p50/p90/p99 %s/%s/%s, replica requests max/mean %s/%s, '
+            'p50/p90/p99 %s/%s/%s (at the replicas p50 %s), '
+            'replica requests max/mean %s/%s, '
             'peak in-flight server max/mean %s/%s client %s/%s, wall %ss'
             % (doc['label'], s['requests'], s['errors'], fmt(s['hit_ratio']),
                fmt(s['server_hit_ratio']), fmt(t['p50']), fmt(t['p90']),
-               fmt(t['p99']), num(s['replica_requests_max']),
+               fmt(t['p99']), fmt(s['replica_ttft_trace_s']['p50']),
+               num(s['replica_requests_max']),
                fmt(s['replica_requests_mean'], '.1f'),
                num(s['server_peak_inflight_max']),
                fmt(s['server_peak_inflight_mean'], '.1f'),

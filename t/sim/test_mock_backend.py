@@ -913,6 +913,38 @@ class TimingTest(unittest.TestCase):
             'prompt': prompt, 'max_tokens': max_tokens, 'stream': True})
         return events[0][0], json.loads(events[-2][2])['usage']
 
+    def test_replica_ttft_is_the_prefill_and_the_queue(self):
+        # Two requests at once on one prefill lane: the second's own time
+        # to first token includes its wait for the lane, not the client's.
+        prompts = [block_text(125, 'own-a'), block_text(125, 'own-b')]
+        replies = [None, None]
+
+        def run(index):
+            replies[index] = stream(self.port, '/v1/completions', {
+                'prompt': prompts[index], 'max_tokens': 2, 'stream': True})
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        prefill = 2000 * self.PREFILL_MS / 1000                  # 0.2 s each
+        own = sorted(float(response.getheader('X-Replica-TTFT'))
+                     for response, _ in replies)
+        seen = sorted(events[0][0] for _, events in replies)
+        self.assertGreaterEqual(own[0], prefill * 0.95)
+        self.assertGreaterEqual(own[1], 2 * prefill * 0.95)
+        for mine, client in zip(own, seen):
+            self.assertLessEqual(mine, client)
+
+        # Not streamed: the same figure, though the reply comes after the
+        # decode; the prompt is cached now, so it is under one prefill.
+        status, response, _ = post_json(self.port, '/v1/completions', {
+            'prompt': prompts[0], 'max_tokens': 50})
+        self.assertEqual(status, 200)
+        self.assertLess(float(response.getheader('X-Replica-TTFT')),
+                        prefill / 2)
+
     def test_ttft_grows_with_uncached_prompt_length(self):
         small, _ = self.ttft(block_text(62, 'small'))       # 992 tokens
         large_prompt = block_text(250, 'large')             # 4000 tokens

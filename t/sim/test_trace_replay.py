@@ -241,7 +241,8 @@ class FakeFleet:
     The answer depends on max_tokens, so that tests can predict it: 13
     fails with 503; otherwise the replica is replica-1 for even values and
     replica-2 for odd ones, which are also sent without chunked encoding,
-    and cached_tokens is 16 × max_tokens."""
+    and cached_tokens is 16 × max_tokens.  X-Replica-TTFT is max_tokens
+    milliseconds on replica-1, and not a number on replica-2."""
 
     FAIL_MAX_TOKENS = 13
 
@@ -323,9 +324,12 @@ class FakeFleet:
         payloads = [b'data: ' + json.dumps(e).encode() + b'\n\n'
                     for e in events] + [b'data: [DONE]\n\n']
         chunked = max_tokens % 2 == 0
+        own_ttft = '%g' % (max_tokens / 1000) if chunked else 'soon'
         writer.write(('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n'
-                      'X-Replica: replica-%d\r\n%sConnection: close\r\n\r\n'
-                      % (max_tokens % 2 + 1, 'Transfer-Encoding: chunked\r\n'
+                      'X-Replica: replica-%d\r\nX-Replica-TTFT: %s\r\n'
+                      '%sConnection: close\r\n\r\n'
+                      % (max_tokens % 2 + 1, own_ttft,
+                         'Transfer-Encoding: chunked\r\n'
                          if chunked else '')).encode())
         for payload in payloads:
             # Events split across writes, to exercise the SSE buffering.
@@ -442,6 +446,13 @@ class ReplayTest(unittest.TestCase):
                                places=5)
         self.assertAlmostEqual(summary['ttft_trace_s']['p50'],
                                2 * ttfts[2], places=5)
+        # The replicas' own figures, where one is given, times the speed.
+        own = [b['max_tokens'] / 1000 for _, _, b in received
+               if b['max_tokens'] % 2 == 0]
+        self.assertEqual([r['replica_ttft'] for r in ok
+                          if r['replica'] == 'replica-2'], [None, None])
+        self.assertAlmostEqual(summary['replica_ttft_trace_s']['p50'],
+                               2 * trace.percentile(own, 50), places=6)
 
     def test_failed_connections_are_errors(self):
         with FakeFleet() as fleet:
