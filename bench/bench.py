@@ -492,7 +492,8 @@ def offline_row(summary):
 
 def vs_oracle(row, oracle):
     """Ratios to the oracle of the same seed: hit ratio / oracle's, TTFT
-    p50 / oracle's, peak in-flight - oracle's."""
+    p50 / oracle's (the client's, and the replicas' own), peak in-flight -
+    oracle's."""
     if row is None or oracle is None:
         return {}
 
@@ -600,7 +601,9 @@ def write_report(results, args, outdir, elapsed):
              '(X-Replica-TTFT), from the request\'s arrival to its first '
              'token, without the client\'s, nginx\'s and the '
              'connections\' time, which the replay multiplies by its speed '
-             'with the rest; the oracle\'s TTFT is also the replicas\'.  '
+             'with the rest (the mock\'s own timers, which share the '
+             'cores, stay in it); the oracle\'s TTFT is also the '
+             'replicas\'.  '
              'Rows in italics come from the offline simulator '
              '(bench/sim/bounds.py) on the same workload, profile and '
              'seed: the oracle (the longest cached prefix among replicas '
@@ -635,8 +638,9 @@ def write_report(results, args, outdir, elapsed):
                        f' requests arrive; replayed'
                        f' {", ".join("%gx" % s for s in speeds)} faster'
                        f' (the client, nginx and the mock add a few ms of'
-                       f' wall time a request: TTFT differences under'
-                       f' {0.005 * max(speeds):.2f} s are noise).', '']
+                       f' wall time a request: differences of the client\'s'
+                       f' TTFT under {0.005 * max(speeds):.2f} s are'
+                       f' noise).', '']
             for mode, by_policy in entry['modes'].items():
                 detail += [f'### sessions {mode}', '', TABLE_HEAD]
                 oracle = entry['offline'][mode].get('oracle')

@@ -34,7 +34,8 @@ Endpoints, per replica:
     POST /reset    empties the prefix cache and the stores, zeroes the counters
     GET  /health, /v1/models
 Every response carries X-Replica and X-Replica-Port.  Inference replies
-also carry X-Replica-TTFT: the seconds, in the mock's time, from the
+that are served (200) also carry X-Replica-TTFT: the seconds, in the
+mock's time, from the
 request's arrival (its body read) to its first token, the time to first
 token as the engine itself sees it (vLLM's time_to_first_token_seconds),
 without the client's, the proxy's and the connections' time.

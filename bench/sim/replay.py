@@ -22,7 +22,9 @@ finished, as users would.  The mock replicas should run with time_scale =
 With sessions on (--session-header), each request carries its session's
 id in X-Session-ID.  The replica that served a request is the X-Replica
 header of the answer (the mock's name for itself); moves are counted by
-trace.session_moves, in profile seconds.
+trace.session_moves, in profile seconds.  The replica's own time to first
+token, where its answer gives one (X-Replica-TTFT), is summarised next to
+the client's.
 
 Each request has a connection of its own (Connection: close), on
 asyncio streams (http1.py): thousands of requests may be in flight at
@@ -33,6 +35,7 @@ and distort the open-loop arrival times.
 import argparse
 import asyncio
 import json
+import math
 import resource
 import sys
 from collections import Counter
@@ -301,7 +304,7 @@ def _seconds(text):
         value = float(text)
     except (TypeError, ValueError):
         return None
-    return value if value >= 0 else None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 # --- summary ----------------------------------------------------------------

@@ -914,36 +914,49 @@ class TimingTest(unittest.TestCase):
         return events[0][0], json.loads(events[-2][2])['usage']
 
     def test_replica_ttft_is_the_prefill_and_the_queue(self):
-        # Two requests at once on one prefill lane: the second's own time
-        # to first token includes its wait for the lane, not the client's.
-        prompts = [block_text(125, 'own-a'), block_text(125, 'own-b')]
-        replies = [None, None]
+        # The second request arrives while the first prefills on the one
+        # lane: its own time to first token includes that wait and its own
+        # prefill, from its arrival, not from the client's send.
+        long_prompt = block_text(625, 'own-long')              # 10000 tokens
+        short_prompt = block_text(125, 'own-short')            # 2000 tokens
+        long_prefill = 10000 * self.PREFILL_MS / 1000           # 1 s
+        short_prefill = 2000 * self.PREFILL_MS / 1000           # 0.2 s
+        replies = {}
 
-        def run(index):
-            replies[index] = stream(self.port, '/v1/completions', {
-                'prompt': prompts[index], 'max_tokens': 2, 'stream': True})
+        def run(name, prompt):
+            replies[name] = stream(self.port, '/v1/completions', {
+                'prompt': prompt, 'max_tokens': 2, 'stream': True})
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        prefill = 2000 * self.PREFILL_MS / 1000                  # 0.2 s each
-        own = sorted(float(response.getheader('X-Replica-TTFT'))
-                     for response, _ in replies)
-        seen = sorted(events[0][0] for _, events in replies)
-        self.assertGreaterEqual(own[0], prefill * 0.95)
-        self.assertGreaterEqual(own[1], 2 * prefill * 0.95)
-        for mine, client in zip(own, seen):
-            self.assertLessEqual(mine, client)
+        first = threading.Thread(target=run, args=('long', long_prompt))
+        first.start()
+        deadline = time.monotonic() + 5
+        while stats(self.port)['running'] == 0:
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.01)
+        run('short', short_prompt)
+        first.join()
 
-        # Not streamed: the same figure, though the reply comes after the
-        # decode; the prompt is cached now, so it is under one prefill.
+        own = {name: float(response.getheader('X-Replica-TTFT'))
+               for name, (response, _) in replies.items()}
+        self.assertGreaterEqual(own['long'], long_prefill * 0.95)
+        self.assertGreaterEqual(own['short'],
+                                short_prefill + long_prefill / 2)
+        for name, (_, events) in replies.items():
+            self.assertLessEqual(own[name], events[0][0])
+
+        # Not streamed: the first token's time too, though the reply comes
+        # after the decode (0.4 s); the prompt is cached now.
         status, response, _ = post_json(self.port, '/v1/completions', {
-            'prompt': prompts[0], 'max_tokens': 50})
+            'prompt': short_prompt, 'max_tokens': 200})
         self.assertEqual(status, 200)
         self.assertLess(float(response.getheader('X-Replica-TTFT')),
-                        prefill / 2)
+                        short_prefill / 2)
+
+        # The Responses API's replies carry it as well.
+        response, events = stream(self.port, '/v1/responses', {
+            'input': short_prompt, 'max_output_tokens': 2, 'stream': True})
+        self.assertLessEqual(float(response.getheader('X-Replica-TTFT')),
+                             events[0][0])
 
     def test_ttft_grows_with_uncached_prompt_length(self):
         small, _ = self.ttft(block_text(62, 'small'))       # 992 tokens

@@ -242,7 +242,8 @@ class FakeFleet:
     fails with 503; otherwise the replica is replica-1 for even values and
     replica-2 for odd ones, which are also sent without chunked encoding,
     and cached_tokens is 16 × max_tokens.  X-Replica-TTFT is max_tokens
-    milliseconds on replica-1, and not a number on replica-2."""
+    milliseconds on replica-1, not a number on replica-2, and a second on
+    the failed answer."""
 
     FAIL_MAX_TOKENS = 13
 
@@ -299,17 +300,18 @@ class FakeFleet:
         await writer.drain()
         writer.close()
 
-    def _send(self, writer, content_type, body, status='200 OK'):
-        writer.write(('HTTP/1.1 %s\r\nContent-Type: %s\r\n'
+    def _send(self, writer, content_type, body, status='200 OK', extra=''):
+        writer.write(('HTTP/1.1 %s\r\nContent-Type: %s\r\n%s'
                       'Content-Length: %d\r\nConnection: close\r\n\r\n'
-                      % (status, content_type, len(body))).encode() + body)
+                      % (status, content_type, extra, len(body))).encode()
+                     + body)
 
     async def _chat(self, writer, number, headers, body):
         self.received.append((number, headers.get('x-session-id'), body))
         max_tokens = body['max_tokens']
         if max_tokens == self.FAIL_MAX_TOKENS:
             self._send(writer, 'application/json', b'{"error":"busy"}',
-                       '503 Service Unavailable')
+                       '503 Service Unavailable', 'X-Replica-TTFT: 1\r\n')
             return
         prompt = len(body['messages'][0]['content']) // 4
         cached = 16 * max_tokens
@@ -446,7 +448,8 @@ class ReplayTest(unittest.TestCase):
                                places=5)
         self.assertAlmostEqual(summary['ttft_trace_s']['p50'],
                                2 * ttfts[2], places=5)
-        # The replicas' own figures, where one is given, times the speed.
+        # The replicas' own figures, where one is given, times the speed;
+        # the failed answer's is not counted.
         own = [b['max_tokens'] / 1000 for _, _, b in received
                if b['max_tokens'] % 2 == 0]
         self.assertEqual([r['replica_ttft'] for r in ok
