@@ -35,10 +35,10 @@ Endpoints, per replica:
     GET  /health, /v1/models
 Every response carries X-Replica and X-Replica-Port.  Inference replies
 that are served (200) also carry X-Replica-TTFT: the seconds, in the
-mock's time, from the
-request's arrival (its body read) to its first token, the time to first
-token as the engine itself sees it (vLLM's time_to_first_token_seconds),
-without the client's, the proxy's and the connections' time.
+mock's time, from the request's arrival (its body read) to its first
+token, the time to first token as the engine itself sees it (vLLM's
+time_to_first_token_seconds), without the client's, the proxy's and the
+connections' time.
 
 Like vLLM with its default in-memory store, each replica keeps its own
 responses (unless "store": false) and conversations, so a follow-up routed
