@@ -35,10 +35,10 @@ Endpoints, per replica:
     GET  /health, /v1/models
 Every response carries X-Replica and X-Replica-Port.  Inference replies
 that are served (200) also carry X-Replica-TTFT: the seconds, in the
-mock's time, from the request's arrival (its body read) to its first
+model's time, from the request's arrival (its body read) to its first
 token, the time to first token as the engine itself sees it (vLLM's
 time_to_first_token_seconds), without the client's, the proxy's and the
-connections' time.
+connections' time, nor the mock's timers' lateness (ServedReplica).
 
 Like vLLM with its default in-memory store, each replica keeps its own
 responses (unless "store": false) and conversations, so a follow-up routed
@@ -452,25 +452,27 @@ STORE_METRICS = (
 async def wait_turn(slots, waiter):
     """Waits until waiter, queued in slots (fleet.Slots), is handed a slot
     by free_slot(): strictly in arrival order, where asyncio.Semaphore lets
-    a newcomer overtake a woken waiter.  A wait cancelled meanwhile leaves
-    the queue, or gives back the slot handed to it already."""
+    a newcomer overtake a woken waiter.  Returns the model time the slot was
+    freed at.  A wait cancelled meanwhile leaves the queue, or gives back
+    the slot handed to it already."""
     try:
-        await waiter
+        return await waiter
     except asyncio.CancelledError:
         if waiter.done() and not waiter.cancelled():
-            free_slot(slots)
+            free_slot(slots, asyncio.get_running_loop().time())
         else:
             slots.withdraw(waiter)
         raise
 
 
-def free_slot(slots):
-    """Frees a slot of slots: the oldest waiter still waiting has it."""
+def free_slot(slots, when):
+    """Frees a slot of slots at model time when: the oldest waiter still
+    waiting has it, from then."""
     waiter = slots.release()
     while waiter is not None and waiter.done():
         waiter = slots.release()
     if waiter is not None:
-        waiter.set_result(None)
+        waiter.set_result(when)
 
 
 class Once:
@@ -480,15 +482,25 @@ class Once:
     def __init__(self, callback):
         self.callback = callback
 
-    def __call__(self):
+    def __call__(self, *args):
         callback, self.callback = self.callback, None
         if callback is not None:
-            callback()
+            callback(*args)
 
 
 class ServedReplica:
     """A replica of the fleet (fleet.Replica) served on one port: its
     requests go through the model's states in real time.
+
+    The model's times are kept apart from the timers that carry them out:
+    a slot or the prefill lane is handed on at the model time it is freed
+    (a running request's end of decode, a prefill's end), and the next
+    request's prefill and first token are reckoned from there, as the
+    fleet simulator reckons them.  A timer that fires late, on cores that
+    the proxy and the client share, then delays that request's own reply,
+    not every request queued behind it: on a replay many times faster than
+    real time, a fraction of a millisecond per hand-over would otherwise
+    add up to more than the prefills of an agent's mostly cached prompts.
 
     requests_total and prompt_tokens_total count requests when they arrive;
     the cache counters count them when their prefill starts, the moment the
@@ -501,6 +513,7 @@ class ServedReplica:
         self.port = port
         self.params = replica.params
         self.sequence = 0
+        self.lane_free = 0.0        # model time the last prefill ends
         self.empty_stores()
 
     def empty_stores(self):
@@ -512,32 +525,42 @@ class ServedReplica:
         self.sequence += 1
         return '%s-%d' % (self.name, self.sequence)
 
-    async def admit(self, job):
-        """Counts the request in and waits for a running slot."""
+    async def admit(self, job, arrived):
+        """Counts the request in (arrived: loop time) and waits for a
+        running slot; returns the model time it has one from."""
         waiter = asyncio.get_running_loop().create_future()
-        if not self.replica.arrive(waiter, job.prompt_tokens):
-            await wait_turn(self.replica.admission, waiter)
+        if self.replica.arrive(waiter, job.prompt_tokens):
+            return arrived
+        return max(arrived, await wait_turn(self.replica.admission, waiter))
 
-    def finish(self):
-        """Frees the running slot of a request."""
-        free_slot(self.replica.admission)
+    def finish(self, when):
+        """Frees the running slot of a request at model time when."""
+        free_slot(self.replica.admission, when)
 
-    async def prefill(self, job):
+    async def prefill(self, job, ready):
         """Waits for the prefill lane, then spends the prefill time of the
-        uncached tokens; returns the cached token count."""
+        uncached tokens from when both the request (ready, model time) and
+        the lane are; returns the cached token count and the model time
+        the prefill ends, the first token."""
         replica = self.replica
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         if not replica.lane.take(waiter):
-            await wait_turn(replica.lane, waiter)
+            ready = max(ready, await wait_turn(replica.lane, waiter))
+        end = loop.time()
         try:
             cached, seconds = replica.start_prefill(job.chain,
                                                     job.prompt_tokens)
-            if seconds > 0:
-                await asyncio.sleep(seconds)
+            end = max(ready, self.lane_free) + seconds
+            self.lane_free = end
+            await sleep_until(end)
             replica.end_prefill(job.chain)
         finally:
-            free_slot(replica.lane)
-        return cached
+            # Before the prefill's end only when the request failed.
+            freed = min(end, loop.time())
+            self.lane_free = min(self.lane_free, freed)
+            free_slot(replica.lane, freed)
+        return cached, end
 
     def reset(self):
         self.replica.reset()
@@ -1077,17 +1100,17 @@ class Connection:
         to first token: without the client's and the proxy's time."""
         replica = self.replica
         loop = asyncio.get_running_loop()
-        await replica.admit(job)
+        ready = await replica.admit(job, arrived)
         release = Once(replica.finish)
+        decode_end = float('inf')
         try:
-            reply.cached = await replica.prefill(job)
-            decode_start = loop.time()
+            reply.cached, decode_start = await replica.prefill(job, ready)
             decode_end = decode_start + \
                 replica.params.decode_seconds(job.output_tokens)
             ttft = [('X-Replica-TTFT', '%.6f' % (decode_start - arrived))]
             # The slot is freed at the end of decode even if the client
             # is slow to take the reply.
-            loop.call_at(decode_end, release)
+            loop.call_at(decode_end, release, decode_end)
             text = filler_text(job.output_tokens)
             if job.stream:
                 return await self.stream(request, reply, text,
@@ -1096,7 +1119,8 @@ class Connection:
             return await self.send_json(request, 200, reply.complete(text),
                                         ttft)
         finally:
-            release()
+            # Before the end of decode only when the request failed.
+            release(min(decode_end, loop.time()))
 
     async def stream(self, request, reply, text, decode_start, decode_end,
                      extra=()):

@@ -17,10 +17,11 @@ import signal
 import socket
 import tempfile
 import threading
+import asyncio
 import time
 import unittest
 
-from bench.sim import model
+from bench.sim import fleet, mock_backend, model
 from bench.sim.mock_backend import MockProcess
 
 HOST = '127.0.0.1'
@@ -885,6 +886,50 @@ class ResponseStoreTest(unittest.TestCase):
         self.assert_not_found(self.port, 'GET',
                               '/v1/conversations/' + conversation['id'],
                               'Conversation', conversation['id'])
+
+
+class ModelTimeTest(unittest.TestCase):
+    """A replica hands its running slot and its prefill lane on at the
+    model time they are freed: a timer that fires late (the loop was busy)
+    delays its own request, not the first token of the requests queued
+    behind it."""
+
+    def test_a_late_timer_is_not_passed_on(self):
+        # One running slot; 2000-token prompts prefill in 0.2 s and 10
+        # output tokens decode in 0.1 s.  The second request waits for the
+        # first to end (0.3 s), then prefills: its first token at 0.5 s.
+        params = model.ReplicaParams(max_running=1, prefill_ms_per_token=0.1,
+                                     decode_ms_per_token=10.0,
+                                     cache_tokens=1 << 20)
+        served = mock_backend.ServedReplica(
+            fleet.Fleet(params, names=['late-1']).replicas[0], 0)
+        jobs = [mock_backend.make_job('completion', {'max_tokens': 10},
+                                      block_text(125, 'late-' + name))
+                for name in ('a', 'b')]
+
+        async def serve(job, arrived):
+            ready = await served.admit(job, arrived)
+            _, first_token = await served.prefill(job, ready)
+            end = first_token + params.decode_seconds(job.output_tokens)
+            await mock_backend.sleep_until(end)
+            served.finish(end)
+            return first_token - arrived
+
+        async def main():
+            arrived = asyncio.get_running_loop().time()
+            tasks = [asyncio.create_task(serve(job, arrived))
+                     for job in jobs]
+            await asyncio.sleep(0.1)
+            # Busy for 0.4 s: every timer due meanwhile fires late, and the
+            # wall clock is at 0.5 s when the first prefill's ends.
+            time.sleep(0.4)
+            return [await task for task in tasks]
+
+        first, second = asyncio.run(main())
+        self.assertAlmostEqual(first, 0.2, delta=0.01)
+        # Reckoned from the late timers' wake-ups it would be 0.7 s or more.
+        self.assertAlmostEqual(second, 0.5, delta=0.01)
+        self.assertEqual(served.replica.inflight, 0)
 
 
 class TimingTest(unittest.TestCase):
