@@ -9,6 +9,7 @@ Run from the repository root:
     python3 -m unittest discover -s t/sim -t .
 """
 
+import asyncio
 import http.client
 import json
 import os
@@ -17,7 +18,6 @@ import signal
 import socket
 import tempfile
 import threading
-import asyncio
 import time
 import unittest
 
@@ -920,8 +920,8 @@ class ModelTimeTest(unittest.TestCase):
             tasks = [asyncio.create_task(serve(job, arrived))
                      for job in jobs]
             await asyncio.sleep(0.1)
-            # Busy for 0.4 s: every timer due meanwhile fires late, and the
-            # wall clock is at 0.5 s when the first prefill's ends.
+            # Busy for 0.4 s: every timer due meanwhile fires late; the
+            # first prefill's, due at 0.2 s, fires at 0.5 s.
             time.sleep(0.4)
             return [await task for task in tasks]
 
