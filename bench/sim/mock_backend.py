@@ -540,13 +540,13 @@ class ServedReplica:
     async def prefill(self, job, ready):
         """Waits for the prefill lane, then spends the prefill time of the
         uncached tokens from when both the request (ready, model time) and
-        the lane are; returns the cached token count and the model time
-        the prefill ends, the first token."""
+        the lane (lane_free, whoever held it last) are; returns the cached
+        token count and the model time the prefill ends, the first token."""
         replica = self.replica
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         if not replica.lane.take(waiter):
-            ready = max(ready, await wait_turn(replica.lane, waiter))
+            await wait_turn(replica.lane, waiter)
         end = loop.time()
         try:
             cached, seconds = replica.start_prefill(job.chain,
