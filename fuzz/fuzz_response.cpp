@@ -1,5 +1,6 @@
 // fuzz_response: the id of a response read from its body as it streams by
-// (affinity_response_scan*), the parser of what upstreams send back.
+// (affinity_response_scan*), and the usage (affinity_usage_scan*): the
+// parsers of what upstreams send back.
 //
 // The input is "HEADER BODY": byte 0 chooses the format (bit 0: event
 // stream, else JSON) and how many cuts split the body (bits 1-3); then two
@@ -12,7 +13,9 @@
 //   - FOUND has an id of 1..AFFINITY_RESPONSE_ID_MAX bytes without
 //     control characters, an object, and reason OK; NONE has a reason;
 //   - MORE becomes FOUND or NONE at the end of the body;
-//   - feeding more after the end changes nothing.
+//   - feeding more after the end changes nothing;
+//   - the usage read whole and in pieces is the same, and its counts have
+//     at most 15 digits.
 
 #include <cstddef>
 #include <cstdint>
@@ -105,6 +108,47 @@ Result scan(affinity_response_format_e format, const uint8_t *body,
     return r;
 }
 
+struct Usage {
+    int found;
+    uint64_t cached;
+    uint64_t prompt;
+
+    bool operator==(const Usage &o) const
+    {
+        return found == o.found && cached == o.cached && prompt == o.prompt;
+    }
+};
+
+Usage usage(const uint8_t *body, size_t len, const std::vector<size_t> &cuts)
+{
+    affinity_usage_scan_t state;
+    affinity_usage_scan_start(&state);
+
+    size_t from = 0;
+    for (size_t to : cuts) {
+        char *piece = static_cast<char *>(std::malloc(to - from + 1));
+        CHECK(piece != nullptr);
+        std::memcpy(piece, body + from, to - from);
+        affinity_usage_scan(&state, piece, to - from);
+        std::free(piece);
+        from = to;
+    }
+    char *rest = static_cast<char *>(std::malloc(len - from + 1));
+    CHECK(rest != nullptr);
+    std::memcpy(rest, body + from, len - from);
+    affinity_usage_scan(&state, rest, len - from);
+    std::free(rest);
+
+    Usage u{0, 0, 0};
+    u.found = affinity_usage_scan_result(&state, &u.cached, &u.prompt);
+    CHECK(u.found == 0 || u.found == 1);
+    CHECK(u.cached < 1000000000000000ULL && u.prompt < 1000000000000000ULL);
+    if (!u.found) {
+        CHECK(u.cached == 0 && u.prompt == 0);
+    }
+    return u;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -139,6 +183,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(whole.reason == split.reason);
     CHECK(whole.id == split.id);
     CHECK(whole.object == split.object);
+
+    CHECK(usage(body, len, {}) == usage(body, len, cuts));
 
     return 0;
 }

@@ -19,7 +19,11 @@
  * nginx's slab pool with it, rounded up to a size users write.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_SIZE    (8 * 1024 * 1024)
-#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN     (2 * AFFINITY_ZONE_MIN_SIZE)
+#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN     (128 * 1024)
+
+#if (AFFINITY_ZONE_MIN_SIZE + 16 * 1024 > NGX_HTTP_UPSTREAM_AFFINITY_ZONE_MIN)
+#error "the smallest zone must leave the core its minimum and a slab pool"
+#endif
 
 /* bytes before the table in a zone's allocation: its size, a cache line */
 #define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64

@@ -19,6 +19,7 @@
 #include "cache_model.h"
 #include "prefix_table.h"
 #include "store_message.h"
+#include "usage_scan.h"
 #include "worker_rows.h"
 #include "zone.h"
 
@@ -188,6 +189,10 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     stats->cache_usage = reported && usage != UINT64_MAX
                          ? double(usage) / 1e6 : -1.0;
     stats->cache_tokens = atomic_load(&s.cache_tokens);
+    // Written under the zone lock, a word at a time: a reader may see the
+    // figure before or after a reply changed it.
+    stats->learned_tokens = atomic_load(&s.learned)
+                            / AFFINITY_CHARS_PER_TOKEN;
 }
 
 int affinity_engine_metrics(const char *text, size_t len,
@@ -478,6 +483,32 @@ void affinity_prefixes_polled(affinity_zone_t *zone, uint64_t peer_id,
                                 capacity);
 }
 
+void affinity_prefixes_replied(affinity_zone_t *zone, uint64_t peer_id,
+                               uint32_t probe_age, uint32_t probe_length,
+                               uint64_t prompt_chars, uint64_t cached_tokens,
+                               uint64_t prompt_tokens) noexcept
+{
+    // Figures beyond any prompt are junk.
+    constexpr uint64_t kMaxTokens = uint64_t{1} << 40;
+
+    if (peer_id == 0 || probe_length == 0 || cached_tokens > kMaxTokens
+        || prompt_tokens > kMaxTokens || prompt_chars > kMaxTokens
+        || (prompt_tokens != 0 && cached_tokens > prompt_tokens))
+    {
+        return;
+    }
+
+    // Characters cached, at the prompt's own characters per token when
+    // both are known: at least half the probe's prefix counts as held.
+    double per_token = prompt_chars != 0 && prompt_tokens != 0
+                       ? double(prompt_chars) / double(prompt_tokens)
+                       : double(AFFINITY_CHARS_PER_TOKEN);
+    bool held = double(cached_tokens) * per_token * 2
+                >= double(probe_length);
+
+    CacheModel::replied(zone_of(zone), peer_id, probe_age, held);
+}
+
 void affinity_prefixes_record(affinity_zone_t *zone,
                               const uint64_t *level_hashes, size_t nlevels,
                               uint64_t peer_id, uint32_t now,
@@ -559,6 +590,40 @@ const char *affinity_response_scan_id(const affinity_response_scan_t *scan,
     *len = s->id_len();
     *object = s->object();
     return s->id();
+}
+
+static_assert(sizeof(UsageScan) <= sizeof(affinity_usage_scan_t),
+              "the usage scan fits the caller's memory");
+static_assert(alignof(UsageScan) <= alignof(affinity_usage_scan_t),
+              "and its alignment");
+static_assert(std::is_trivially_copyable<UsageScan>::value,
+              "the usage scan is plain data in the request's pool");
+
+void affinity_usage_scan_start(affinity_usage_scan_t *scan) noexcept
+{
+    new (scan) UsageScan();
+    reinterpret_cast<UsageScan *>(scan)->start();
+}
+
+void affinity_usage_scan(affinity_usage_scan_t *scan, const char *data,
+                         size_t len) noexcept
+{
+    reinterpret_cast<UsageScan *>(scan)->feed(data, len);
+}
+
+int affinity_usage_scan_result(const affinity_usage_scan_t *scan,
+                               uint64_t *cached_tokens,
+                               uint64_t *prompt_tokens) noexcept
+{
+    const UsageScan *s = reinterpret_cast<const UsageScan *>(scan);
+
+    if (!s->found()) {
+        return 0;
+    }
+
+    *cached_tokens = s->cached();
+    *prompt_tokens = s->prompt();
+    return 1;
 }
 
 }  // extern "C"

@@ -6,6 +6,23 @@ namespace affinity {
 
 namespace {
 
+// A probe's key: the low half of its level's, odd so that it is never 0
+// (a free probe).
+uint32_t probe_key(uint64_t key) noexcept
+{
+    return static_cast<uint32_t>(key) | 1;
+}
+
+// Probes a peer may have at once: the pool shared evenly among the
+// upstream's peers, within these.
+constexpr size_t kMinProbesEach = 2;
+constexpr size_t kMaxProbesEach = 16;
+
+// Characters of a peer's clock a probe is kept for at first: a prompt
+// whose conversation ended does not keep it from watching another for
+// long.  The ages watched grow beyond it with the prefixes found held.
+constexpr uint64_t kFirstProbeLimit = uint64_t{1} << 20;
+
 // Tokens beyond which the product below could overflow: far above any
 // engine's cache.
 constexpr uint64_t kMaxCapacity = uint64_t{1} << 48;
@@ -20,12 +37,33 @@ uint64_t stamp_unit(uint64_t tokens) noexcept
                               1);
 }
 
+// The peer's stamps from now on in units of unit characters of its clock,
+// counted from the stamp it has now: the ages already stamped carry over
+// (in the units they were stamped in).  Under the prefix zone's lock.
+void restamp(PeerSlot &s, uint32_t unit) noexcept
+{
+    uint32_t fill = static_cast<uint32_t>(atomic_load(&s.cache_fill));
+    uint8_t stamp = s.learned_unit != 0
+                    ? static_cast<uint8_t>(s.stamp_offset
+                                           + (fill - s.stamp_base)
+                                                 / s.learned_unit)
+                    : 0;
+
+    s.stamp_offset = stamp;
+    s.stamp_base = fill;
+    s.learned_unit = unit;
+}
+
 }  // namespace
 
 CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
                        size_t npeers, uint64_t capacity,
                        const uint64_t *reported, uint64_t now) noexcept
-    : enabled_(false)
+    : zone_(prefixes),
+      probes_each_(static_cast<uint32_t>(std::clamp<size_t>(
+          npeers ? kCapacityProbes / npeers : 0, kMinProbesEach,
+          kMaxProbesEach))),
+      enabled_(false)
 {
     // No prefixes (the zone may be none), or no model wanted.
     if (npeers == 0 || capacity == kCapacityOff) {
@@ -37,16 +75,18 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
     for (size_t i = 0; i < std::min(npeers, kMaxPeers); i++) {
         uint64_t tokens = capacity ? capacity : reported ? reported[i] : 0;
         // When the prefix zone also counts the upstream's requests, the
-        // peer's slot there is the one it already has.
+        // peer's slot there is the one it already has.  Every peer gets
+        // one: with no size known, its replies may teach it, and its clock
+        // must run meanwhile.
         uint32_t slot = peers[i].slot;
 
         slots_[i] = nullptr;
         fill_[i] = 0;
         unit_[i] = 0;
+        learning_[i] = false;
 
         if (!prefixes.owns(slot, peers[i].id)) {
-            slot = tokens != 0 ? prefixes.claim_slot(peers[i].id, now)
-                               : prefixes.find_slot(peers[i].id);
+            slot = prefixes.claim_slot(peers[i].id, now);
         }
 
         if (slot == kNoSlot) {
@@ -67,25 +107,182 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
             }
         }
 
-        if (tokens == 0) {
-            continue;
-        }
-
         // In use: not to be reclaimed for another peer.
         atomic_store(&s.last_used, now);
 
         slots_[i] = &s;
         fill_[i] = atomic_load(&s.cache_fill);
-        unit_[i] = stamp_unit(tokens);
         enabled_ = true;
+
+        if (tokens != 0) {
+            unit_[i] = stamp_unit(tokens);
+            continue;
+        }
+
+        learning_[i] = true;
+        unit_[i] = s.learned_unit;
+        base_[i] = s.stamp_base;
+        offset_[i] = s.stamp_offset;
     }
 }
 
 void CacheModel::add(size_t i, uint64_t chars) noexcept
 {
-    if (enabled_ && unit_[i] != 0) {
-        fill_[i] += chars;
-        atomic_store(&slots_[i]->cache_fill, fill_[i]);
+    if (!enabled_ || slots_[i] == nullptr) {
+        return;
+    }
+
+    fill_[i] += chars;
+    atomic_store(&slots_[i]->cache_fill, fill_[i]);
+
+    // Learned stamps count from their base modulo 2^32: long before that
+    // wraps, a new base, at the stamp of the moment.
+    if (learning_[i] && unit_[i] != 0
+        && static_cast<uint32_t>(fill_[i]) - base_[i] >= (1u << 31))
+    {
+        restamp(*slots_[i], static_cast<uint32_t>(unit_[i]));
+        base_[i] = slots_[i]->stamp_base;
+        offset_[i] = slots_[i]->stamp_offset;
+    }
+}
+
+void CacheModel::take_probe(size_t i, const uint64_t *keys, size_t nkeys,
+                            uint32_t now, uint32_t timeout, uint32_t *age,
+                            uint32_t *length) noexcept
+{
+    *age = 0;
+    *length = 0;
+
+    if (!enabled_ || !learning_[i] || slots_[i]->probes == 0) {
+        return;
+    }
+
+    PeerSlot &s = *slots_[i];
+    uint32_t n = static_cast<uint32_t>(slots_[i] - zone_.peer_slots());
+    uint64_t limit = std::max<uint64_t>(
+        2 * uint64_t{std::max(s.learned, s.held_age)}, kFirstProbeLimit);
+    CapacityProbe *pool = zone_.probes();
+    size_t left = s.probes;
+
+    for (size_t p = 0; p < kCapacityProbes && left > 0; p++) {
+        CapacityProbe &probe = pool[p];
+
+        if (probe.key == 0 || probe.slot != n) {
+            continue;
+        }
+
+        left--;
+
+        uint32_t aged = static_cast<uint32_t>(fill_[i]) - probe.fill;
+
+        if (aged > limit || now - probe.since > timeout) {
+            probe = CapacityProbe{};
+            s.probes--;
+            continue;
+        }
+
+        for (size_t j = 0; j < nkeys; j++) {
+            if (probe_key(keys[j]) == probe.key) {
+                if (*length == 0) {
+                    *age = aged;
+                    *length = probe.length;
+                }
+
+                probe = CapacityProbe{};
+                s.probes--;
+                break;
+            }
+        }
+    }
+}
+
+void CacheModel::watch(size_t i, uint64_t key, uint32_t length,
+                       uint32_t now, uint32_t timeout) noexcept
+{
+    if (!enabled_ || !learning_[i] || length == 0
+        || slots_[i]->probes >= probes_each_)
+    {
+        return;
+    }
+
+    PeerSlot &s = *slots_[i];
+    PeerSlot *slots = zone_.peer_slots();
+    uint32_t n = static_cast<uint32_t>(slots_[i] - slots);
+    uint32_t wanted = probe_key(key);
+    CapacityProbe *pool = zone_.probes();
+    CapacityProbe *vacant = nullptr;
+
+    for (size_t p = 0; p < kCapacityProbes; p++) {
+        CapacityProbe &probe = pool[p];
+
+        if (probe.key == 0) {
+            vacant = vacant ? vacant : &probe;
+            continue;
+        }
+
+        if (probe.slot == n && probe.key == wanted) {
+            return;
+        }
+
+        // Any peer's probe past the timeout is given up here: a peer
+        // that gets no more requests does not keep its probes.
+        if (now - probe.since > timeout) {
+            if (probe.slot < kPeerSlots && slots[probe.slot].probes > 0) {
+                slots[probe.slot].probes--;
+            }
+
+            probe = CapacityProbe{};
+            vacant = vacant ? vacant : &probe;
+        }
+    }
+
+    if (vacant != nullptr) {
+        *vacant = {wanted, static_cast<uint32_t>(fill_[i]), length, now, n, 0};
+        s.probes++;
+    }
+}
+
+void CacheModel::replied(Zone prefixes, uint64_t peer_id, uint32_t age,
+                         bool held) noexcept
+{
+    uint32_t n = prefixes.find_slot(peer_id);
+
+    if (n == kNoSlot) {
+        return;
+    }
+
+    PeerSlot &s = prefixes.peer_slots()[n];
+    uint32_t learned = s.learned;
+
+    if (held) {
+        s.held_age = std::max(s.held_age, age);
+
+        if (learned != 0 && age > learned) {
+            learned = age;
+        }
+
+    } else if (learned == 0) {
+        learned = std::max(age, s.held_age);
+
+    } else if (age < learned) {
+        learned -= (learned - age) / 4;
+    }
+
+    // Read without the lock by the status (affinity_zone_peer_stats()).
+    atomic_store(&s.learned, learned);
+
+    if (learned == 0) {
+        return;
+    }
+
+    uint64_t unit = std::max<uint64_t>(uint64_t{learned}
+                                           * kCapacityMarginPercent / 100
+                                           / kStampsPerCapacity,
+                                       1);
+    uint64_t was = s.learned_unit;
+
+    if (was == 0 || unit * 4 > was * 5 || unit * 5 < was * 4) {
+        restamp(s, static_cast<uint32_t>(unit));
     }
 }
 

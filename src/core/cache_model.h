@@ -76,9 +76,17 @@ public:
     // Peer i's clock, as a stamp.
     uint8_t stamp(size_t i) const noexcept
     {
-        return enabled_ && unit_[i]
-                   ? static_cast<uint8_t>(fill_[i] / unit_[i])
-                   : 0;
+        if (!enabled_ || unit_[i] == 0) {
+            return 0;
+        }
+
+        if (learning_[i]) {
+            return static_cast<uint8_t>(
+                offset_[i]
+                + (static_cast<uint32_t>(fill_[i]) - base_[i]) / unit_[i]);
+        }
+
+        return static_cast<uint8_t>(fill_[i] / unit_[i]);
     }
 
     // Whether peer i, stamped so when it got a prefix, is presumed to hold
@@ -91,8 +99,30 @@ public:
                       < kStampsPerCapacity;
     }
 
+
     // Peer i was sent chars characters it was not presumed to hold.
     void add(size_t i, uint64_t chars) noexcept;
+
+    // Peer i was chosen for a prompt of these level keys: if one of them
+    // is a probe of the peer's, it is taken, its age (characters of the
+    // clock since) and its level's length given for the reply to tell
+    // (*age, *length; both 0 if none).  Probes older than timeout seconds
+    // are dropped.
+    void take_probe(size_t i, const uint64_t *keys, size_t nkeys,
+                    uint32_t now, uint32_t timeout, uint32_t *age,
+                    uint32_t *length) noexcept;
+
+    // Peer i was sent a prompt whose longest level has this key and
+    // length (after add()): a probe, if the peer has fewer than its share
+    // of the pool and one is free (or past the timeout).
+    void watch(size_t i, uint64_t key, uint32_t length, uint32_t now,
+               uint32_t timeout) noexcept;
+
+    // peer_id's reply to a prompt that took a probe of this age told
+    // whether it held the probe's prefix (caller holds the prefix zone's
+    // lock): affinity_prefixes_replied().
+    static void replied(Zone prefixes, uint64_t peer_id, uint32_t age,
+                        bool held) noexcept;
 
     // peer_id's engine computed this many prompt tokens since it started
     // (caller holds the prefix zone's lock): affinity_prefixes_polled().
@@ -101,10 +131,18 @@ public:
 
 private:
     // unit_[i] != 0: peer i's cache is modelled, its clock in *slots_[i].
-    // Set only when enabled_: no model costs a request nothing.
+    // learning_[i]: its capacity is learned from its replies; its clock
+    // runs (slots_[i]) before its cache is modelled, and its stamps count
+    // from base_[i] and offset_[i].  Set only when enabled_: no model
+    // costs a request nothing.
+    Zone zone_;
+    uint32_t probes_each_;
     PeerSlot *slots_[kMaxPeers];
     uint64_t fill_[kMaxPeers];
     uint64_t unit_[kMaxPeers];
+    uint32_t base_[kMaxPeers];
+    uint8_t offset_[kMaxPeers];
+    bool learning_[kMaxPeers];
     bool enabled_;
 };
 

@@ -703,6 +703,11 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
     uint8_t stamp = cache.stamp(peer);
     uint32_t id = short_peer_id(peer_id);
 
+    // Watched until a prompt that extends it comes back to the peer: its
+    // reply then tells whether the peer still had it (cache_model.h).
+    cache.watch(peer, keys[nkeys - 1], request.levels[nkeys - 1].length,
+                request.now, request.prefix_timeout);
+
     // A stamp is a sixteenth of the capacity: most prompts leave it as
     // recorded, and the levels need no second pass.
     if (stamp == recorded) {
@@ -799,6 +804,9 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     // The chosen peer now holds every level of this prompt in its cache:
     // later prompts that extend it will find it, whatever routed this one.
     if (prefixes) {
+        cache.take_probe(size_t(chosen), keys, nkeys, request.now,
+                         request.prefix_timeout, &decision.probe_age,
+                         &decision.probe_length);
         record_levels(table, keys, capped, nkeys, peers[chosen].id,
                       size_t(chosen), cache);
     }

@@ -41,12 +41,18 @@ struct Layout {
     uint64_t buckets;
 };
 
+// The peer slots follow the header, and the pool of capacity probes the
+// slots.
+constexpr size_t kProbesOffset = sizeof(ZoneHeader)
+                                 + kPeerSlots * sizeof(PeerSlot);
+
 // Where everything goes in a region of size bytes.  The worker rows take at
 // most a quarter of the space after the peer slots; the table, the rest.
 Layout layout_for(size_t size, uint32_t rows) noexcept
 {
     Layout l{};
-    size_t fixed = sizeof(ZoneHeader) + kPeerSlots * sizeof(PeerSlot);
+    size_t fixed = align64(kProbesOffset
+                           + kCapacityProbes * sizeof(CapacityProbe));
     size_t room = size > fixed ? size - fixed : 0;
 
     rows = std::clamp(rows, kMinWorkerRows, kMaxWorkerRows);
@@ -116,6 +122,7 @@ affinity_attach_e Zone::initialize(void *region, size_t size, uint32_t kind,
     h->region_size = size;
     h->seed = seed;
     h->peers_offset = sizeof(ZoneHeader);
+    h->probes_offset = kProbesOffset;
     h->rows_offset = l.rows_offset;
     h->counts_offset = l.counts_offset;
     h->buckets_offset = l.buckets_offset;
@@ -149,6 +156,7 @@ affinity_attach_e Zone::validate(const void *region, size_t size,
     } else if (h.region_size != size || h.ways != kSessionWays
                || h.entry_size != sizeof(SessionEntry)
                || h.peers_offset != sizeof(ZoneHeader)
+               || h.probes_offset != kProbesOffset
                || h.rows < kMinWorkerRows || h.rows > kMaxWorkerRows
                || h.buckets_offset
                       != layout_for(size, h.rows).buckets_offset)
@@ -239,6 +247,26 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     atomic_store<uint64_t>(&slot.cache_fill, 0);
     atomic_store<uint64_t>(&slot.cache_tokens, 0);
     slot.engine_mark = 0;
+
+    // Its probes in the pool were the old peer's prompts.
+    if (slot.probes != 0) {
+        uint32_t n = static_cast<uint32_t>(&slot - peer_slots());
+
+        for (size_t i = 0; i < kCapacityProbes; i++) {
+            CapacityProbe &probe = probes()[i];
+
+            if (probe.key != 0 && probe.slot == n) {
+                probe = CapacityProbe{};
+            }
+        }
+    }
+
+    slot.probes = 0;
+    slot.learned = 0;
+    slot.held_age = 0;
+    slot.learned_unit = 0;
+    slot.stamp_base = 0;
+    slot.stamp_offset = 0;
 
     atomic_store(&slot.id, peer_id);
 }

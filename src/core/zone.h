@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 6;
+constexpr uint32_t kLayoutVersion = 7;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -51,6 +51,7 @@ struct alignas(64) ZoneHeader {
     uint64_t region_size;
     uint64_t seed;
     uint64_t peers_offset;
+    uint64_t probes_offset;     // CapacityProbe[kCapacityProbes]
     uint64_t rows_offset;       // WorkerRow[rows]
     uint64_t counts_offset;     // int32_t[rows][kPeerSlots]
     uint64_t buckets_offset;
@@ -76,6 +77,22 @@ struct alignas(64) ZoneHeader {
 };
 
 constexpr size_t kRoutes = AFFINITY_ROUTES;
+
+// A prompt sent a peer, watched until a later prompt that extends it goes
+// there again: the peer's reply then tells whether it still held it, and
+// how far its cache's clock had run since (cache_model.h).  A zone keeps a
+// pool of them for all its peers.
+struct CapacityProbe {
+    uint32_t key;               // the prompt's longest level (its key's
+                                // low half, odd); 0: free
+    uint32_t fill;              // the peer's clock after it (mod 2^32)
+    uint32_t length;            // characters of that level
+    uint32_t since;             // seconds
+    uint32_t slot;              // the peer's slot
+    uint32_t unused;
+};
+
+constexpr size_t kCapacityProbes = 128;
 
 struct alignas(64) PeerSlot {
     uint64_t id;                // 0 = free
@@ -110,9 +127,21 @@ struct alignas(64) PeerSlot {
     // cache_model.h.  0: no report yet.  In the prefix zone, under its
     // lock.
     uint64_t engine_mark;
+    // What the peer's replies told of its cache, when neither the
+    // configuration nor its engine gives its size (cache_model.h).  In the
+    // prefix zone, under its lock.
+    uint32_t learned;           // characters of its clock a prefix lasts;
+                                // 0: no eviction seen yet
+    uint32_t held_age;          // the oldest prefix found held
+    uint32_t learned_unit;      // characters of its clock per stamp; 0:
+                                // not modelled yet
+    uint32_t stamp_base;        // its clock (mod 2^32) when the unit was
+                                // set, and its stamp then: the stamps
+    uint8_t stamp_offset;       // recorded before keep their ages
+    uint8_t probes;             // in the zone's pool
 };
 
-static_assert(sizeof(PeerSlot) == 192, "a peer slot is three cache lines");
+static_assert(sizeof(PeerSlot) == 256, "a peer slot is four cache lines");
 
 // The owner of a worker row: a process, known by its pid and its start
 // time (so that a pid the system gave to another process is not taken for
@@ -161,6 +190,11 @@ public:
     PeerSlot *peer_slots() const noexcept
     {
         return at<PeerSlot>(header_->peers_offset);
+    }
+
+    CapacityProbe *probes() const noexcept
+    {
+        return at<CapacityProbe>(header_->probes_offset);
     }
 
     WorkerRow *rows() const noexcept

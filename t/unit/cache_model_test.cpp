@@ -34,11 +34,20 @@ TEST(CacheModel, WithNoCapacityEveryHolderHolds)
     affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
                                peers.size(), 0, nullptr, 1000);
 
-    EXPECT_FALSE(cache.enabled());
     cache.add(0, 1u << 30);
     EXPECT_TRUE(cache.holds(0, 0));
     EXPECT_TRUE(cache.holds(1, 200));
-    EXPECT_EQ(zone.info().peer_slots_used, 0u) << "no slot is claimed";
+    EXPECT_EQ(zone.info().peer_slots_used, 2u)
+        << "their clocks run: their replies may teach a capacity";
+
+    // No model wanted at all: no clock either.
+    TestZone off(1 << 20, AFFINITY_ZONE_PREFIXES);
+    affinity::CacheModel none(affinity::Zone(off.region()), peers.data(),
+                              peers.size(), AFFINITY_CAPACITY_OFF, nullptr,
+                              1000);
+    EXPECT_FALSE(none.enabled());
+    EXPECT_TRUE(none.holds(0, 0));
+    EXPECT_EQ(off.info().peer_slots_used, 0u);
 }
 
 TEST(CacheModel, HolderEvictsAfterItsCapacityOfNewCharacters)
@@ -118,7 +127,7 @@ TEST(CacheModel, EachPeerMayHaveItsEnginesCapacity)
     affinity::CacheModel cache(affinity::Zone(zone.region()), peers.data(),
                                peers.size(), 0, reported, 1000);
     ASSERT_TRUE(cache.enabled());
-    EXPECT_EQ(zone.info().peer_slots_used, 1u) << "only the sized peer's";
+    EXPECT_EQ(zone.info().peer_slots_used, 2u) << "a clock for each";
     const uint8_t got0 = cache.stamp(0);
     const uint8_t got1 = cache.stamp(1);
 
@@ -134,7 +143,6 @@ TEST(CacheModel, EachPeerMayHaveItsEnginesCapacity)
     EXPECT_EQ(record.stamp(0), cache.stamp(0));
     EXPECT_FALSE(record.holds(0, got0));
     EXPECT_TRUE(record.holds(1, 0));
-    EXPECT_EQ(zone.info().peer_slots_used, 1u) << "no slot claimed for it";
 
     // A configured capacity is everyone's, whatever the engines say.
     affinity::CacheModel configured(affinity::Zone(zone.region()),
@@ -308,3 +316,181 @@ TEST(CacheModel, EngineCountsAsTheyCome)
 }
 
 }  // namespace
+
+namespace {
+
+affinity::PeerSlot &slot_of(affinity::Zone z, uint64_t peer_id)
+{
+    uint32_t n = z.find_slot(peer_id);
+    EXPECT_NE(n, AFFINITY_NO_SLOT);
+    return z.peer_slots()[n];
+}
+
+}  // namespace
+
+// A capacity learned from replies: the first eviction's age, no less than
+// the oldest held; raised at once by a held age above it, lowered by a
+// quarter of the way to an evicted age below it.
+TEST(CacheModel, LearnedCapacityFollowsTheReplies)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    affinity::Zone z(zone.region());
+    std::vector<affinity_peer_t> peers = two_peers();
+    affinity::CacheModel cache(z, peers.data(), peers.size(), 0, nullptr,
+                               1000);
+    const uint64_t id = peers[0].id;
+
+    affinity::CacheModel::replied(z, id, 5000, true);
+    EXPECT_EQ(slot_of(z, id).learned, 0u) << "held: no model yet";
+    EXPECT_EQ(slot_of(z, id).learned_unit, 0u);
+
+    affinity::CacheModel::replied(z, id, 3000, false);
+    EXPECT_EQ(slot_of(z, id).learned, 5000u) << "no less than held";
+    EXPECT_EQ(slot_of(z, id).learned_unit, 5000u * 125 / 100 / 16);
+
+    affinity::CacheModel::replied(z, id, 8000, true);
+    EXPECT_EQ(slot_of(z, id).learned, 8000u);
+    affinity::CacheModel::replied(z, id, 6000, true);
+    EXPECT_EQ(slot_of(z, id).learned, 8000u) << "held below: nothing new";
+
+    affinity::CacheModel::replied(z, id, 4000, false);
+    EXPECT_EQ(slot_of(z, id).learned, 7000u);
+    affinity::CacheModel::replied(z, id, 9000, false);
+    EXPECT_EQ(slot_of(z, id).learned, 7000u) << "evicted above: consistent";
+
+    EXPECT_EQ(slot_of(z, peers[1].id).learned, 0u) << "the other's own";
+
+    // A peer never seen here has no clock: nothing to learn.
+    affinity::CacheModel::replied(z, affinity_peer_id("10.9.9.9", 8), 10,
+                                  false);
+    EXPECT_EQ(zone.info().peer_slots_used, 2u);
+}
+
+// The learned capacity models the peer: a stamp older than it (with the
+// 125 % margin) is presumed evicted.  A new unit (the capacity moved by
+// more than a quarter) counts on from the stamp of the moment, so what
+// was stamped before keeps its age.
+TEST(CacheModel, LearnedCapacityModelsThePeerAndKeepsItsStamps)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    affinity::Zone z(zone.region());
+    std::vector<affinity_peer_t> peers = two_peers();
+    const uint64_t id = peers[0].id;
+
+    affinity::CacheModel before(z, peers.data(), peers.size(), 0, nullptr,
+                                1000);
+    before.add(0, 123456);
+    EXPECT_TRUE(before.holds(0, 0));
+    affinity::CacheModel::replied(z, id, 16000, false);
+
+    // 20,000 characters of the clock: 16 stamps of 1,250.
+    affinity::CacheModel learned(z, peers.data(), peers.size(), 0, nullptr,
+                                 1001);
+    EXPECT_EQ(learned.stamp(0), 0) << "counted on from the stamps before";
+    EXPECT_TRUE(learned.holds(0, 0)) << "what was stamped before: fresh";
+    const uint8_t got = learned.stamp(0);
+    learned.add(0, 18000);
+    EXPECT_TRUE(learned.holds(0, got));
+    learned.add(0, 2600);
+    EXPECT_FALSE(learned.holds(0, got)) << "20,600 characters later";
+    EXPECT_TRUE(learned.holds(1, 0)) << "the other peer: nothing learned";
+
+    // Held far older: a new unit (5,000), from the stamp of the moment.
+    affinity::CacheModel at(z, peers.data(), peers.size(), 0, nullptr, 1002);
+    const uint8_t now = at.stamp(0);
+    affinity::CacheModel::replied(z, id, 64000, true);
+    affinity::CacheModel wider(z, peers.data(), peers.size(), 0, nullptr,
+                               1003);
+    EXPECT_EQ(wider.stamp(0), now);
+    EXPECT_FALSE(wider.holds(0, got)) << "its age carried over";
+    const uint8_t fresh = wider.stamp(0);
+    wider.add(0, 70000);
+    EXPECT_TRUE(wider.holds(0, fresh)) << "within 80,000 now";
+}
+
+// A probe is taken by the next prompt to the peer that contains its level,
+// with the clock's characters since; dropped after the prefix timeout, or
+// once older than 2^20 characters or twice what is known of the capacity.
+// Each peer has at most its share of the zone's pool (here 16).
+TEST(CacheModel, ProbesAreTakenByPromptsThatExtendThem)
+{
+    TestZone zone(1 << 20, AFFINITY_ZONE_PREFIXES);
+    affinity::Zone z(zone.region());
+    std::vector<affinity_peer_t> peers = two_peers();
+    affinity::CacheModel cache(z, peers.data(), peers.size(), 0, nullptr,
+                               1000);
+    uint32_t age = 1, length = 1;
+    const uint64_t has_it[] = {5, 78};
+    const uint64_t has_not[] = {5, 6};
+
+    cache.add(0, 1000);
+    cache.watch(0, 78, 500, 1000, 600);
+    cache.watch(0, 78, 500, 1000, 600);     // watched already: not twice
+    cache.watch(0, 88, 700, 1000, 600);
+    EXPECT_EQ(slot_of(z, peers[0].id).probes, 2);
+    cache.add(0, 2000);
+
+    cache.take_probe(1, has_it, 2, 1000, 600, &age, &length);
+    EXPECT_EQ(length, 0u) << "another peer's prompt";
+    cache.take_probe(0, has_not, 2, 1000, 600, &age, &length);
+    EXPECT_EQ(length, 0u);
+    cache.take_probe(0, has_it, 2, 1000, 600, &age, &length);
+    EXPECT_EQ(age, 2000u);
+    EXPECT_EQ(length, 500u);
+    cache.take_probe(0, has_it, 2, 1000, 600, &age, &length);
+    EXPECT_EQ(length, 0u) << "taken once";
+    EXPECT_EQ(slot_of(z, peers[0].id).probes, 1);
+
+    // 88 is still watched; past the timeout it is dropped.
+    const uint64_t eighty_eight[] = {88};
+    cache.take_probe(0, eighty_eight, 1, 1601, 600, &age, &length);
+    EXPECT_EQ(length, 0u);
+    EXPECT_EQ(slot_of(z, peers[0].id).probes, 0);
+
+    // Sixteen at most.  (A probe keeps half a key, odd: keys that differ
+    // in the lowest bit only are one.)
+    for (uint64_t k = 1000; k < 1020; k++) {
+        cache.watch(0, 2 * k, 100, 1601, 600);
+    }
+    EXPECT_EQ(slot_of(z, peers[0].id).probes, 16);
+    const uint64_t last[] = {2 * 1019};
+    cache.take_probe(0, last, 1, 1601, 600, &age, &length);
+    EXPECT_EQ(length, 0u) << "the seventeenth was not watched";
+    const uint64_t sixteenth[] = {2 * 1015};
+    cache.take_probe(0, sixteenth, 1, 1601, 600, &age, &length);
+    EXPECT_EQ(length, 100u);
+
+    // The other peer gets its own share; the first peer's probes past the
+    // timeout make room in the pool as it looks for one.
+    for (uint64_t k = 2000; k < 2016; k++) {
+        cache.watch(1, 2 * k, 100, 2300, 600);
+    }
+    EXPECT_EQ(slot_of(z, peers[1].id).probes, 16);
+    EXPECT_EQ(slot_of(z, peers[0].id).probes, 16 - 1 - 16 + 1)
+        << "the first peer's, past the timeout, given up";
+
+    // Older than 2^20 characters of the clock, or than twice what is
+    // known to be held if that is more: dropped.
+    affinity::CacheModel fresh(z, peers.data(), peers.size(), 0, nullptr,
+                               3000);
+    const uint64_t one_eleven[] = {111};
+    fresh.watch(0, 111, 400, 3000, 600);
+    fresh.add(0, (1u << 20) + 1);
+    fresh.take_probe(0, one_eleven, 1, 3000, 600, &age, &length);
+    EXPECT_EQ(length, 0u);
+    affinity::CacheModel::replied(z, peers[0].id, 1u << 20, true);
+    affinity::CacheModel next(z, peers.data(), peers.size(), 0, nullptr,
+                              3001);
+    next.watch(0, 111, 400, 3001, 600);
+    next.add(0, (1u << 21) - 1);
+    next.take_probe(0, one_eleven, 1, 3001, 600, &age, &length);
+    EXPECT_EQ(age, (1u << 21) - 1) << "within twice the oldest held";
+
+    // A configured or reported capacity learns nothing: no probes.
+    affinity::CacheModel sized(z, peers.data(), peers.size(), 1000, nullptr,
+                               3002);
+    sized.watch(0, 222, 400, 3002, 600);
+    const uint64_t two_twenty_two[] = {222};
+    sized.take_probe(0, two_twenty_two, 1, 3002, 600, &age, &length);
+    EXPECT_EQ(length, 0u);
+}

@@ -1094,6 +1094,84 @@ TEST(PrefixRoute, HolderPresumedToHaveEvictedIsNotFollowed)
     EXPECT_GT(canonical_length(talks[0].body(3)), 3500u);
 }
 
+// With no capacity known, the peers' replies teach it.  A conversation's
+// next turn to the peer that served the last one takes the probe of it,
+// with the characters of other prompts sent the peer since; the reply
+// says whether the peer still held it (affinity_prefixes_replied()).
+// Held: no model.  Lost: the peer's holders older than that (with the
+// margin) are presumed evicted.
+TEST(PrefixRoute, CapacityLearnedFromRepliesModelsThePeer)
+{
+    uint32_t other = 9400;
+    auto others_on_peer_0 = [&other](Fleet &f, uint32_t n) {
+        for (uint32_t k = 0; k < n; k++) {
+            serve_on(f, 0, chat({{"user", words(other++, 2000)}}));
+        }
+    };
+    const uint32_t each = canonical_length(chat({{"user", words(1, 2000)}}));
+    // A conversation's second turn, n other prompts after its first, both
+    // on peer 0.  Each starts past the prefix timeout: the last one's
+    // probes (prompts that will not come back) are dropped.
+    auto turn_two_after = [&](Fleet &f, uint32_t id, uint32_t n) {
+        Conversation c(id, std::string(), 3000, 150);
+        f.router().now += 601;
+        serve_on(f, 0, c.body(1));
+        others_on_peer_0(f, n);
+        return f.send(c.body(2));
+    };
+    Fleet f;
+    const uint64_t peer0 = f.up().peers()[0].id;
+
+    // Three prompts later the first turn is still followed (nothing is
+    // modelled), and the second takes its probe.
+    Routed r = turn_two_after(f, 21, 3);
+    EXPECT_EQ(r.decision.peer, 0);
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    ASSERT_GT(r.decision.probe_length, 1000u);
+    EXPECT_LE(r.decision.probe_length,
+              canonical_length(Conversation(21, "", 3000, 150).body(1)));
+    // (Each counts its longest level: the prompt's size is not given.)
+    EXPECT_EQ(r.decision.probe_age, 3 * longest_level_within(each));
+
+    // Held, all of it: still no model.
+    affinity_prefixes_replied(f.prefixes(), peer0, r.decision.probe_age,
+                              r.decision.probe_length, 3600, 900, 900);
+    r = turn_two_after(f, 22, 5);
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    ASSERT_GT(r.decision.probe_length, 0u);
+
+    // Lost five prompts later: a prefix lasts about that long there (with
+    // the margin, 6.25 prompts).
+    affinity_prefixes_replied(f.prefixes(), peer0, r.decision.probe_age,
+                              r.decision.probe_length, 3600, 0, 900);
+    r = turn_two_after(f, 23, 4);
+    EXPECT_EQ(r.decision.peer, 0) << "four prompts later: held";
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    r = turn_two_after(f, 24, 7);
+    EXPECT_EQ(r.decision.route, kPrefixNew)
+        << "seven prompts later: presumed evicted, "
+        << route_name(r.decision.route);
+
+    // Less than half the probe's prefix cached is lost, at least half is
+    // held (at the prompt's own characters per token: here 4).
+    Fleet g;
+    const uint64_t g0 = g.up().peers()[0].id;
+    auto replied_after = [&](uint32_t id, uint32_t n, double share) {
+        Routed t = turn_two_after(g, id, n);
+        EXPECT_GT(t.decision.probe_length, 0u);
+        uint64_t cached = uint64_t(t.decision.probe_length * share / 4);
+        affinity_prefixes_replied(g.prefixes(), g0, t.decision.probe_age,
+                                  t.decision.probe_length, 4000, cached,
+                                  1000);
+    };
+    replied_after(31, 2, 0.55);
+    EXPECT_EQ(turn_two_after(g, 32, 7).decision.route, kPrefixHit)
+        << "more than half held: no eviction seen, no model";
+    replied_after(33, 2, 0.45);
+    EXPECT_EQ(turn_two_after(g, 34, 7).decision.route, kPrefixNew)
+        << "less than half held: lost two prompts later";
+}
+
 // With no capacity configured, a peer's engine may tell its own
 // (affinity_metrics): its holders are then modelled with it, and the
 // other peers' not.  Whether the counters are in the prefix zone or not.

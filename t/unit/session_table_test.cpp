@@ -510,11 +510,13 @@ TEST_F(SessionTableTest, FullBucketReusesExpiredEntriesBeforeEvicting)
 
 TEST(SessionTableGeometry, TableFillsTheRegionAfterTheRows)
 {
-    // The header, the peer slots and the worker rows (at most a quarter of
-    // the rest) come first; the table has every bucket that fits after
-    // them.
+    // The header, the peer slots, the probes and the worker rows (at most
+    // a quarter of the rest) come first; the table has every bucket that
+    // fits after them.
     const size_t fixed = sizeof(affinity::ZoneHeader)
-                         + affinity::kPeerSlots * sizeof(affinity::PeerSlot);
+                         + affinity::kPeerSlots * sizeof(affinity::PeerSlot)
+                         + affinity::kCapacityProbes
+                               * sizeof(affinity::CapacityProbe);
     const size_t row_bytes = sizeof(affinity::WorkerRow)
                              + affinity::kPeerSlots * sizeof(int32_t);
 

@@ -123,7 +123,7 @@ typedef enum {
 } affinity_attach_e;
 
 /* Smallest region a zone can be built in. */
-#define AFFINITY_ZONE_MIN_SIZE  (64 * 1024)
+#define AFFINITY_ZONE_MIN_SIZE  (96 * 1024)
 
 /* Peer counter slots of a zone, and the most worker rows it may have. */
 #define AFFINITY_PEER_SLOTS        256
@@ -226,6 +226,10 @@ typedef struct {
                                        sent it since (affinity_store) */
     uint64_t    cache_tokens;   /* its KV cache's size as the engine
                                    reported it, 0 if it never did */
+    uint64_t    learned_tokens; /* in a prefix zone: the prompt tokens a
+                                   prefix lasts in its cache, as its replies
+                                   taught (affinity_prefixes_replied()), 0
+                                   if they taught none */
 } affinity_peer_stats_t;
 
 /* Lock-free; counters are read atomically one by one. */
@@ -406,6 +410,13 @@ typedef struct {
     uint32_t    prefix_len; /* code points of the level matched, or 0 */
     uint32_t    slot;       /* the counter slot the request is counted in
                                (to release), or AFFINITY_NO_SLOT */
+    /* with prefixes and no capacity known for the peer: the prompt
+       extends one the peer is watched with (a probe), and its reply's
+       cached tokens tell whether the peer held it still, probe_age
+       characters of its modelled cache later: pass them on to
+       affinity_prefixes_replied().  probe_length 0: none */
+    uint32_t    probe_age;
+    uint32_t    probe_length;
 } affinity_decision_t;
 
 /*
@@ -670,6 +681,32 @@ AFFINITY_API const char *affinity_response_scan_id(
     affinity_object_e *object) AFFINITY_NOEXCEPT;
 
 
+/*
+ * The usage a reply gives (usage.prompt_tokens or usage.input_tokens, and
+ * their details' cached_tokens), read from its body as it passes, JSON or
+ * event stream, in pieces split anywhere; the last figures win.  In memory
+ * the caller owns; nothing of the body is kept.
+ */
+#define AFFINITY_USAGE_SCAN_SIZE  64
+
+typedef struct {
+    uint64_t    opaque[AFFINITY_USAGE_SCAN_SIZE / 8];
+} affinity_usage_scan_t;
+
+AFFINITY_API void affinity_usage_scan_start(affinity_usage_scan_t *scan)
+    AFFINITY_NOEXCEPT;
+
+/* Reads the next len bytes. */
+AFFINITY_API void affinity_usage_scan(affinity_usage_scan_t *scan,
+    const char *data, size_t len) AFFINITY_NOEXCEPT;
+
+/* 1 and the figures (prompt_tokens 0 if none was read) once a count of
+ * cached tokens was read, else 0. */
+AFFINITY_API int affinity_usage_scan_result(
+    const affinity_usage_scan_t *scan, uint64_t *cached_tokens,
+    uint64_t *prompt_tokens) AFFINITY_NOEXCEPT;
+
+
 /* ---- the engines' own load ------------------------------------------- */
 
 /*
@@ -783,6 +820,22 @@ AFFINITY_API void affinity_sessions_pin(affinity_zone_t *zone,
 AFFINITY_API void affinity_prefixes_record(affinity_zone_t *zone,
     const uint64_t *level_hashes, size_t nlevels, uint64_t peer_id,
     uint32_t now, uint32_t timeout, uint64_t capacity) AFFINITY_NOEXCEPT;
+
+/*
+ * peer_id replied to a request whose decision took a probe (probe_age,
+ * probe_length != 0), with the usage its body gave: cached_tokens of
+ * prompt_tokens were in its cache (affinity_usage_scan()).  prompt_chars:
+ * the prompt's length in code points (affinity_request_t.prompt_size, or
+ * its longest level's), to weigh tokens in characters; 0 or no
+ * prompt_tokens: AFFINITY_CHARS_PER_TOKEN.  The probe's prefix counts as
+ * held when at least half of it was cached; the peer's capacity is learned
+ * from it (affinity_request_t.prefix_capacity 0).  Caller holds the zone
+ * lock.
+ */
+AFFINITY_API void affinity_prefixes_replied(affinity_zone_t *zone,
+    uint64_t peer_id, uint32_t probe_age, uint32_t probe_length,
+    uint64_t prompt_chars, uint64_t cached_tokens, uint64_t prompt_tokens)
+    AFFINITY_NOEXCEPT;
 
 /*
  * peer_id's engine reported how many prompt tokens it has computed since it
