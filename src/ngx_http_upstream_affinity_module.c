@@ -285,7 +285,8 @@ static ngx_int_t
 ngx_http_upstream_affinity_postconfiguration(ngx_conf_t *cf)
 {
     if (ngx_http_upstream_affinity_check_method(cf) != NGX_OK
-        || ngx_http_upstream_affinity_init_filter(cf) != NGX_OK)
+        || ngx_http_upstream_affinity_init_filter(cf) != NGX_OK
+        || ngx_http_upstream_affinity_init_usage_filter(cf) != NGX_OK)
     {
         return NGX_ERROR;
     }

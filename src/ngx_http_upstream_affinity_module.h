@@ -66,6 +66,7 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TRUNCATED,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ID,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_NO_EVENT,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_USAGE_NONE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
 } ngx_http_upstream_affinity_warning_e;
 
@@ -192,6 +193,13 @@ typedef struct {
     uint64_t                                owner;      /* of the response
                                                            continued */
     affinity_response_scan_t               *scan;      /* of the response */
+    affinity_usage_scan_t                  *usage;     /* of the response,
+                                                           with a probe */
+    uint64_t                                probe_peer; /* the peer whose
+                                                           probe the request
+                                                           took, or 0 */
+    uint32_t                                probe_age;
+    uint32_t                                probe_length;
     ngx_uint_t                              fallback;   /* why the body was
                                                            not used: an
                                                            affinity_fallback_e
@@ -201,6 +209,7 @@ typedef struct {
     unsigned                                generated:1;
     unsigned                                echo:1;     /* safe in a cookie */
     unsigned                                exposed:1;  /* in the variable */
+    unsigned                                usage_streamed:1;
     ngx_http_upstream_affinity_srv_conf_t  *conf;
 } ngx_http_upstream_affinity_ctx_t;
 
@@ -282,6 +291,12 @@ ngx_int_t ngx_http_upstream_affinity_continued(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx,
     ngx_http_upstream_affinity_body_t *body);
 ngx_int_t ngx_http_upstream_affinity_init_response_filter(ngx_conf_t *cf);
+affinity_response_format_e ngx_http_upstream_affinity_reply_format(
+    ngx_http_request_t *r, ngx_str_t **encoding);
+
+/* ngx_http_upstream_affinity_usage.c: the replies' usage, for the cache
+   model */
+ngx_int_t ngx_http_upstream_affinity_init_usage_filter(ngx_conf_t *cf);
 
 /* ngx_http_upstream_affinity_metrics.c: the engines' own load */
 void ngx_http_upstream_affinity_metrics_init(ngx_cycle_t *cycle);

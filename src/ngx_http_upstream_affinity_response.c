@@ -288,29 +288,26 @@ ngx_http_upstream_affinity_body_id(ngx_http_request_t *r,
 
 
 /*
- * The response of an upstream with response_affinity is read for its id
- * when it may hold one: a 2xx JSON or event-stream body as the upstream
- * sent it (not compressed by it).  The scan lives in the request's pool.
+ * The format of a reply body the module may read: a 2xx JSON or event
+ * stream, of the request the module routed (not a subrequest's), as the
+ * upstream sent it.  0 for any other; *encoding is the upstream's
+ * Content-Encoding when that is what kept it from being read, else NULL.
  */
 
-static ngx_int_t
-ngx_http_upstream_affinity_response_header_filter(ngx_http_request_t *r)
+affinity_response_format_e
+ngx_http_upstream_affinity_reply_format(ngx_http_request_t *r,
+    ngx_str_t **encoding)
 {
-    ngx_str_t                          *type, *encoding;
-    affinity_response_format_e          format;
-    ngx_http_upstream_affinity_ctx_t   *ctx;
+    ngx_str_t                 *type, *value;
+    affinity_response_format_e  format;
 
-    if (r != r->main || r->upstream == NULL || r->header_only) {
-        return ngx_http_next_header_filter(r);
-    }
+    *encoding = NULL;
 
-    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
-
-    if (ctx == NULL || ctx->conf->response_zone == NULL
+    if (r != r->main || r->upstream == NULL || r->header_only
         || r->headers_out.status < NGX_HTTP_OK
         || r->headers_out.status >= NGX_HTTP_SPECIAL_RESPONSE)
     {
-        return ngx_http_next_header_filter(r);
+        return 0;
     }
 
     type = &r->headers_out.content_type;
@@ -330,25 +327,58 @@ ngx_http_upstream_affinity_response_header_filter(ngx_http_request_t *r)
         format = AFFINITY_RESPONSE_JSON;
 
     } else {
-        return ngx_http_next_header_filter(r);
+        return 0;
     }
 
     if (r->headers_out.content_encoding
         && r->headers_out.content_encoding->hash)
     {
-        encoding = &r->headers_out.content_encoding->value;
+        value = &r->headers_out.content_encoding->value;
 
-        if (encoding->len
-            && !(encoding->len == 8
-                 && ngx_strncasecmp(encoding->data, (u_char *) "identity", 8)
+        if (value->len
+            && !(value->len == 8
+                 && ngx_strncasecmp(value->data, (u_char *) "identity", 8)
                     == 0))
         {
+            *encoding = value;
+            return 0;
+        }
+    }
+
+    return format;
+}
+
+
+/*
+ * The response of an upstream with response_affinity is read for its id
+ * when it may hold one (ngx_http_upstream_affinity_reply_format()).  The
+ * scan lives in the request's pool.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_response_header_filter(ngx_http_request_t *r)
+{
+    ngx_str_t                          *encoding;
+    affinity_response_format_e          format;
+    ngx_http_upstream_affinity_ctx_t   *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->conf->response_zone == NULL) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    format = ngx_http_upstream_affinity_reply_format(r, &encoding);
+
+    if (format == 0) {
+        if (encoding) {
             ngx_http_upstream_affinity_warn(r,
                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ENCODED,
                 "affinity: response with Content-Encoding \"%V\", its id "
                 "is not learned (let nginx compress instead)", encoding);
-            return ngx_http_next_header_filter(r);
         }
+
+        return ngx_http_next_header_filter(r);
     }
 
     ctx->scan = ngx_palloc(r->pool, sizeof(affinity_response_scan_t));

@@ -191,8 +191,9 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
     ngx_http_upstream_affinity_view_t             *view;
     ngx_http_upstream_affinity_srv_conf_t         *ascf;
     ngx_http_upstream_affinity_peer_status_t      *ps;
-    ngx_http_upstream_affinity_shctx_t            *shctx;
+    ngx_http_upstream_affinity_shctx_t            *shctx, *prefixes;
     ngx_http_upstream_affinity_upstream_status_t  *us;
+    affinity_peer_stats_t                          learned;
 
     umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
     uscfp = umcf->upstreams.elts;
@@ -271,6 +272,25 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
 
             if (!ps->counted) {
                 ngx_memzero(&ps->stats, sizeof(affinity_peer_stats_t));
+            }
+
+            /* what its replies taught of its cache is in the prefix zone */
+
+            if (ascf->prefix_zone
+                && ascf->prefix_zone != ascf->counter_zone)
+            {
+                prefixes = ascf->prefix_zone->data;
+
+                ngx_shmtx_lock(&prefixes->shpool->mutex);
+                slot = affinity_zone_peer_find(prefixes->zone,
+                                               view->peers[j].id);
+                ngx_shmtx_unlock(&prefixes->shpool->mutex);
+
+                affinity_zone_peer_stats(prefixes->zone, slot, &learned);
+
+                ps->stats.learned_tokens =
+                         (learned.id == view->peers[j].id)
+                         ? learned.learned_tokens : 0;
             }
         }
     }
@@ -423,6 +443,16 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
                 goto failed;
             }
 
+            /* the size its replies taught of its cache, once they did */
+
+            if (ps[j].stats.learned_tokens
+                && json_object_set_new(p, "learned_cache_tokens",
+                       json_integer((json_int_t)
+                                    ps[j].stats.learned_tokens)))
+            {
+                goto failed;
+            }
+
             /* the engine's own figures (affinity_metrics), once it gave any */
 
             if (ps[j].stats.engine_load >= 0
@@ -537,6 +567,7 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_PINS,
     NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD,
     NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS,
+    NGX_HTTP_UPSTREAM_AFFINITY_LEARNED_CACHE_TOKENS,
     NGX_HTTP_UPSTREAM_AFFINITY_PEER_METRICS
 } ngx_http_upstream_affinity_metric_e;
 
@@ -555,7 +586,10 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
       "them (affinity_metrics)." },
     { "nginx_upstream_affinity_peer_engine_cache_tokens", "gauge",
       "The tokens the peer's KV cache holds, as its engine reported them "
-      "(affinity_metrics)." }
+      "(affinity_metrics)." },
+    { "nginx_upstream_affinity_peer_learned_cache_tokens", "gauge",
+      "The prompt tokens a prefix lasts in the peer's KV cache, as its "
+      "replies taught (prefix_affinity without cache=)." }
 };
 
 
@@ -770,9 +804,13 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                 case NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD:
                     v = ps[j].stats.engine_load;
                     break;
-                default: /* NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS */
+                case NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS:
                     v = ps[j].stats.cache_tokens
                         ? (int64_t) ps[j].stats.cache_tokens : -1;
+                    break;
+                default: /* NGX_HTTP_UPSTREAM_AFFINITY_LEARNED_CACHE_TOKENS */
+                    v = ps[j].stats.learned_tokens
+                        ? (int64_t) ps[j].stats.learned_tokens : -1;
                     break;
                 }
 

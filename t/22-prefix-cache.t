@@ -8,7 +8,10 @@
 # unless the server's engine tells its cache's size (affinity_metrics, a
 # mock replica with vLLM's cache_config_info): that size is then used, and
 # what the engine says it computed counts the prompts sent past nginx;
-# cache=off keeps every holder whatever the engine says.
+# cache=off keeps every holder whatever the engine says.  With neither, a
+# server whose replies give their cached tokens (usage.prompt_tokens_details)
+# teaches its size: once a conversation's turn comes back to find the last
+# one evicted, holders older than that are presumed evicted there too.
 # One server per upstream, so that every prompt reaches the same cache and
 # only the route tells what the module presumed.
 
@@ -28,9 +31,10 @@ use AffinityConf qw(proxy_conf servers log_lines chat proxied_upstream
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(1);
 # 62 blocks of 16 tokens, 992 tokens: as cache=1000 within 1 %.
-my ($replica, $unmodelled) = $t->start_mock_replicas(2,
+my ($replica, $unmodelled, $teaching) = $t->start_mock_replicas(3,
     '--cache-tokens', 1000, '--decode-ms-per-token', 0);
-my %port = map { $_ => $t->port } qw(bare cached session reported off status);
+my %port = map { $_ => $t->port }
+    qw(bare cached session reported off learned status);
 my $log = $t->path('logs/cache.log');
 
 # 1,000 tokens: prompts of about 5,000 characters evict a prefix.
@@ -51,6 +55,9 @@ $t->write_conf(proxy_conf($t, servers(\@ports) . "        prefix_affinity;\n",
                 . "        prefix_affinity zone=reported_prefixes:1m;\n"
                 . "        affinity_metrics interval=100ms;",
                 $port{reported}, log => qq(access_log "$log" cache;))
+          . proxied_upstream(learned => servers([ $teaching ])
+                . "        prefix_affinity zone=learned_prefixes:1m;",
+                $port{learned}, log => qq(access_log "$log" cache;))
           . proxied_upstream(off => servers([ $unmodelled ])
                 . "        prefix_affinity cache=off zone=off_prefixes:1m;\n"
                 . "        affinity_metrics interval=100ms;",
@@ -134,6 +141,49 @@ subtest 'prompts sent past this nginx count, as the engine reports them' => sub 
 
     is ask(reported => $q->(3)), 'prefix_new',
         'presumed evicted by what the engine computed';
+};
+
+# The replica's cache holds 992 tokens; the prompts here are about 4
+# characters a token.  A conversation's second turn, 6,000 characters of
+# other prompts after its first, finds it evicted, and says so.
+subtest 'a size learned from the replies' => sub {
+    my $first = [ user => text('learning', 1500) ];
+    my $turn2 = chat($first, [ assistant => 'Noted.' ],
+                     [ user => 'And then?' ]);
+
+    is ask(learned => chat($first)), 'prefix_new', 'a first turn';
+    others('learned', 3);
+    my $learned = sub {
+        my $s = JSON::PP->new->decode(
+            $t->http(GET => '/', port => $port{status})->{body});
+        return $s->{upstreams}{learned}{peers}[0]{learned_cache_tokens};
+    };
+    is $learned->(), undef, 'no size learned before an eviction';
+    is ask(learned => $turn2), 'prefix_hit',
+        'its second turn: followed, nothing learned yet';
+    my $tokens = $learned->() // 0;
+    ok $tokens >= 1200 && $tokens <= 1600,
+        "its reply said it was evicted: $tokens tokens learned";
+    like $t->http(GET => '/?format=prometheus', port => $port{status})->{body},
+        qr/^nginx_upstream_affinity_peer_learned_cache_tokens\{upstream="learned",peer="127\.0\.0\.1:$teaching",backup="false"\} $tokens$/m,
+        'prometheus: the size learned';
+
+    # 6,000 characters is now about what a prefix lasts there (7,500
+    # with the margin).
+    my $doc = text('learned', 2400);
+    my $q = sub { chat([ system => $doc ], [ user => "Question $_[0]?" ]) };
+    is ask(learned => $q->(1)), 'prefix_new', 'first seen';
+    others('learned', 2);
+    is ask(learned => $q->(2)), 'prefix_hit', '4,000 characters later: held';
+    others('learned', 4);
+    is ask(learned => $q->(3)), 'prefix_new',
+        '8,000 characters later: presumed evicted';
+    is ask(learned => $q->(4)), 'prefix_hit', 'cached again';
+
+    # The servers of backend.pl give no usage: nothing is learned there.
+    is ask(bare => $q->(1)), 'prefix_new', 'a server without usage';
+    others('bare', 4);
+    is ask(bare => $q->(2)), 'prefix_hit', 'followed, its size unknown';
 };
 
 subtest 'a session whose prompt is presumed evicted is placed anew' => sub {

@@ -1,0 +1,180 @@
+
+/*
+ * The replies' usage, read for the prefix index's cache model.  When no
+ * cache size is configured and the engines report none, a request whose
+ * prompt extends one its peer is watched with (a probe, see the core's
+ * cache_model.h) has its reply read for the prompt tokens the engine found
+ * cached: whether the peer still held the probe's prefix teaches how long
+ * a prefix lasts in its cache.  Only such requests are read, a few per
+ * peer at a time; the reply passes unchanged and at once.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_upstream_affinity_module.h"
+
+
+static ngx_int_t ngx_http_upstream_affinity_usage_header_filter(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_upstream_affinity_usage_body_filter(
+    ngx_http_request_t *r, ngx_chain_t *in);
+static void ngx_http_upstream_affinity_replied(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_ctx_t *ctx);
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
+
+
+/*
+ * The reply of a request that took a probe, when the module may read it
+ * (ngx_http_upstream_affinity_reply_format(); compressed by the upstream,
+ * it teaches nothing).  The scan lives in the request's pool.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_usage_header_filter(ngx_http_request_t *r)
+{
+    ngx_str_t                          *encoding;
+    affinity_response_format_e          format;
+    ngx_http_upstream_affinity_ctx_t   *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->probe_length == 0) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    format = ngx_http_upstream_affinity_reply_format(r, &encoding);
+
+    if (format == 0) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx->usage_streamed = (format == AFFINITY_RESPONSE_EVENTS);
+
+    ctx->usage = ngx_palloc(r->pool, sizeof(affinity_usage_scan_t));
+
+    if (ctx->usage != NULL) {
+        affinity_usage_scan_start(ctx->usage);
+    }
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+/* reads the buffers as they pass, and passes them on unchanged, at once */
+
+static ngx_int_t
+ngx_http_upstream_affinity_usage_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in)
+{
+    ngx_buf_t                         *b;
+    ngx_chain_t                       *cl;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+
+    if (ctx == NULL || ctx->usage == NULL || in == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            if (b->last > b->pos) {
+                affinity_usage_scan(ctx->usage, (char *) b->pos,
+                                    b->last - b->pos);
+            }
+
+        } else if (ngx_buf_size(b)) {
+            /* proxy buffering wrote it to a temporary file: not read */
+            ctx->usage = NULL;
+            break;
+        }
+
+        if (b->last_buf) {
+            ngx_http_upstream_affinity_replied(r, ctx);
+            ctx->usage = NULL;
+            break;
+        }
+    }
+
+    return ngx_http_next_body_filter(r, in);
+}
+
+
+/*
+ * The probe's peer answered in full: what its usage says is learned.  A
+ * retry that another peer answered says nothing of the probe's.
+ */
+
+static void
+ngx_http_upstream_affinity_replied(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_ctx_t *ctx)
+{
+    uint64_t                             peer, cached, prompt, chars;
+    ngx_str_t                           *name;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    name = r->upstream->peer.name;
+
+    if (name == NULL || name->len == 0 || ctx->conf->prefix_zone == NULL) {
+        return;
+    }
+
+    peer = affinity_peer_id((char *) name->data, name->len);
+
+    if (peer != ctx->probe_peer) {
+        return;
+    }
+
+    if (!affinity_usage_scan_result(ctx->usage, &cached, &prompt)) {
+        if (!ctx->usage_streamed) {
+            ngx_http_upstream_affinity_warn(r,
+                NGX_HTTP_UPSTREAM_AFFINITY_WARN_USAGE_NONE,
+                "affinity: replies give no cached token count "
+                "(usage.prompt_tokens_details.cached_tokens), so the "
+                "size of the replicas' caches is not learned (vLLM: "
+                "--enable-prompt-tokens-details; or set "
+                "prefix_affinity cache=)", NULL);
+        }
+
+        return;
+    }
+
+    chars = ctx->prompt_size;
+
+    if (ctx->nlevels && ctx->levels[ctx->nlevels - 1].length > chars) {
+        chars = ctx->levels[ctx->nlevels - 1].length;
+    }
+
+    shctx = ctx->conf->prefix_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    affinity_prefixes_replied(shctx->zone, peer, ctx->probe_age,
+                              ctx->probe_length, chars, cached, prompt);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "affinity: %V had %uL of %uL prompt tokens cached, "
+                   "a probe of age %uD", name, cached, prompt,
+                   ctx->probe_age);
+}
+
+
+ngx_int_t
+ngx_http_upstream_affinity_init_usage_filter(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_upstream_affinity_usage_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_upstream_affinity_usage_body_filter;
+
+    return NGX_OK;
+}
