@@ -389,7 +389,8 @@ class Simulation:
         order); returns the finished Jobs in that order.  A policy's
         choose() returns a replica, or (replica, token) when it wants
         release(token) called as the request ends (the module's in-flight
-        counters)."""
+        counters), and replied(token, cached tokens, prompt tokens) before
+        if it has one (the usage the reply gives)."""
         self.policy = policy
         jobs = []
         for req in sorted(requests, key=lambda r: r.arrival):
@@ -445,6 +446,10 @@ class Simulation:
 
     def _finish(self, job, now):
         if job.token is not None:
+            # The reply's usage, for a policy that learns from it.
+            replied = getattr(self.policy, 'replied', None)
+            if replied is not None:
+                replied(job.token, job.cached_tokens, job.req.prompt_tokens)
             self.policy.release(job.token)
         rep = self.fleet.replicas[job.replica]
         admitted = rep.admission.release()

@@ -124,7 +124,8 @@ class RouteRequest(ctypes.Structure):
 
 class Decision(ctypes.Structure):
     _fields_ = [('peer', ctypes.c_int32), ('route', c_u32),
-                ('prefix_len', c_u32), ('slot', c_u32)]
+                ('prefix_len', c_u32), ('slot', c_u32),
+                ('probe_age', c_u32), ('probe_length', c_u32)]
 
 
 class PeerStats(ctypes.Structure):
@@ -135,7 +136,7 @@ class PeerStats(ctypes.Structure):
                 ('cache_usage', ctypes.c_double),
                 ('engine_time', c_u32), ('reserved', c_u32),
                 ('engine_elsewhere', ctypes.c_int64),
-                ('cache_tokens', c_u64)]
+                ('cache_tokens', c_u64), ('learned_tokens', c_u64)]
 
 
 class ZoneInfo(ctypes.Structure):
@@ -186,6 +187,8 @@ SIGNATURES = {
     'affinity_route': (ctypes.c_int, [
         ctypes.c_void_p, ctypes.c_void_p, P(Peer), P(ctypes.c_uint8),
         ctypes.c_size_t, P(Balance), P(RouteRequest), P(Decision)]),
+    'affinity_prefixes_replied': (None, [
+        ctypes.c_void_p, c_u64, c_u32, c_u32, c_u64, c_u64, c_u64]),
 }
 
 
@@ -430,10 +433,28 @@ class ModulePolicy:
             raise RuntimeError('affinity_route found no peer')
         self.routes[ROUTES[decision.route] if decision.route < len(ROUTES)
                     else str(decision.route)] += 1
-        return decision.peer, decision.slot
+        # A probe taken: the reply's cached tokens go back to the core, as
+        # the shim reads them from the reply's usage.
+        probe = None
+        if decision.probe_length:
+            chars = max(request.prompt_size, levels[len(levels) - 1].length)
+            probe = (self.peers[decision.peer].id, decision.probe_age,
+                     decision.probe_length, chars)
+        return decision.peer, (decision.slot, probe)
 
-    def release(self, slot):
-        """The request counted in slot has ended."""
+    def replied(self, token, cached_tokens, prompt_tokens):
+        """The request of token (choose()) was answered: with a probe, its
+        cached and prompt tokens teach its replica's cache size."""
+        _, probe = token
+        if probe is not None:
+            peer_id, age, length, chars = probe
+            self.lib.affinity_prefixes_replied(
+                self.prefixes.handle, peer_id, age, length, chars,
+                cached_tokens, prompt_tokens)
+
+    def release(self, token):
+        """The request of token (choose()) has ended."""
+        slot, _ = token
         if slot != NO_SLOT:
             self.lib.affinity_zone_peer_release(self.counter.handle,
                                                 self.row, slot)
