@@ -95,7 +95,7 @@ subtest 'JSON counters after known traffic' => sub {
 
     is $u->{zones}{sessions}{entries}, 5, 'session zone holds 5 entries';
     is $u->{zones}{sessions}{name}, 'st_sessions', 'zone name';
-    ok $u->{zones}{sessions}{capacity} > 30000, "1m holds $u->{zones}{sessions}{capacity} pins";
+    ok $u->{zones}{sessions}{capacity} > 29000, "1m holds $u->{zones}{sessions}{capacity} pins";
     is $u->{zones}{sessions}{peer_slots}, 3,
         'a counter slot for each server, the backup too';
     is $u->{zones}{sessions}{peer_slots_reclaimed}, 0, 'none handed over';

@@ -53,7 +53,7 @@ use JSON::PP;
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers chat eventually);
+use AffinityConf qw(proxy_conf servers chat eventually proxied_upstream);
 
 my $DIR = "$FindBin::Bin/../conf-examples/observability";
 my $DASHBOARD = "$DIR/grafana-dashboard.json";
@@ -68,7 +68,8 @@ my %EXPECTED;
 $EXPECTED{nginx_upstream_affinity_info} = [qw(version nginx)];
 $EXPECTED{"nginx_upstream_affinity_$_"} = [qw(upstream peer backup)]
     for qw(peer_inflight peer_requests_total peer_failures_total peer_pins
-           peer_engine_load peer_engine_cache_tokens);
+           peer_engine_load peer_engine_cache_tokens
+           peer_learned_cache_tokens);
 $EXPECTED{nginx_upstream_affinity_routes_total} = [qw(upstream peer route)];
 $EXPECTED{nginx_upstream_affinity_fallbacks_total} = [qw(upstream reason)];
 $EXPECTED{"nginx_upstream_affinity_balance_$_"} = [qw(upstream)]
@@ -92,7 +93,12 @@ sub slurp {
 my $t = AffinityTest->new(workers => 2);
 my @replicas = $t->start_mock_replicas(2, '--decode-ms-per-token', 1);
 my ($spare) = $t->start_backends(1);
+# A replica whose cache evicts (992 tokens), whose size only its replies
+# tell: learned_cache_tokens.
+my ($evicting) = $t->start_mock_replicas(1, '--cache-tokens', 1000,
+                                          '--decode-ms-per-token', 0);
 my $status = $t->port;
+my $learning = $t->port;
 
 $t->write_conf(proxy_conf($t,
     servers(\@replicas) . servers([$spare], $spare => 'backup') . <<'UPSTREAM',
@@ -104,7 +110,10 @@ UPSTREAM
     location => "            proxy_buffering off;\n",
     http => "    server {\n        listen 127.0.0.1:$status;\n"
           . "        location = /affinity/status { affinity_status; }\n"
-          . "    }\n"));
+          . "    }\n"
+          . proxied_upstream(obs_learning => servers([$evicting])
+                . "        prefix_affinity zone=obs_learning_prefixes:1m;",
+                $learning)));
 $t->start_nginx;
 
 my $json = JSON::PP->new->canonical;
@@ -131,6 +140,19 @@ for my $c (1 .. 2) {
     post('/v1/chat/completions', chat([ user => $first ]));
     post('/v1/chat/completions',
          chat([ user => $first ], [ assistant => 'ok' ], [ user => 'and?' ]));
+}
+
+# a conversation whose first turn the evicting replica no longer holds at
+# the second: its size is learned
+{
+    my $first = [ user => 'a first turn ' x 115 ];
+    my $to = sub {
+        $t->http(POST => '/v1/chat/completions', port => $learning,
+                 headers => \%ct, body => chat(@_));
+    };
+    $to->($first);
+    $to->([ user => "other prompt $_ " x 140 ]) for 1 .. 3;
+    $to->($first, [ assistant => 'ok' ], [ user => 'and then?' ]);
 }
 
 # Responses API: a stored response, its continuation and a lookup
