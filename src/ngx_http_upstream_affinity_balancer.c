@@ -435,12 +435,15 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     ap->ctx->route = decision.route;
     ap->ctx->prefix_len = decision.prefix_len;
 
-    /* the reply will tell whether the peer still held the probe's prefix */
-    if (decision.probe_length) {
-        ap->ctx->probe_peer = ap->view->peers[decision.peer].id;
-        ap->ctx->probe_age = decision.probe_age;
-        ap->ctx->probe_length = decision.probe_length;
-    }
+    /*
+     * The reply will tell whether the peer still held the probe's prefix;
+     * a retry's reply is another peer's, and teaches nothing of an earlier
+     * try's probe.
+     */
+    ap->ctx->probe_peer = decision.probe_length
+                          ? ap->view->peers[decision.peer].id : 0;
+    ap->ctx->probe_age = decision.probe_age;
+    ap->ctx->probe_length = decision.probe_length;
 
     if (ascf->store) {
         ngx_http_upstream_affinity_share(ap, &decision);

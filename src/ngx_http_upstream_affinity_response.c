@@ -298,8 +298,8 @@ affinity_response_format_e
 ngx_http_upstream_affinity_reply_format(ngx_http_request_t *r,
     ngx_str_t **encoding)
 {
-    ngx_str_t                 *type, *value;
-    affinity_response_format_e  format;
+    ngx_str_t                   *type, *value;
+    affinity_response_format_e   format;
 
     *encoding = NULL;
 

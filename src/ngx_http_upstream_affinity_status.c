@@ -288,9 +288,8 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
 
                 affinity_zone_peer_stats(prefixes->zone, slot, &learned);
 
-                ps->stats.learned_tokens =
-                         (learned.id == view->peers[j].id)
-                         ? learned.learned_tokens : 0;
+                ps->stats.learned_tokens = (learned.id == view->peers[j].id)
+                                           ? learned.learned_tokens : 0;
             }
         }
     }

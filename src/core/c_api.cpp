@@ -500,13 +500,18 @@ void affinity_prefixes_replied(affinity_zone_t *zone, uint64_t peer_id,
 
     // Characters cached, at the prompt's own characters per token when
     // both are known: at least half the probe's prefix counts as held.
+    // The prompt's size may be its body's (past the last level), escapes
+    // and all: no more than twice the usual characters a token.
     double per_token = prompt_chars != 0 && prompt_tokens != 0
-                       ? double(prompt_chars) / double(prompt_tokens)
+                       ? std::clamp(double(prompt_chars)
+                                        / double(prompt_tokens),
+                                    1.0, 2.0 * AFFINITY_CHARS_PER_TOKEN)
                        : double(AFFINITY_CHARS_PER_TOKEN);
     bool held = double(cached_tokens) * per_token * 2
                 >= double(probe_length);
 
-    CacheModel::replied(zone_of(zone), peer_id, probe_age, held);
+    CacheModel::replied(zone_of(zone), peer_id, probe_age, probe_length,
+                        held);
 }
 
 void affinity_prefixes_record(affinity_zone_t *zone,
@@ -611,11 +616,13 @@ void affinity_usage_scan(affinity_usage_scan_t *scan, const char *data,
     reinterpret_cast<UsageScan *>(scan)->feed(data, len);
 }
 
-int affinity_usage_scan_result(const affinity_usage_scan_t *scan,
+int affinity_usage_scan_result(affinity_usage_scan_t *scan,
                                uint64_t *cached_tokens,
                                uint64_t *prompt_tokens) noexcept
 {
-    const UsageScan *s = reinterpret_cast<const UsageScan *>(scan);
+    UsageScan *s = reinterpret_cast<UsageScan *>(scan);
+
+    s->finish();
 
     if (!s->found()) {
         return 0;

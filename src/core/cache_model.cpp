@@ -173,7 +173,7 @@ void CacheModel::take_probe(size_t i, const uint64_t *keys, size_t nkeys,
 
         left--;
 
-        uint32_t aged = static_cast<uint32_t>(fill_[i]) - probe.fill;
+        uint64_t aged = fill_[i] - probe.fill;
 
         if (aged > limit || now - probe.since > timeout) {
             probe = CapacityProbe{};
@@ -184,7 +184,8 @@ void CacheModel::take_probe(size_t i, const uint64_t *keys, size_t nkeys,
         for (size_t j = 0; j < nkeys; j++) {
             if (probe_key(keys[j]) == probe.key) {
                 if (*length == 0) {
-                    *age = aged;
+                    *age = static_cast<uint32_t>(
+                        std::min<uint64_t>(aged, UINT32_MAX));
                     *length = probe.length;
                 }
 
@@ -220,10 +221,6 @@ void CacheModel::watch(size_t i, uint64_t key, uint32_t length,
             continue;
         }
 
-        if (probe.slot == n && probe.key == wanted) {
-            return;
-        }
-
         // Any peer's probe past the timeout is given up here: a peer
         // that gets no more requests does not keep its probes.
         if (now - probe.since > timeout) {
@@ -233,21 +230,30 @@ void CacheModel::watch(size_t i, uint64_t key, uint32_t length,
 
             probe = CapacityProbe{};
             vacant = vacant ? vacant : &probe;
+            continue;
+        }
+
+        if (probe.slot == n && probe.key == wanted) {
+            return;
         }
     }
 
     if (vacant != nullptr) {
-        *vacant = {wanted, static_cast<uint32_t>(fill_[i]), length, now, n, 0};
+        *vacant = {wanted, length, fill_[i], now, n};
         s.probes++;
     }
 }
 
 void CacheModel::replied(Zone prefixes, uint64_t peer_id, uint32_t age,
-                         bool held) noexcept
+                         uint32_t length, bool held) noexcept
 {
     uint32_t n = prefixes.find_slot(peer_id);
 
-    if (n == kNoSlot) {
+    // A prompt lost before less than its own length of others was sent
+    // the peer says nothing of its cache: the request that sent it failed
+    // or had not been computed yet (a retry, or concurrent prompts that
+    // extend it), or the peer is several engines.
+    if (n == kNoSlot || (!held && age < length)) {
         return;
     }
 

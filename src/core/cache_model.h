@@ -99,7 +99,6 @@ public:
                       < kStampsPerCapacity;
     }
 
-
     // Peer i was sent chars characters it was not presumed to hold.
     void add(size_t i, uint64_t chars) noexcept;
 
@@ -118,11 +117,11 @@ public:
     void watch(size_t i, uint64_t key, uint32_t length, uint32_t now,
                uint32_t timeout) noexcept;
 
-    // peer_id's reply to a prompt that took a probe of this age told
-    // whether it held the probe's prefix (caller holds the prefix zone's
-    // lock): affinity_prefixes_replied().
+    // peer_id's reply to a prompt that took a probe of this age and
+    // length told whether it held the probe's prefix (caller holds the
+    // prefix zone's lock): affinity_prefixes_replied().
     static void replied(Zone prefixes, uint64_t peer_id, uint32_t age,
-                        bool held) noexcept;
+                        uint32_t length, bool held) noexcept;
 
     // peer_id's engine computed this many prompt tokens since it started
     // (caller holds the prefix zone's lock): affinity_prefixes_polled().
@@ -133,8 +132,8 @@ private:
     // unit_[i] != 0: peer i's cache is modelled, its clock in *slots_[i].
     // learning_[i]: its capacity is learned from its replies; its clock
     // runs (slots_[i]) before its cache is modelled, and its stamps count
-    // from base_[i] and offset_[i].  Set only when enabled_: no model
-    // costs a request nothing.
+    // from base_[i] and offset_[i].  Set only when enabled_: with the
+    // model off (cache=off), a request costs nothing here.
     Zone zone_;
     uint32_t probes_each_;
     PeerSlot *slots_[kMaxPeers];

@@ -155,6 +155,19 @@ int LoadBound::index_of_short(uint32_t short_id) const noexcept
 
 namespace {
 
+// A decision for peer (an index, -1: none): route() then counts the
+// request (its slot) and looks for a probe the prompt takes.
+affinity_decision_t decided(int peer, uint32_t route, uint32_t prefix_len)
+    noexcept
+{
+    affinity_decision_t d{};
+    d.peer = peer;
+    d.route = route;
+    d.prefix_len = prefix_len;
+    d.slot = kNoSlot;
+    return d;
+}
+
 // Stay or move by what a move costs (route_prefix): when every holder of
 // a prompt's longest shared level (one that at least kStayHolders peers
 // hold) is over the load bound or beyond its slack (kDocumentExtraMax),
@@ -313,7 +326,7 @@ int place_session(const LoadBound &load, const Ring *ring,
                             by_prompt);
     }
 
-    by_prompt = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
+    by_prompt = decided(-1, AFFINITY_ROUTE_NONE, 0);
     return place(load, ring, request.ring_hash, -1, request.rotate);
 }
 
@@ -325,8 +338,8 @@ void move_session(SessionTable &table, SessionEntry *entry, uint64_t id,
 {
     table.repin(entry, id);
     entry->spill = 0;
-    decision = {i, AFFINITY_ROUTE_SESSION_MOVED, by_prompt.prefix_len,
-                kNoSlot};
+    decision = decided(i, AFFINITY_ROUTE_SESSION_MOVED,
+                       by_prompt.prefix_len);
 }
 
 // A new session is placed by its prompt when the prefix index knows it
@@ -356,7 +369,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                              : uint32_t{AFFINITY_ROUTE_SESSION_NEW};
 
             table.repin(table.insert(request.key_hash), peers[i].id);
-            decision = {i, route, by_prompt.prefix_len, kNoSlot};
+            decision = decided(i, route, by_prompt.prefix_len);
         }
 
         return i;
@@ -393,7 +406,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
             || load.within_slack(pinned, document_extra(shared_length(
                                     *prefixes, keys, request, load, cache)))))
     {
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
+        decision = decided(pinned, AFFINITY_ROUTE_SESSION_HIT, 0);
         return pinned;
     }
 
@@ -455,13 +468,13 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         // The pinned peer holds the longest shared part of the prompt, over
         // the bound by less than a move would cost (kDocumentChars), or is
         // the least loaded peer itself: the session stays.
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
+        decision = decided(pinned, AFFINITY_ROUTE_SESSION_HIT, 0);
         return pinned;
     }
 
     if (i < 0 && load.serves_pins(pinned)) {
         // Everyone is over the bound: stay where the cache is.
-        decision = {pinned, AFFINITY_ROUTE_SESSION_HIT, 0, kNoSlot};
+        decision = decided(pinned, AFFINITY_ROUTE_SESSION_HIT, 0);
         return pinned;
     }
 
@@ -473,8 +486,8 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
         uint64_t previous = entry->peer;
         table.repin(entry, peers[i].id);
         entry->spill = previous;
-        decision = {i, AFFINITY_ROUTE_SESSION_SPILL, by_prompt.prefix_len,
-                    kNoSlot};
+        decision = decided(i, AFFINITY_ROUTE_SESSION_SPILL,
+                           by_prompt.prefix_len);
     }
 
     return i;
@@ -650,7 +663,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                 length = stay_length;
             }
 
-            decision = {best, AFFINITY_ROUTE_PREFIX_HIT, length, kNoSlot};
+            decision = decided(best, AFFINITY_ROUTE_PREFIX_HIT, length);
             return best;
         }
 
@@ -664,7 +677,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                        : load.least_loaded_on_ring(ring, own, request.rotate);
 
     if (fresh >= 0) {
-        decision = {fresh, AFFINITY_ROUTE_PREFIX_NEW, 0, kNoSlot};
+        decision = decided(fresh, AFFINITY_ROUTE_PREFIX_NEW, 0);
     }
 
     return fresh;
@@ -731,7 +744,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
           const affinity_request_t &request,
           affinity_decision_t &decision) noexcept
 {
-    decision = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
+    decision = decided(-1, AFFINITY_ROUTE_NONE, 0);
 
     LoadBound load(zone, peers, states, npeers, balance, request.now);
     bool sessions = zone.header().kind
@@ -768,7 +781,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
 
     if (owner >= 0 && load.serves_pins(size_t(owner))) {
         chosen = owner;
-        decision = {owner, AFFINITY_ROUTE_RESPONSE_HIT, 0, kNoSlot};
+        decision = decided(owner, AFFINITY_ROUTE_RESPONSE_HIT, 0);
 
         if (request.has_key && sessions) {
             SessionTable(zone, request.now, request.timeout)
@@ -788,12 +801,12 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         chosen = load.least_loaded(-1, request.rotate);
 
         if (chosen >= 0) {
-            decision = {chosen, AFFINITY_ROUTE_FALLBACK, 0, kNoSlot};
+            decision = decided(chosen, AFFINITY_ROUTE_FALLBACK, 0);
         }
     }
 
     if (chosen < 0) {
-        decision = {-1, AFFINITY_ROUTE_NONE, 0, kNoSlot};
+        decision = decided(-1, AFFINITY_ROUTE_NONE, 0);
         return -1;
     }
 

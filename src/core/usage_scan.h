@@ -34,6 +34,14 @@ public:
     // Reads the next bytes of the body.
     void feed(const char *data, size_t len) noexcept;
 
+    // The body ended: a count it ended in is read.
+    void finish() noexcept
+    {
+        if (state_ == kNumber) {
+            end_number();
+        }
+    }
+
     // Whether a cached token count was read, and the prompt's tokens
     // (0 if none was read).
     bool found() const noexcept { return have_cached_; }

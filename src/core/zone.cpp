@@ -249,20 +249,18 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     slot.engine_mark = 0;
 
     // Its probes in the pool were the old peer's prompts.
-    if (slot.probes != 0) {
-        uint32_t n = static_cast<uint32_t>(&slot - peer_slots());
+    uint32_t n = static_cast<uint32_t>(&slot - peer_slots());
 
-        for (size_t i = 0; i < kCapacityProbes; i++) {
-            CapacityProbe &probe = probes()[i];
+    for (size_t i = 0; i < kCapacityProbes; i++) {
+        CapacityProbe &probe = probes()[i];
 
-            if (probe.key != 0 && probe.slot == n) {
-                probe = CapacityProbe{};
-            }
+        if (probe.key != 0 && probe.slot == n) {
+            probe = CapacityProbe{};
         }
     }
 
     slot.probes = 0;
-    slot.learned = 0;
+    atomic_store<uint32_t>(&slot.learned, 0);
     slot.held_age = 0;
     slot.learned_unit = 0;
     slot.stamp_base = 0;

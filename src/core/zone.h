@@ -85,11 +85,10 @@ constexpr size_t kRoutes = AFFINITY_ROUTES;
 struct CapacityProbe {
     uint32_t key;               // the prompt's longest level (its key's
                                 // low half, odd); 0: free
-    uint32_t fill;              // the peer's clock after it (mod 2^32)
     uint32_t length;            // characters of that level
+    uint64_t fill;              // the peer's clock after it
     uint32_t since;             // seconds
     uint32_t slot;              // the peer's slot
-    uint32_t unused;
 };
 
 constexpr size_t kCapacityProbes = 128;

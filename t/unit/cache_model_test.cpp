@@ -340,28 +340,35 @@ TEST(CacheModel, LearnedCapacityFollowsTheReplies)
                                1000);
     const uint64_t id = peers[0].id;
 
-    affinity::CacheModel::replied(z, id, 5000, true);
+    affinity::CacheModel::replied(z, id, 5000, 100, true);
     EXPECT_EQ(slot_of(z, id).learned, 0u) << "held: no model yet";
     EXPECT_EQ(slot_of(z, id).learned_unit, 0u);
 
-    affinity::CacheModel::replied(z, id, 3000, false);
+    affinity::CacheModel::replied(z, id, 3000, 100, false);
     EXPECT_EQ(slot_of(z, id).learned, 5000u) << "no less than held";
     EXPECT_EQ(slot_of(z, id).learned_unit, 5000u * 125 / 100 / 16);
 
-    affinity::CacheModel::replied(z, id, 8000, true);
+    affinity::CacheModel::replied(z, id, 8000, 100, true);
     EXPECT_EQ(slot_of(z, id).learned, 8000u);
-    affinity::CacheModel::replied(z, id, 6000, true);
+    affinity::CacheModel::replied(z, id, 6000, 100, true);
     EXPECT_EQ(slot_of(z, id).learned, 8000u) << "held below: nothing new";
 
-    affinity::CacheModel::replied(z, id, 4000, false);
+    affinity::CacheModel::replied(z, id, 4000, 100, false);
     EXPECT_EQ(slot_of(z, id).learned, 7000u);
-    affinity::CacheModel::replied(z, id, 9000, false);
+    affinity::CacheModel::replied(z, id, 9000, 100, false);
     EXPECT_EQ(slot_of(z, id).learned, 7000u) << "evicted above: consistent";
 
     EXPECT_EQ(slot_of(z, peers[1].id).learned, 0u) << "the other's own";
 
+    // Lost before less than its own length of others: says nothing (a
+    // failed try, or a prompt not computed yet).
+    affinity::CacheModel::replied(z, peers[1].id, 900, 1000, false);
+    EXPECT_EQ(slot_of(z, peers[1].id).learned, 0u);
+    affinity::CacheModel::replied(z, peers[1].id, 1000, 1000, false);
+    EXPECT_EQ(slot_of(z, peers[1].id).learned, 1000u);
+
     // A peer never seen here has no clock: nothing to learn.
-    affinity::CacheModel::replied(z, affinity_peer_id("10.9.9.9", 8), 10,
+    affinity::CacheModel::replied(z, affinity_peer_id("10.9.9.9", 8), 10, 1,
                                   false);
     EXPECT_EQ(zone.info().peer_slots_used, 2u);
 }
@@ -381,7 +388,7 @@ TEST(CacheModel, LearnedCapacityModelsThePeerAndKeepsItsStamps)
                                 1000);
     before.add(0, 123456);
     EXPECT_TRUE(before.holds(0, 0));
-    affinity::CacheModel::replied(z, id, 16000, false);
+    affinity::CacheModel::replied(z, id, 16000, 100, false);
 
     // 20,000 characters of the clock: 16 stamps of 1,250.
     affinity::CacheModel learned(z, peers.data(), peers.size(), 0, nullptr,
@@ -398,7 +405,7 @@ TEST(CacheModel, LearnedCapacityModelsThePeerAndKeepsItsStamps)
     // Held far older: a new unit (5,000), from the stamp of the moment.
     affinity::CacheModel at(z, peers.data(), peers.size(), 0, nullptr, 1002);
     const uint8_t now = at.stamp(0);
-    affinity::CacheModel::replied(z, id, 64000, true);
+    affinity::CacheModel::replied(z, id, 64000, 100, true);
     affinity::CacheModel wider(z, peers.data(), peers.size(), 0, nullptr,
                                1003);
     EXPECT_EQ(wider.stamp(0), now);
@@ -478,7 +485,7 @@ TEST(CacheModel, ProbesAreTakenByPromptsThatExtendThem)
     fresh.add(0, (1u << 20) + 1);
     fresh.take_probe(0, one_eleven, 1, 3000, 600, &age, &length);
     EXPECT_EQ(length, 0u);
-    affinity::CacheModel::replied(z, peers[0].id, 1u << 20, true);
+    affinity::CacheModel::replied(z, peers[0].id, 1u << 20, 100, true);
     affinity::CacheModel next(z, peers.data(), peers.size(), 0, nullptr,
                               3001);
     next.watch(0, 111, 400, 3001, 600);

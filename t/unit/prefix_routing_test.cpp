@@ -1155,21 +1155,35 @@ TEST(PrefixRoute, CapacityLearnedFromRepliesModelsThePeer)
     // Less than half the probe's prefix cached is lost, at least half is
     // held (at the prompt's own characters per token: here 4).
     Fleet g;
-    const uint64_t g0 = g.up().peers()[0].id;
-    auto replied_after = [&](uint32_t id, uint32_t n, double share) {
-        Routed t = turn_two_after(g, id, n);
+    auto replied_after = [&](Fleet &fleet, uint32_t id, uint32_t n,
+                             double share, uint64_t chars) {
+        Routed t = turn_two_after(fleet, id, n);
         EXPECT_GT(t.decision.probe_length, 0u);
         uint64_t cached = uint64_t(t.decision.probe_length * share / 4);
-        affinity_prefixes_replied(g.prefixes(), g0, t.decision.probe_age,
-                                  t.decision.probe_length, 4000, cached,
+        affinity_prefixes_replied(fleet.prefixes(),
+                                  fleet.up().peers()[0].id,
+                                  t.decision.probe_age,
+                                  t.decision.probe_length, chars, cached,
                                   1000);
     };
-    replied_after(31, 2, 0.55);
+    replied_after(g, 31, 2, 0.55, 4000);
     EXPECT_EQ(turn_two_after(g, 32, 7).decision.route, kPrefixHit)
         << "more than half held: no eviction seen, no model";
-    replied_after(33, 2, 0.45);
+    replied_after(g, 33, 2, 0.45, 4000);
     EXPECT_EQ(turn_two_after(g, 34, 7).decision.route, kPrefixNew)
         << "less than half held: lost two prompts later";
+
+    // A prompt's size taken from its body (escapes, images) weighs a
+    // token at 8 characters at most: a fifth cached is not half.
+    Fleet h;
+    replied_after(h, 35, 2, 0.2, 40000);
+    EXPECT_EQ(turn_two_after(h, 36, 7).decision.route, kPrefixNew)
+        << "a tenth held at most: lost";
+
+    // Lost right after it was sent (a failed try): nothing learned.
+    Fleet k;
+    replied_after(k, 37, 0, 0, 4000);
+    EXPECT_EQ(turn_two_after(k, 38, 7).decision.route, kPrefixHit);
 }
 
 // With no capacity configured, a peer's engine may tell its own

@@ -77,6 +77,14 @@ TEST(UsageScan, ReadsTheLastChunkOfAStream)
     EXPECT_EQ(u.cached, 8u);
 }
 
+TEST(UsageScan, ACountTheBodyEndsInIsRead)
+{
+    Usage u = scan(R"({"usage":{"prompt_tokens":64,"cached_tokens":48)", 5);
+    EXPECT_TRUE(u.found);
+    EXPECT_EQ(u.cached, 48u);
+    EXPECT_EQ(u.prompt, 64u);
+}
+
 TEST(UsageScan, ReadsTheResponsesApiUsage)
 {
     Usage u = scan(R"({"id":"resp_1","object":"response","usage":)"

@@ -396,7 +396,8 @@ typedef struct {
        AFFINITY_CHARS_PER_TOKEN) that it did not hold is presumed to have
        evicted a prefix, and is not followed for it.  0: each peer's size
        as its engine last reported it (affinity_zone_peer_polled()), if
-       it did */
+       it did, else as its replies taught it (affinity_prefixes_replied()),
+       if they did */
     uint64_t                 prefix_capacity;
     /* with prefix_capacity: the prompt's length in characters, or an
        estimate from above (the body's size, or the length of the next
@@ -700,11 +701,10 @@ AFFINITY_API void affinity_usage_scan_start(affinity_usage_scan_t *scan)
 AFFINITY_API void affinity_usage_scan(affinity_usage_scan_t *scan,
     const char *data, size_t len) AFFINITY_NOEXCEPT;
 
-/* 1 and the figures (prompt_tokens 0 if none was read) once a count of
- * cached tokens was read, else 0. */
-AFFINITY_API int affinity_usage_scan_result(
-    const affinity_usage_scan_t *scan, uint64_t *cached_tokens,
-    uint64_t *prompt_tokens) AFFINITY_NOEXCEPT;
+/* The body ended: 1 and the figures (prompt_tokens 0 if none was read)
+ * if a count of cached tokens was read, else 0. */
+AFFINITY_API int affinity_usage_scan_result(affinity_usage_scan_t *scan,
+    uint64_t *cached_tokens, uint64_t *prompt_tokens) AFFINITY_NOEXCEPT;
 
 
 /* ---- the engines' own load ------------------------------------------- */
@@ -825,12 +825,13 @@ AFFINITY_API void affinity_prefixes_record(affinity_zone_t *zone,
  * peer_id replied to a request whose decision took a probe (probe_age,
  * probe_length != 0), with the usage its body gave: cached_tokens of
  * prompt_tokens were in its cache (affinity_usage_scan()).  prompt_chars:
- * the prompt's length in code points (affinity_request_t.prompt_size, or
- * its longest level's), to weigh tokens in characters; 0 or no
- * prompt_tokens: AFFINITY_CHARS_PER_TOKEN.  The probe's prefix counts as
- * held when at least half of it was cached; the peer's capacity is learned
- * from it (affinity_request_t.prefix_capacity 0).  Caller holds the zone
- * lock.
+ * the prompt's size as affinity_request_t.prompt_size gives it (or its
+ * longest level's), to weigh tokens in characters, at most twice
+ * AFFINITY_CHARS_PER_TOKEN a token; 0 or no prompt_tokens:
+ * AFFINITY_CHARS_PER_TOKEN.  The probe's prefix counts as held when at
+ * least half of it was cached; the peer's capacity is learned from it
+ * (affinity_request_t.prefix_capacity 0).  A prefix lost before probe_age
+ * reached probe_length teaches nothing.  Caller holds the zone lock.
  */
 AFFINITY_API void affinity_prefixes_replied(affinity_zone_t *zone,
     uint64_t peer_id, uint32_t probe_age, uint32_t probe_length,
