@@ -42,11 +42,10 @@ uint64_t stamp_unit(uint64_t tokens) noexcept
 // (in the units they were stamped in).  Under the prefix zone's lock.
 void restamp(PeerSlot &s, uint32_t unit) noexcept
 {
-    uint32_t fill = static_cast<uint32_t>(atomic_load(&s.cache_fill));
+    uint64_t fill = atomic_load(&s.cache_fill);
     uint8_t stamp = s.learned_unit != 0
-                    ? static_cast<uint8_t>(s.stamp_offset
-                                           + (fill - s.stamp_base)
-                                                 / s.learned_unit)
+                    ? stamp_at(fill, s.stamp_base, s.stamp_offset,
+                               s.learned_unit)
                     : 0;
 
     s.stamp_offset = stamp;
@@ -83,6 +82,8 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
         slots_[i] = nullptr;
         fill_[i] = 0;
         unit_[i] = 0;
+        base_[i] = 0;
+        offset_[i] = 0;
         learning_[i] = false;
 
         if (!prefixes.owns(slot, peers[i].id)) {
@@ -134,16 +135,6 @@ void CacheModel::add(size_t i, uint64_t chars) noexcept
 
     fill_[i] += chars;
     atomic_store(&slots_[i]->cache_fill, fill_[i]);
-
-    // Learned stamps count from their base modulo 2^32: long before that
-    // wraps, a new base, at the stamp of the moment.
-    if (learning_[i] && unit_[i] != 0
-        && static_cast<uint32_t>(fill_[i]) - base_[i] >= (1u << 31))
-    {
-        restamp(*slots_[i], static_cast<uint32_t>(unit_[i]));
-        base_[i] = slots_[i]->stamp_base;
-        offset_[i] = slots_[i]->stamp_offset;
-    }
 }
 
 void CacheModel::take_probe(size_t i, const uint64_t *keys, size_t nkeys,

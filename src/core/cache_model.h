@@ -58,6 +58,15 @@ constexpr uint64_t kStampsPerCapacity = 16;
 constexpr uint64_t kCapacityOff = AFFINITY_CAPACITY_OFF;
 constexpr uint64_t kCapacityMarginPercent = 125;
 
+// The stamp of a clock at fill, in units of unit characters counted from
+// base, where the stamp was offset.  A configured or reported capacity
+// counts from 0; a learned one from where its unit last changed.
+inline uint8_t stamp_at(uint64_t fill, uint64_t base, uint8_t offset,
+                        uint64_t unit) noexcept
+{
+    return static_cast<uint8_t>(offset + (fill - base) / unit);
+}
+
 class CacheModel {
 public:
     // The clocks of peers[0..npeers) in the prefix zone (slots claimed
@@ -76,17 +85,9 @@ public:
     // Peer i's clock, as a stamp.
     uint8_t stamp(size_t i) const noexcept
     {
-        if (!enabled_ || unit_[i] == 0) {
-            return 0;
-        }
-
-        if (learning_[i]) {
-            return static_cast<uint8_t>(
-                offset_[i]
-                + (static_cast<uint32_t>(fill_[i]) - base_[i]) / unit_[i]);
-        }
-
-        return static_cast<uint8_t>(fill_[i] / unit_[i]);
+        return enabled_ && unit_[i]
+                   ? stamp_at(fill_[i], base_[i], offset_[i], unit_[i])
+                   : 0;
     }
 
     // Whether peer i, stamped so when it got a prefix, is presumed to hold
@@ -130,16 +131,17 @@ public:
 
 private:
     // unit_[i] != 0: peer i's cache is modelled, its clock in *slots_[i].
+    // Its stamps count from base_[i] and offset_[i] (stamp_at()).
     // learning_[i]: its capacity is learned from its replies; its clock
-    // runs (slots_[i]) before its cache is modelled, and its stamps count
-    // from base_[i] and offset_[i].  Set only when enabled_: with the
-    // model off (cache=off), a request costs nothing here.
+    // runs (slots_[i]) before its cache is modelled.  Set only when
+    // enabled_: with the model off (cache=off), a request costs nothing
+    // here.
     Zone zone_;
     uint32_t probes_each_;
     PeerSlot *slots_[kMaxPeers];
     uint64_t fill_[kMaxPeers];
     uint64_t unit_[kMaxPeers];
-    uint32_t base_[kMaxPeers];
+    uint64_t base_[kMaxPeers];
     uint8_t offset_[kMaxPeers];
     bool learning_[kMaxPeers];
     bool enabled_;

@@ -20,16 +20,8 @@ bool is_key(const char *buf, size_t len, const char *name) noexcept
 
 void UsageScan::start() noexcept
 {
-    cached_ = 0;
-    prompt_ = 0;
-    number_ = 0;
-    state_ = kOutside;
-    key_ = kOther;
-    have_cached_ = false;
-    escape_ = false;
-    too_long_ = false;
-    key_len_ = 0;
-    digits_ = 0;
+    // Every member's zero is where a scan starts (kOutside, kOther).
+    *this = UsageScan();
 }
 
 void UsageScan::end_string() noexcept

@@ -129,15 +129,15 @@ struct alignas(64) PeerSlot {
     // What the peer's replies told of its cache, when neither the
     // configuration nor its engine gives its size (cache_model.h).  In the
     // prefix zone, under its lock.
+    uint64_t stamp_base;        // its clock when the unit was set, and
+    uint8_t stamp_offset;       // its stamp then: the stamps recorded
+                                // before keep their ages
+    uint8_t probes;             // in the zone's pool
     uint32_t learned;           // characters of its clock a prefix lasts;
                                 // 0: no eviction seen yet
     uint32_t held_age;          // the oldest prefix found held
     uint32_t learned_unit;      // characters of its clock per stamp; 0:
                                 // not modelled yet
-    uint32_t stamp_base;        // its clock (mod 2^32) when the unit was
-                                // set, and its stamp then: the stamps
-    uint8_t stamp_offset;       // recorded before keep their ages
-    uint8_t probes;             // in the zone's pool
 };
 
 static_assert(sizeof(PeerSlot) == 256, "a peer slot is four cache lines");
