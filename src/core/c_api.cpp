@@ -607,7 +607,6 @@ static_assert(std::is_trivially_copyable<UsageScan>::value,
 void affinity_usage_scan_start(affinity_usage_scan_t *scan) noexcept
 {
     new (scan) UsageScan();
-    reinterpret_cast<UsageScan *>(scan)->start();
 }
 
 void affinity_usage_scan(affinity_usage_scan_t *scan, const char *data,

@@ -18,12 +18,6 @@ bool is_key(const char *buf, size_t len, const char *name) noexcept
 
 }  // namespace
 
-void UsageScan::start() noexcept
-{
-    // Every member's zero is where a scan starts (kOutside, kOther).
-    *this = UsageScan();
-}
-
 void UsageScan::end_string() noexcept
 {
     key_ = kOther;

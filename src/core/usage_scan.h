@@ -27,10 +27,10 @@
 
 namespace affinity {
 
+// A scan starts value-initialised (UsageScan()): every member's zero is
+// where it starts (kOutside, kOther).
 class UsageScan {
 public:
-    void start() noexcept;
-
     // Reads the next bytes of the body.
     void feed(const char *data, size_t len) noexcept;
 
