@@ -68,6 +68,7 @@ from bench.sim.mock_backend import MockProcess  # noqa: E402
 SIM = os.path.join(REPO, 'bench', 'sim')
 PYTHON = sys.executable
 
+ORACLE_REPLAY = 'oracle_replay'
 PROXY_PORT = 19300
 MOCK_BASE_PORT = 19301      # core_policy.BASE_PORT names peers after it
 
@@ -136,6 +137,13 @@ POLICIES = {
     'prefix_long': ('nginx', 'prefix_affinity max=128k',
                     'prefix_affinity max=128k zone=bench_prefixes:32m;',
                     False),
+    # The offline oracle's choices, replayed live: nginx, without the
+    # module, sends each request to the replica the oracle chose for it
+    # (X-Bench-Replica), so that the oracle's TTFT is measured through the
+    # same client, proxy and mock as the policies'.  Its routes do not
+    # depend on the session ids: one run serves both modes.
+    ORACLE_REPLAY: ('routed', "*oracle's choices, replayed through nginx*",
+                    '', False),
 }
 
 # Several instances of the module (both directives) behind a spreader that
@@ -166,9 +174,10 @@ REDIS_PORT = 19390
 MAIN_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
                  'session_affinity', 'prefix_affinity', 'round_robin',
                  'least_conn', 'hash_consistent', 'haproxy_hdr',
-                 'haproxy_body']
+                 'haproxy_body', ORACLE_REPLAY]
 QUICK_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
-                  'prefix_affinity', 'hash_consistent', 'least_conn']
+                  'prefix_affinity', 'hash_consistent', 'least_conn',
+                  ORACLE_REPLAY]
 # The comparison that chose prefix_affinity's default levels (README).
 LEVEL_POLICIES = ['prefix_default', 'prefix_seeds', 'prefix_coarse',
                   'prefix_fine', 'prefix_8k', 'prefix_long']
@@ -232,10 +241,11 @@ class Proxy:
         os.makedirs(os.path.join(self.dir, 'tmp'))
         servers = ports
 
-        if kind == 'nginx':
+        if kind in ('nginx', 'routed'):
             conf = os.path.join(self.dir, 'nginx.conf')
             with open(conf, 'w') as f:
-                f.write(self.nginx_conf(lines, servers, module))
+                f.write(self.nginx_conf(lines, servers, module,
+                                        routed=kind == 'routed'))
             self.cmd = [nginx_bin, '-p', self.dir, '-c', conf,
                         '-g', 'daemon off;']
         else:
@@ -255,11 +265,30 @@ class Proxy:
             with open(log_path) as f:
                 raise RuntimeError(f'{kind} did not start:\n{f.read()}')
 
-    def nginx_conf(self, lines, servers, module):
+    def nginx_conf(self, lines, servers, module, routed=False):
         d = self.dir
-        upstream = '\n'.join(f'        server 127.0.0.1:{p};'
-                             for p in servers)
-        return f'''load_module {module};
+        if routed:
+            # X-Bench-Replica: N names the Nth replica; an address in
+            # proxy_pass needs no resolver.  A request without a route
+            # fails (an empty address), so that a replay without routes
+            # cannot pass for the oracle's.
+            choices = '\n'.join(f'        {i} 127.0.0.1:{p};'
+                                for i, p in enumerate(servers))
+            upstream = f'''map $http_x_bench_replica $bench_replica {{
+{choices}
+    }}'''
+            target = '$bench_replica'
+        else:
+            upstream = '\n'.join(f'        server 127.0.0.1:{p};'
+                                 for p in servers)
+            upstream = f'''upstream fleet {{
+{upstream}
+        {lines}
+    }}'''
+            target = 'fleet'
+        # The oracle's replay runs nginx without the module.
+        load = '' if routed else f'load_module {module};'
+        return f'''{load}
 worker_processes 2;
 error_log {d}/error.log warn;
 pid {d}/nginx.pid;
@@ -272,15 +301,12 @@ http {{
     client_body_buffer_size 1m;
     client_max_body_size 16m;
 
-    upstream fleet {{
-{upstream}
-        {lines}
-    }}
+    {upstream}
 
     server {{
         listen 127.0.0.1:{self.port} backlog=4096;
         location / {{
-            proxy_pass http://fleet;
+            proxy_pass http://{target};
             proxy_http_version 1.1;
             proxy_buffering off;
             proxy_read_timeout 900s;
@@ -314,7 +340,7 @@ backend fleet
 '''
 
     def stop(self):
-        self.proc.send_signal(signal.SIGQUIT if self.kind == 'nginx'
+        self.proc.send_signal(signal.SIGQUIT if self.kind != 'haproxy'
                               else signal.SIGTERM)
         try:
             self.proc.wait(15)
@@ -447,6 +473,11 @@ def run_policy(case, name, mode, fleet, workdir):
            '--sessions', mode, '--stats-urls', ','.join(fleet.stats_urls()),
            '--timeout', str(args.timeout), '--label', name,
            '--output', out] + case.workload_args()
+    if name == ORACLE_REPLAY:
+        routes = os.path.join(workdir, 'oracle-routes.json')
+        with open(routes, 'w') as f:
+            json.dump(case.bounds['oracle_routes'], f)
+        cmd += ['--routes', routes]
     started = time.time()
     try:
         subprocess.run(cmd, check=True)
@@ -508,6 +539,14 @@ def vs_oracle(row, oracle):
                 else row['peak_inflight'] - oracle['peak_inflight']}
 
 
+def vs_replayed_oracle(row, replayed):
+    """TTFT p50 over the replayed oracle's (ORACLE_REPLAY) of the same
+    seed: both measured through the client, nginx and the mock, so that
+    the time they add is on both sides."""
+    a, b = row.get('ttft_p50'), replayed.get('ttft_p50')
+    return {'ttft_p50_vs_replayed': a / b if a is not None and b else None}
+
+
 # --- aggregation and reports ----------------------------------------------------
 
 def spread(values):
@@ -522,6 +561,7 @@ def aggregate(rows):
     """{figure: (median, min, max)} over the seeds' rows."""
     keys = list(METRICS) + ['hit_vs_oracle', 'ttft_p50_vs_oracle',
                             'replica_ttft_p50_vs_oracle',
+                            'ttft_p50_vs_replayed',
                             'peak_minus_oracle', 'errors']
     return {k: spread([r.get(k) for r in rows]) for k in keys}
 
@@ -557,11 +597,11 @@ def signed_cell(s, digits=0):
 
 
 TABLE_HEAD = ('| policy | hit ratio | ÷ oracle | TTFT p50 | ÷ oracle | '
-              'at the replicas ÷ oracle | TTFT p90 | TTFT p99 | '
-              'peak in-flight | − oracle | moved/min | moved share/min | '
-              'errors |\n'
+              '÷ replayed oracle | at the replicas ÷ oracle | TTFT p90 | '
+              'TTFT p99 | peak in-flight | − oracle | moved/min | '
+              'moved share/min | errors |\n'
               '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:'
-              '|---:|')
+              '|---:|---:|')
 
 
 def table_row(label, agg, offline=False):
@@ -569,6 +609,7 @@ def table_row(label, agg, offline=False):
             f" {cell(agg['hit_vs_oracle'], 2)} |"
             f" {cell(agg['ttft_p50'], 2)} |"
             f" {cell(agg['ttft_p50_vs_oracle'], 2)} |"
+            f" {cell(agg['ttft_p50_vs_replayed'], 2)} |"
             f" {cell(agg['replica_ttft_p50_vs_oracle'], 2)} |"
             f" {cell(agg['ttft_p90'], 2)} | {cell(agg['ttft_p99'], 2)} |"
             f" {count_cell(agg['peak_inflight'])} |"
@@ -604,6 +645,11 @@ def write_report(results, args, outdir, elapsed):
              'with the rest (the mock\'s own timers, which share the '
              'cores, stay in it); the oracle\'s TTFT is also the '
              'replicas\'.  '
+             '÷ replayed oracle: the client\'s TTFT p50 over that of the '
+             'oracle\'s choices replayed through nginx (oracle_replay: '
+             'each request sent to the replica the offline oracle chose '
+             'for it), measured the same way: the time the client, nginx '
+             'and the mock add is on both sides.  '
              'Rows in italics come from the offline simulator '
              '(bench/sim/bounds.py) on the same workload, profile and '
              'seed: the oracle (the longest cached prefix among replicas '
@@ -617,9 +663,10 @@ def write_report(results, args, outdir, elapsed):
     summary = ['## Summary: the module\'s default configurations against '
                'the oracle', '',
                '| profile | workload | sessions | policy | hit ÷ oracle | '
-               'TTFT p50 ÷ oracle | at the replicas ÷ oracle | '
+               'TTFT p50 ÷ oracle | ÷ replayed oracle | '
+               'at the replicas ÷ oracle | '
                'peak in-flight − oracle | moved/min (oracle) |',
-               '|---|---|---|---|---:|---:|---:|---:|---:|']
+               '|---|---|---|---|---:|---:|---:|---:|---:|---:|']
     detail = []
     for pname, by_workload in results.items():
         for wname, entry in by_workload.items():
@@ -648,7 +695,7 @@ def write_report(results, args, outdir, elapsed):
                     label = POLICIES[name][1]
                     if rows is None:
                         detail.append(f'| {label} | n/a: no session id to '
-                                      'hash | | | | | | | | | | | |')
+                                      'hash | | | | | | | | | | | | |')
                         continue
                     detail.append(table_row(label, aggregate(rows)))
                 for name, rows in entry['offline'][mode].items():
@@ -671,6 +718,7 @@ def write_report(results, args, outdir, elapsed):
                         f'| {pname} | {wname} | {mode} | {name} |'
                         f" {cell(agg['hit_vs_oracle'], 2)} |"
                         f" {cell(agg['ttft_p50_vs_oracle'], 2)} |"
+                        f" {cell(agg['ttft_p50_vs_replayed'], 2)} |"
                         f" {cell(agg['replica_ttft_p50_vs_oracle'], 2)} |"
                         f" {signed_cell(agg['peak_minus_oracle'])} |"
                         f" {cell(agg['moves_per_min'], 3)}"
@@ -907,14 +955,21 @@ def run_case(case, entry, modes, workdir):
                 if POLICIES[name][3] and mode == 'off':
                     rows[name] = None
                     continue
-                log(f'bench: {case.key}: sessions {mode}: {name}')
-                row = run_policy(case, name, mode, fleet, workdir)
+                if name == ORACLE_REPLAY and runs.get(f'on/{name}'):
+                    row = dict(runs[f'on/{name}'])
+                else:
+                    log(f'bench: {case.key}: sessions {mode}: {name}')
+                    row = run_policy(case, name, mode, fleet, workdir)
                 row.update(vs_oracle(row, oracles[mode]))
                 row['seed'] = case.seed
                 rows[name].append(row)
                 runs[f'{mode}/{name}'] = row
     finally:
         fleet.stop()
+    replayed = runs.get(f'on/{ORACLE_REPLAY}')
+    if replayed:
+        for row in runs.values():
+            row.update(vs_replayed_oracle(row, replayed))
     entry['cases'].append({
         'seed': case.seed, 'speed': case.speed,
         'cache_tokens': case.cache_tokens,

@@ -794,10 +794,17 @@ def compute(args):
             if mode != modes[0] and name not in KEYED_POLICIES:
                 results[name] = by_sessions[modes[0]][name]
                 continue
-            summary, _ = timed(runtimes, '%s/%s' % (name, mode), simulate,
-                               sent, name, profile.replicas, params,
-                               args.factor, args.slack, args.ring_points)
+            summary, jobs = timed(runtimes, '%s/%s' % (name, mode),
+                                  simulate, sent, name, profile.replicas,
+                                  params, args.factor, args.slack,
+                                  args.ring_points)
             results[name] = summary
+            if name == 'oracle':
+                # Where the oracle sent each request, by its index in the
+                # workload: a replay can send the same requests there
+                # (bench.py's oracle_replay).
+                doc['oracle_routes'] = {str(j.req.index): j.replica
+                                        for j in jobs}
         by_sessions[mode] = results
     first = by_sessions[modes[0]]
     doc['sessions'] = modes

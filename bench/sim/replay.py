@@ -26,6 +26,12 @@ trace.session_moves, in profile seconds.  The replica's own time to first
 token, where its answer gives one (X-Replica-TTFT), is summarised next to
 the client's.
 
+With --routes FILE (a JSON object: request index -> replica number), each
+request carries its replica's number in X-Bench-Replica, for a proxy that
+sends it there: bench.py replays the oracle's choices that way, so that
+the oracle's TTFT is measured through the same client, proxy and mock as
+the policies'.
+
 Each request has a connection of its own (Connection: close), on
 asyncio streams (http1.py): thousands of requests may be in flight at
 once, and a pooled client library would queue them behind its pool limit
@@ -182,6 +188,9 @@ async def replay_one(request, at, body, options, clock):
         headers = [('Accept', 'text/event-stream')]
         if options.session_header:
             headers.append(('X-Session-ID', session))
+        replica = options.routes.get(request.index)
+        if replica is not None:
+            headers.append(('X-Bench-Replica', str(replica)))
         rec['send'] = clock()
         await asyncio.wait_for(
             exchange(options.target_of(request), body, headers, rec, clock),
@@ -198,7 +207,7 @@ class ReplayOptions:
     """What every request of a replay shares."""
 
     def __init__(self, url, speed=1.0, session_header=False, timeout=120.0,
-                 model='mock-llm', rate_multiplier=1.0):
+                 model='mock-llm', rate_multiplier=1.0, routes=None):
         # Several URLs: several balancer instances behind a spreader that
         # sends each request to one of them at random (as a cloud load
         # balancer in front of ingress pods does), reproducibly.
@@ -209,6 +218,8 @@ class ReplayOptions:
         self.session_header = session_header
         self.timeout = timeout
         self.model = model
+        # request index -> the replica number sent in X-Bench-Replica
+        self.routes = routes or {}
 
     def target_of(self, request):
         """The instance a request goes to: one at random, the same for a
@@ -461,7 +472,20 @@ def parse_args(argv=None):
     p.add_argument('--output', help='write the result JSON here')
     p.add_argument('--timeout', type=float, default=120.0,
                    help='seconds (wall) per request (default %(default)s)')
+    p.add_argument('--routes',
+                   help='JSON file of {request index: replica number}: '
+                        'each request carries its number in '
+                        'X-Bench-Replica')
     return p.parse_args(argv)
+
+
+def load_routes(path):
+    """{request index: replica number} from a --routes file."""
+    if not path:
+        return {}
+    with open(path) as f:
+        return {int(index): int(replica)
+                for index, replica in json.load(f).items()}
 
 
 def raise_open_file_limit():
@@ -480,7 +504,8 @@ async def run(args):
     session_header = args.sessions == 'on' if args.sessions \
         else args.session_header
     options = ReplayOptions(args.url, args.speed, session_header,
-                            args.timeout, args.model, args.rate_multiplier)
+                            args.timeout, args.model, args.rate_multiplier,
+                            load_routes(args.routes))
     stats_urls = [u for u in args.stats_urls.split(',') if u]
     if stats_urls and not args.no_reset:
         await reset_stats(stats_urls)
@@ -495,7 +520,8 @@ async def run(args):
               'rate_multiplier': args.rate_multiplier,
               'session_header': session_header,
               'timeout': args.timeout, 'model': args.model,
-              'stats_urls': stats_urls, 'reset': not args.no_reset}
+              'stats_urls': stats_urls, 'reset': not args.no_reset,
+              'routes': bool(options.routes)}
     return {'label': args.label, 'config': config,
             'summary': summarize(results, args.speed, before, after),
             'stats': after,

@@ -228,6 +228,29 @@ class OracleTest(unittest.TestCase):
         self.assertEqual(summary['diverted_by_bound'], 1)
         self.assertEqual(summary['peak_inflight'], [4, 1])
 
+    def test_routes_are_given_by_request_index(self):
+        # bounds.py's document says where the oracle sent each request, by
+        # the request's index in the workload (replay.py --routes).
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / 'trace.jsonl'
+            records = [record([0, 1], 1024, 1000, 0)] + [
+                record([0, 1, 2 + k], 1536, 1000, 1000 * (k + 1))
+                for k in range(4)]
+            path.write_text(''.join(json.dumps(r) + '\n'
+                                    for r in [record([7], 600)] + records))
+            doc = bounds.compute(bounds.parse_args([
+                '--trace', str(path), '--start', '1', '--limit', '5',
+                '--replicas', '2', '--max-running', '4',
+                '--cache-tokens', '100000', '--policies', 'oracle']))
+        routes = doc['oracle_routes']
+        self.assertEqual(sorted(routes, key=int), ['1', '2', '3', '4', '5'])
+        counts = [list(routes.values()).count(r) for r in (0, 1)]
+        self.assertEqual(counts, doc['oracle']['replica_requests'])
+        # the conversation stays on the replica of its first turn until the
+        # bound sends its last turn elsewhere
+        self.assertEqual(len({routes[str(i)] for i in range(1, 5)}), 1)
+        self.assertNotEqual(routes['5'], routes['1'])
+
     def test_load_bound(self):
         self.assertEqual(fleet.load_bound(3, 2), 4.0)
         self.assertEqual(fleet.load_bound(59, 4, 1.25, 2), 18.75)
@@ -250,6 +273,7 @@ class FakeFleet:
     def __init__(self):
         self.accepted = 0
         self.received = []          # (connection number, session, body)
+        self.routed = []            # X-Bench-Replica of each chat request
         self.sent_usage = []        # (prompt, cached) of 200 answers
         self.resets = []
         self.loop = asyncio.new_event_loop()
@@ -308,6 +332,7 @@ class FakeFleet:
 
     async def _chat(self, writer, number, headers, body):
         self.received.append((number, headers.get('x-session-id'), body))
+        self.routed.append(headers.get('x-bench-replica'))
         max_tokens = body['max_tokens']
         if max_tokens == self.FAIL_MAX_TOKENS:
             self._send(writer, 'application/json', b'{"error":"busy"}',
@@ -456,6 +481,20 @@ class ReplayTest(unittest.TestCase):
                           if r['replica'] == 'replica-2'], [None, None])
         self.assertAlmostEqual(summary['replica_ttft_trace_s']['p50'],
                                2 * trace.percentile(own, 50), places=6)
+
+    def test_routes_name_each_requests_replica(self):
+        # --routes: each request carries the replica number its index maps
+        # to; requests the file does not name carry none.
+        routes = Path(self.tmp.name) / 'routes.json'
+        routes.write_text(json.dumps({'1': 3, '2': 0, '4': 7, '6': 1}))
+        with FakeFleet() as fleet:
+            doc, _ = self.run_replay(fleet.port, '--routes', str(routes))
+        by_tokens = {b['max_tokens']: r
+                     for (_, _, b), r in zip(fleet.received, fleet.routed)}
+        self.assertEqual([by_tokens[r['output_length']]
+                          for r in self.records],
+                         ['3', '0', None, '7', None, '1'])
+        self.assertTrue(doc['config']['routes'])
 
     def test_failed_connections_are_errors(self):
         with FakeFleet() as fleet:

@@ -1,0 +1,82 @@
+"""Tests of the benchmark driver's proxies (bench/bench.py).
+
+    /usr/bin/python3 -m unittest discover -s t/sim -t .
+"""
+
+import contextlib
+import io
+import json
+import os
+import socket
+import tempfile
+import unittest
+from pathlib import Path
+
+from bench import bench
+from bench.sim import replay
+from t.sim import test_trace_replay as replay_tests
+
+NGINX = os.environ.get('NGINX_BIN', '/usr/sbin/nginx')
+
+
+def closed_port():
+    """A port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@unittest.skipUnless(os.access(NGINX, os.X_OK), 'needs nginx')
+class OracleReplayProxyTest(unittest.TestCase):
+    """The oracle_replay proxy: real nginx sends each request to the
+    replica its X-Bench-Replica names."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.records = [replay_tests.record([0, k], 1000, 4 + k, 10 * k)
+                        for k in range(4)]
+        self.trace_path = Path(self.tmp.name) / 'trace.jsonl'
+        self.trace_path.write_text(''.join(json.dumps(r) + '\n'
+                                           for r in self.records))
+
+    def replay_routed(self, routes):
+        """Replays the records through a routed proxy in front of a dead
+        replica (0) and the fake fleet (1), with routes {request index:
+        replica}; returns the max_tokens of the requests the fleet
+        received, and the replay's summary."""
+        path = Path(self.tmp.name) / 'routes.json'
+        path.write_text(json.dumps({str(i): r for i, r in routes.items()}))
+        output = Path(self.tmp.name) / 'result.json'
+        with replay_tests.FakeFleet() as fleet:
+            port = closed_port()
+            proxy = bench.Proxy(self.tmp.name, 'routed', '',
+                                [closed_port(), fleet.port], None, NGINX,
+                                port=port)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    replay.main([
+                        '--url', f'http://127.0.0.1:{port}/v1/chat/'
+                                 'completions',
+                        '--trace', str(self.trace_path), '--speed', '2',
+                        '--timeout', '10', '--routes', str(path),
+                        '--output', str(output)])
+            finally:
+                proxy.stop()
+            reached = sorted(b['max_tokens'] for _, _, b in fleet.received)
+        return reached, json.loads(output.read_text())['summary']
+
+    def test_each_request_reaches_the_replica_it_names(self):
+        reached, summary = self.replay_routed({0: 1, 1: 0, 2: 1, 3: 0})
+        # max_tokens is 4 + the request's index
+        self.assertEqual(reached, [4, 6])
+        self.assertEqual(summary['errors'], 2)
+
+    def test_a_request_without_a_route_fails(self):
+        reached, summary = self.replay_routed({1: 1})
+        self.assertEqual(reached, [5])
+        self.assertEqual(summary['errors'], 3)
+
+
+if __name__ == '__main__':
+    unittest.main()
