@@ -20,8 +20,9 @@
 #   make bench-quick     routing under cache pressure, in short: the tight
 #                        fleet profile, every workload with and without
 #                        session ids, 1 seed, short slices, the module's
-#                        default policies, hash consistent, least_conn and
-#                        the offline oracle (about 7 min on 2 cores)
+#                        default policies, hash consistent, least_conn,
+#                        the offline oracle and its choices replayed
+#                        through nginx (about 9 min on 2 cores)
 #   make bench           everything: microbenchmarks, throughput against
 #                        hash consistent, and the full comparison (tight and
 #                        roomy profiles, every workload, with and without

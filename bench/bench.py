@@ -7,8 +7,9 @@ oracle router reaches on the same workload offline.
     bench/bench.py --quick                  tight profile, every workload
                                             with and without sessions, one
                                             seed, short slices, the
-                                            module's default policies and
-                                            two nginx peers (< 10 min)
+                                            module's default policies, two
+                                            nginx peers and the oracle's
+                                            choices replayed (< 10 min)
     bench/bench.py                          tight and roomy, every workload,
                                             both session modes, 3 seeds,
                                             every main policy (hours)
@@ -175,7 +176,7 @@ MAIN_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
                  'session_affinity', 'prefix_affinity', 'round_robin',
                  'least_conn', 'hash_consistent', 'haproxy_hdr',
                  'haproxy_body', ORACLE_REPLAY]
-QUICK_POLICIES = ['session_prefix_cache', 'prefix_cache', 'session_prefix',
+QUICK_POLICIES = ['session_prefix_cache', 'session_prefix',
                   'prefix_affinity', 'hash_consistent', 'least_conn',
                   ORACLE_REPLAY]
 # The comparison that chose prefix_affinity's default levels (README).
@@ -590,7 +591,9 @@ def signed_cell(s, digits=0):
     if s is None:
         return '-'
     med, low, high = s
-    text = f'{med:+.{digits}f}'
+    # the median of an even number of seeds may fall between two counts
+    places = digits if med == round(med, digits) else digits + 1
+    text = f'{med:+.{places}f}'
     if high != low:
         text += f' ({low:+.{digits}f} to {high:+.{digits}f})'
     return text

@@ -26,6 +26,15 @@ def closed_port():
         return s.getsockname()[1]
 
 
+class CellTest(unittest.TestCase):
+
+    def test_a_median_between_two_counts_keeps_its_half(self):
+        self.assertEqual(bench.signed_cell((-0.5, -1, 0)),
+                         '-0.5 (-1 to +0)')
+        self.assertEqual(bench.signed_cell((0, -1, 0)), '+0 (-1 to +0)')
+        self.assertEqual(bench.signed_cell((2, 2, 2)), '+2')
+
+
 @unittest.skipUnless(os.access(NGINX, os.X_OK), 'needs nginx')
 class OracleReplayProxyTest(unittest.TestCase):
     """The oracle_replay proxy: real nginx sends each request to the
