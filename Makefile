@@ -22,7 +22,7 @@
 #                        session ids, 1 seed, short slices, the module's
 #                        default policies, hash consistent, least_conn,
 #                        the offline oracle and its choices replayed
-#                        through nginx (about 9 min on 2 cores)
+#                        through nginx (about 8 min on 2 cores)
 #   make bench           everything: microbenchmarks, throughput against
 #                        hash consistent, and the full comparison (tight and
 #                        roomy profiles, every workload, with and without
