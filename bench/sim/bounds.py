@@ -359,15 +359,18 @@ class HashRing:
 class Job:
     """A request in the simulated fleet and what happened to it."""
     __slots__ = ('req', 'chain', 'replica', 'cached_tokens', 'ttft',
-                 'token')
+                 'token', 'could_stay')
 
-    def __init__(self, req, chain, replica, token=None):
+    def __init__(self, req, chain, replica, token=None, could_stay=None):
         self.req = req
         self.chain = chain
         self.replica = replica
         self.cached_tokens = 0
         self.ttft = None
         self.token = token      # the policy's, given back when it ends
+        # whether the replica of the session's request before could have
+        # taken this one (under the load bound as it arrived), or None
+        self.could_stay = could_stay
 
 
 # Event kinds, in the order they are handled at equal times.
@@ -378,8 +381,9 @@ class Simulation:
     """A discrete-event simulation of a fleet (fleet.Fleet: its rules, see
     the module docstring) fed by a routing policy."""
 
-    def __init__(self, fleet):
+    def __init__(self, fleet, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK):
         self.fleet = fleet
+        self.factor, self.slack = factor, slack     # the load bound's
         self.events = []
         self.seq = 0
         self.policy = None
@@ -393,14 +397,19 @@ class Simulation:
         if it has one (the usage the reply gives)."""
         self.policy = policy
         jobs = []
+        last = {}           # session -> the replica of its last request
         for req in sorted(requests, key=lambda r: r.arrival):
             self._advance(req.arrival)
             chain = req.chain()
+            previous = last.get(req.session)
+            could_stay = None if previous is None else \
+                self.fleet.under_bound(previous, self.factor, self.slack)
             r = policy.choose(req, chain, self.fleet)
             token = None
             if isinstance(r, tuple):
                 r, token = r
-            job = Job(req, chain, r, token)
+            last[req.session] = r
+            job = Job(req, chain, r, token, could_stay)
             jobs.append(job)
             self._arrive(job, req.arrival)
         self._advance(float('inf'))
@@ -653,7 +662,7 @@ def simulate(requests, policy_name, replicas=4, params=None,
     params = params or model.ReplicaParams()
     policy = make_policy(policy_name, replicas, factor, slack, points)
     fleet = Fleet(params, replicas)
-    jobs = Simulation(fleet).run(requests, policy)
+    jobs = Simulation(fleet, factor, slack).run(requests, policy)
     summary = summarize(jobs, fleet)
     summary.update(policy.stats())
     return summary, jobs
@@ -669,8 +678,8 @@ def summarize(jobs, fleet):
     peaks = [rep.peak_inflight for rep in fleet.replicas]
     ttft = {k: _round(v) for k, v in trace.percentiles(ttfts).items()}
     ttft['mean'] = _round(sum(ttfts) / len(ttfts)) if ttfts else None
-    moves = trace.session_moves((j.req.session, j.req.arrival, j.replica)
-                                for j in jobs)
+    moves = trace.session_moves((j.req.session, j.req.arrival, j.replica,
+                                 j.could_stay) for j in jobs)
     return {
         'requests': len(jobs),
         'prompt_tokens': prompt,
@@ -686,6 +695,8 @@ def summarize(jobs, fleet):
         'session_moves': moves,
         'moves_per_min': moves['moves_per_min'],
         'moved_session_share_per_min': moves['moved_session_share_per_min'],
+        'unforced_moved_share_per_min':
+            moves['unforced_moved_share_per_min'],
     }
 
 

@@ -232,7 +232,11 @@ def session_moves(events, window=60.0):
     time in seconds (profile time: the simulator's, or the replay's wall
     time multiplied by its speed).  A session's requests are taken in time
     order (ties in the order given); each one after the first *moves* when
-    its replica differs from that of the request before it.
+    its replica differs from that of the request before it.  An event may
+    carry a fourth element, whether the replica of the session's request
+    before it could have taken it (was under the load bound when it
+    arrived): a move when it could is *unforced*, one the load did not
+    call for.
 
     The run is cut into windows of `window` seconds (a minute: the figures
     are per minute only then) from its first request;
@@ -245,44 +249,62 @@ def session_moves(events, window=60.0):
       moved at least once in the window) / A, the share of active sessions
       that moved in a minute.
 
-    Also returned: the totals (moves, sessions, sessions_moved: that moved
-    at least once in the run), the windows and active_session_windows (A).
+    - unforced_moved_share_per_min: the same share, counting unforced
+      moves only (None when no event says whether it could stay).
+
+    Also returned: the totals (moves, unforced_moves, sessions,
+    sessions_moved: that moved at least once in the run), the windows and
+    active_session_windows (A).
     """
     by_session = {}
     first = None
     last = None
-    for order, (session, time, replica) in enumerate(events):
-        by_session.setdefault(session, []).append((time, order, replica))
+    flagged = False
+    for order, (session, time, replica, *could_stay) in enumerate(events):
+        stay = could_stay[0] if could_stay else None
+        flagged = flagged or stay is not None
+        by_session.setdefault(session, []).append((time, order, replica,
+                                                   stay))
         first = time if first is None else min(first, time)
         last = time if last is None else max(last, time)
     if first is None:
-        return {'moves': 0, 'sessions': 0, 'sessions_moved': 0,
-                'windows': 0, 'active_session_windows': 0,
-                'moves_per_min': None, 'moved_session_share_per_min': None}
+        return {'moves': 0, 'unforced_moves': 0, 'sessions': 0,
+                'sessions_moved': 0, 'windows': 0,
+                'active_session_windows': 0, 'moves_per_min': None,
+                'moved_session_share_per_min': None,
+                'unforced_moved_share_per_min': None}
     active = set()
     moved = set()
+    unforced = set()
     moves = 0
+    unforced_moves = 0
     sessions_moved = 0
     for session, requests in by_session.items():
         requests.sort()
         previous = None
         has_moved = False
-        for time, _, replica in requests:
+        for time, _, replica, stay in requests:
             w = int((time - first) // window)
             active.add((session, w))
             if previous is not None and replica != previous:
                 moves += 1
                 moved.add((session, w))
                 has_moved = True
+                if stay:
+                    unforced_moves += 1
+                    unforced.add((session, w))
             previous = replica
         sessions_moved += has_moved
     a = len(active)
     return {
         'moves': moves,
+        'unforced_moves': unforced_moves,
         'sessions': len(by_session),
         'sessions_moved': sessions_moved,
         'windows': int((last - first) // window) + 1,
         'active_session_windows': a,
         'moves_per_min': moves / a,
         'moved_session_share_per_min': len(moved) / a,
+        'unforced_moved_share_per_min': len(unforced) / a if flagged
+        else None,
     }

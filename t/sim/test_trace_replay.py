@@ -227,6 +227,28 @@ class OracleTest(unittest.TestCase):
                          [0, 1024, 1024, 1024, 0])
         self.assertEqual(summary['diverted_by_bound'], 1)
         self.assertEqual(summary['peak_inflight'], [4, 1])
+        # the last turn moved because its replica was full: not unforced
+        self.assertEqual([j.could_stay for j in jobs],
+                         [None, True, True, True, False])
+        self.assertEqual(summary['session_moves']['moves'], 1)
+        self.assertEqual(summary['session_moves']['unforced_moves'], 0)
+        self.assertEqual(summary['unforced_moved_share_per_min'], 0)
+
+    def test_unforced_moves_are_those_the_load_did_not_call_for(self):
+        # (session, time, replica, could the previous replica take it)
+        events = [('a', 0, 0, None), ('a', 10, 1, True), ('a', 20, 2, False),
+                  ('b', 5, 0, None), ('b', 70, 0, True),
+                  ('c', 65, 3, None), ('c', 80, 1, True)]
+        moves = trace.session_moves(events)
+        self.assertEqual((moves['moves'], moves['unforced_moves']), (3, 2))
+        # windows: a and b active in the first minute, b and c in the
+        # second; a moved unforced in the first, c in the second
+        self.assertEqual(moves['active_session_windows'], 4)
+        self.assertEqual(moves['moved_session_share_per_min'], 2 / 4)
+        self.assertEqual(moves['unforced_moved_share_per_min'], 2 / 4)
+        self.assertIsNone(trace.session_moves(
+            [(s, t, r) for s, t, r, _ in events])[
+                'unforced_moved_share_per_min'])
 
     def test_routes_are_given_by_request_index(self):
         # bounds.py's document says where the oracle sent each request, by

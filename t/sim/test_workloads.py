@@ -257,9 +257,11 @@ class MovesTest(unittest.TestCase):
         w = small('chat')
         requests = bounds.prepare_workload(w, 4)
         summary, jobs = bounds.simulate(requests, 'round_robin', 4)
-        m = trace.session_moves((j.req.session, j.req.arrival, j.replica)
-                                for j in jobs)
+        m = trace.session_moves((j.req.session, j.req.arrival, j.replica,
+                                 j.could_stay) for j in jobs)
         self.assertEqual(summary['session_moves'], m)
+        # round robin moves sessions whatever the load
+        self.assertEqual(m['unforced_moves'], m['moves'])
         self.assertEqual(summary['moves_per_min'], m['moves_per_min'])
         pinned, _ = bounds.simulate(requests, 'chash_session', 4)
         self.assertEqual(pinned['session_moves']['moves'], 0)
