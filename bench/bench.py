@@ -958,8 +958,8 @@ def run_case(case, entry, modes, workdir):
                 if POLICIES[name][3] and mode == 'off':
                     rows[name] = None
                     continue
-                if name == ORACLE_REPLAY and runs.get(f'on/{name}'):
-                    row = dict(runs[f'on/{name}'])
+                if name == ORACLE_REPLAY and runs.get(f'{modes[0]}/{name}'):
+                    row = dict(runs[f'{modes[0]}/{name}'])
                 else:
                     log(f'bench: {case.key}: sessions {mode}: {name}')
                     row = run_policy(case, name, mode, fleet, workdir)
@@ -969,7 +969,7 @@ def run_case(case, entry, modes, workdir):
                 runs[f'{mode}/{name}'] = row
     finally:
         fleet.stop()
-    replayed = runs.get(f'on/{ORACLE_REPLAY}')
+    replayed = runs.get(f'{modes[0]}/{ORACLE_REPLAY}')
     if replayed:
         for row in runs.values():
             row.update(vs_replayed_oracle(row, replayed))

@@ -50,8 +50,8 @@ class OracleReplayProxyTest(unittest.TestCase):
                                            for r in self.records))
 
     def replay_routed(self, routes):
-        """Replays the records through a routed proxy in front of a dead
-        replica (0) and the fake fleet (1), with routes {request index:
+        """Replays the records through a routed proxy in front of the
+        fake fleet (0) and a dead replica (1), with routes {request index:
         replica}; returns the max_tokens of the requests the fleet
         received, and the replay's summary."""
         path = Path(self.tmp.name) / 'routes.json'
@@ -60,7 +60,7 @@ class OracleReplayProxyTest(unittest.TestCase):
         with replay_tests.FakeFleet() as fleet:
             port = closed_port()
             proxy = bench.Proxy(self.tmp.name, 'routed', '',
-                                [closed_port(), fleet.port], None, NGINX,
+                                [fleet.port, closed_port()], None, NGINX,
                                 port=port)
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
@@ -76,13 +76,14 @@ class OracleReplayProxyTest(unittest.TestCase):
         return reached, json.loads(output.read_text())['summary']
 
     def test_each_request_reaches_the_replica_it_names(self):
-        reached, summary = self.replay_routed({0: 1, 1: 0, 2: 1, 3: 0})
+        reached, summary = self.replay_routed({0: 0, 1: 1, 2: 0, 3: 1})
         # max_tokens is 4 + the request's index
         self.assertEqual(reached, [4, 6])
         self.assertEqual(summary['errors'], 2)
 
     def test_a_request_without_a_route_fails(self):
-        reached, summary = self.replay_routed({1: 1})
+        # not sent to the first replica, the live one, by default
+        reached, summary = self.replay_routed({1: 0})
         self.assertEqual(reached, [5])
         self.assertEqual(summary['errors'], 3)
 
