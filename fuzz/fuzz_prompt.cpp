@@ -13,12 +13,16 @@
 //   - a load that failed makes every read INVALID (and nout 0);
 //   - a load that succeeded makes no field read INVALID;
 //   - prompt: nout <= out_cap; OK implies nout >= 1, anything else nout 0;
-//     the levels are the schedule's first nout lengths, in order (so
-//     strictly increasing), except that a text shorter than the first
-//     scheduled length gives one level of its own length (1 ..
-//     schedule[0] - 1); reserved is 0;
-//   - an output array too small for every level gets the first levels,
-//     and the same result code;
+//     the levels are in order of length (strictly increasing); the
+//     scheduled ones (turn 0) are the schedule's first lengths, except
+//     that a text shorter than the first scheduled length gives one level
+//     of its own length (1 .. schedule[0] - 1), the longest; turn levels
+//     (turn 1, at messages' ends: two of the schedules ask for 8) are no
+//     more than asked for, and each is shorter than the next scheduled
+//     length (none at or past the last);
+//   - an output array of two gets the first scheduled levels, then the
+//     most recent turn levels: each of them one of the full array's (same
+//     length, hash and kind), and the same result code;
 //   - two schedules that share a length give that length the same hash
 //     (the hash of a prefix does not depend on the other lengths);
 //   - a field FOUND has 1 <= out_len <= out_cap (the output buffer is a
@@ -60,6 +64,7 @@ namespace {
 struct Schedule {
     uint32_t lengths[AFFINITY_MAX_LEVELS];
     size_t n;
+    size_t turns;       // turn levels asked for
 };
 
 constexpr size_t kRetain = 4096;
@@ -97,18 +102,36 @@ void check_levels(const Schedule &s, affinity_prompt_e rc,
 
     CHECK(nout >= 1);
 
-    if (nout == 1 && levels[0].length != s.lengths[0]) {
-        // A text shorter than the first level: one level of its length.
-        CHECK(levels[0].length >= 1 && levels[0].length < s.lengths[0]);
-        CHECK(levels[0].reserved == 0);
-        return;
-    }
+    size_t scheduled = 0;
+    size_t turns = 0;
 
     for (size_t i = 0; i < nout; i++) {
-        CHECK(levels[i].length == s.lengths[i]);
-        CHECK(levels[i].reserved == 0);
-        CHECK(i == 0 || levels[i].length > levels[i - 1].length);
+        const affinity_level_t &l = levels[i];
+
+        CHECK(l.length >= 1);
+        CHECK(i == 0 || l.length > levels[i - 1].length);
+        CHECK(l.turn <= 1);
+
+        if (l.turn) {
+            // Before the next scheduled length: the text had not reached
+            // it (a scheduled level is never cut off while turn levels
+            // are kept).
+            CHECK(scheduled < s.n && l.length < s.lengths[scheduled]);
+            turns++;
+            continue;
+        }
+
+        if (l.length != s.lengths[scheduled]) {
+            // A text shorter than the first level: one level of its
+            // length, the longest.
+            CHECK(scheduled == 0 && l.length < s.lengths[0]);
+            CHECK(i == nout - 1);
+        }
+        scheduled++;
     }
+
+    CHECK(scheduled >= 1);
+    CHECK(turns <= s.turns);
 }
 
 // The prompt under one schedule, in a full output array and in one of
@@ -120,20 +143,26 @@ affinity_prompt_e prompt(const Schedule &s, affinity_level_t *out,
     size_t nsmall = 12345;
 
     *nout = 12345;      // must be overwritten
-    affinity_prompt_e rc = affinity_json_prompt(reader, s.lengths, s.n, out,
+    affinity_prompt_e rc = affinity_json_prompt(reader, s.lengths, s.n,
+                                                s.turns, out,
                                                 AFFINITY_MAX_LEVELS, nout);
     CHECK(rc == AFFINITY_PROMPT_OK || rc == AFFINITY_PROMPT_NONE
           || rc == AFFINITY_PROMPT_INVALID);
     check_levels(s, rc, out, *nout, AFFINITY_MAX_LEVELS);
 
     affinity_prompt_e rc2 = affinity_json_prompt(reader, s.lengths, s.n,
-                                                 small, 2, &nsmall);
+                                                 s.turns, small, 2, &nsmall);
     CHECK(rc2 == rc);
     check_levels(s, rc2, small, nsmall, 2);
     CHECK(nsmall == (*nout < 2 ? *nout : 2));
     for (size_t i = 0; i < nsmall; i++) {
-        CHECK(small[i].length == out[i].length);
-        CHECK(small[i].hash == out[i].hash);
+        bool found = false;
+        for (size_t k = 0; k < *nout && !found; k++) {
+            found = small[i].length == out[k].length
+                    && small[i].hash == out[k].hash
+                    && small[i].turn == out[k].turn;
+        }
+        CHECK(found);
     }
 
     return rc;
@@ -200,8 +229,8 @@ void check_unloaded()
     size_t nout = 12345;
     size_t len;
 
-    CHECK(affinity_json_prompt(reader, module.lengths, module.n, out,
-                               AFFINITY_MAX_LEVELS, &nout)
+    CHECK(affinity_json_prompt(reader, module.lengths, module.n,
+                               module.turns, out, AFFINITY_MAX_LEVELS, &nout)
           == AFFINITY_PROMPT_INVALID);
     CHECK(nout == 0);
     CHECK(affinity_json_field(reader, "user", 4, field_out, kFieldCap, &len)
@@ -363,13 +392,14 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
     coarse.n = affinity_level_schedule(given, 3, 0, 0, 0, coarse.lengths,
                                        AFFINITY_MAX_LEVELS);
     CHECK(coarse.n == 3);
+    coarse.turns = 8;
 
     dense.n = 0;
     for (uint32_t l = 7; l <= 700; l += 7) {
         dense.lengths[dense.n++] = l;
     }
 
-    // The module's default: prefix_levels 100 500 1000, step 256,
+    // The module's default: lengths=100,500,1000, step 256,
     // growth 6 (percent), max 32768.
     module.n = affinity_level_schedule(given, 3, 256, 6, 32768,
                                        module.lengths, AFFINITY_MAX_LEVELS);
@@ -378,6 +408,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
         CHECK(module.lengths[i] > module.lengths[i - 1]);
     }
     CHECK(module.lengths[module.n - 1] <= 32768);
+    module.turns = 8;       // and turns=8
 
     return 0;
 }

@@ -345,7 +345,8 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx,
     ngx_http_upstream_affinity_body_t *body)
 {
-    size_t             n;
+    size_t             i, n, m, cap;
+    uint32_t           last;
     ngx_int_t          rc;
     affinity_prompt_e  prc;
 
@@ -355,14 +356,16 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
         return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
     }
 
-    ctx->levels = ngx_palloc(r->pool,
-                             ascf->nschedule * sizeof(affinity_level_t));
+    /* turn levels beyond the limit of a request's levels are left out */
+    cap = ngx_min(ascf->nschedule + ascf->turns, AFFINITY_MAX_LEVELS);
+
+    ctx->levels = ngx_palloc(r->pool, cap * sizeof(affinity_level_t));
     if (ctx->levels == NULL) {
         return NGX_ERROR;
     }
 
     prc = affinity_json_prompt(body->json, ascf->schedule, ascf->nschedule,
-                               ctx->levels, ascf->nschedule, &n);
+                               ascf->turns, ctx->levels, cap, &n);
 
     switch (prc) {
 
@@ -372,13 +375,23 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
         /*
          * the prompt's size, from above: no more than its body's (which
          * counts inline images by their bytes), and, when it did not
-         * reach the next level, shorter than that level; one shorter than
-         * the first level is its one level's length
+         * reach the next scheduled level, shorter than that level; one
+         * shorter than the first level is its one level's length
          */
 
-        if (n && ctx->levels[n - 1].length == ascf->schedule[n - 1]) {
-            ctx->prompt_size = (n < ascf->nschedule)
-                               ? ngx_min(body->len, ascf->schedule[n])
+        m = 0;
+        last = 0;
+
+        for (i = 0; i < n; i++) {
+            if (!ctx->levels[i].turn) {
+                last = ctx->levels[i].length;
+                m++;
+            }
+        }
+
+        if (m && last == ascf->schedule[m - 1]) {
+            ctx->prompt_size = (m < ascf->nschedule)
+                               ? ngx_min(body->len, ascf->schedule[m])
                                : body->len;
         }
 

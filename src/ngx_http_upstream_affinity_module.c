@@ -27,6 +27,12 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_GROWTH       6
 #define NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL    (32 * 1024)
 
+/*
+ * Default turn levels: a level at the end of each of a prompt's last 8
+ * messages (README, "Choosing levels")
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_TURNS        8
+
 /* the largest level length, step and max level */
 #define NGX_HTTP_UPSTREAM_AFFINITY_LEVEL_LIMIT  (16 * 1024 * 1024)
 
@@ -716,6 +722,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         ngx_string("step="),
         ngx_string("growth="),
         ngx_string("max="),
+        ngx_string("turns="),
         ngx_string("cache="),
         ngx_string("zone="),
         ngx_string("timeout="),
@@ -737,6 +744,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     step = NGX_HTTP_UPSTREAM_AFFINITY_STEP;
     growth = NGX_HTTP_UPSTREAM_AFFINITY_GROWTH;
     max = NGX_HTTP_UPSTREAM_AFFINITY_MAX_LEVEL;
+    ascf->turns = NGX_HTTP_UPSTREAM_AFFINITY_TURNS;
 
     max_arg = NULL;
     growth_arg = NULL;
@@ -810,6 +818,23 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
 
             max = (ngx_uint_t) size;
             max_arg = &value[i];
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "turns=", 6) == 0) {
+            /* the ends of the last messages hashed too: a next turn finds
+             * the whole of the one before */
+            n = ngx_atoi(value[i].data + 6, value[i].len - 6);
+
+            if (n == NGX_ERROR || n > AFFINITY_TURNS_MAX) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid turns \"%V\", it must be "
+                                   "a number from 0 to %d", &value[i],
+                                   AFFINITY_TURNS_MAX);
+                return NGX_CONF_ERROR;
+            }
+
+            ascf->turns = (ngx_uint_t) n;
             continue;
         }
 

@@ -147,6 +147,7 @@ typedef struct {
     time_t                                  prefix_timeout;
     uint32_t                               *schedule;   /* level lengths */
     ngx_uint_t                              nschedule;
+    ngx_uint_t                              turns;      /* turn levels */
     uint64_t                                prefix_cache;   /* tokens per
                                                                peer, 0 if
                                                                unknown */

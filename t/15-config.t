@@ -62,6 +62,9 @@ my @bad = (
     [ 'prefix_affinity cache=1m cache=2m;',   qr/duplicate parameter "cache=2m"/ ],
     [ 'prefix_affinity cache=off cache=2m;',  qr/duplicate parameter "cache=2m"/ ],
     [ 'prefix_affinity cache=of;',            qr/invalid cache size "cache=of"/ ],
+    [ 'prefix_affinity turns=17;',            qr/invalid turns "turns=17", it must be a number from 0 to 16/ ],
+    [ 'prefix_affinity turns=-1;',            qr/invalid turns "turns=-1"/ ],
+    [ 'prefix_affinity turns=4 turns=4;',     qr/duplicate parameter "turns=4"/ ],
     [ "response_affinity;\n response_affinity;", qr/"response_affinity" directive is duplicate/ ],
     [ 'response_affinity timeout=0;',         qr/invalid timeout "timeout=0"/ ],
     [ 'response_affinity zone=r:1m zone=s:1m;', qr/duplicate parameter "zone=s:1m"/ ],
@@ -143,6 +146,7 @@ for my $case (@warned) {
 for my $directive ("session_affinity;\n prefix_affinity;\n keepalive 8;",
                    'prefix_affinity;', 'prefix_affinity step=0;',
                    'prefix_affinity cache=512k;', 'prefix_affinity cache=off;',
+                   'prefix_affinity turns=0;', 'prefix_affinity turns=16;',
                    'prefix_affinity lengths=100 step=1000 growth=0 max=127500;') {
     my ($rc, $out) = nginx_t("        $directive\n");
     is $rc, 0, "accepted: $directive";

@@ -100,8 +100,10 @@ subtest 'JSON counters after known traffic' => sub {
         'a counter slot for each server, the backup too';
     is $u->{zones}{sessions}{peer_slots_reclaimed}, 0, 'none handed over';
     # each ~250-character prompt reaches only the 100-character level, which
-    # both turns of a conversation share: one entry per conversation
-    is $u->{zones}{prefixes}{entries}, 2, 'prefix zone holds one level each';
+    # both turns of a conversation share, and has a turn level at the end of
+    # each message past it: the first message's (both turns), the reply's
+    # and the second question's: four entries per conversation
+    is $u->{zones}{prefixes}{entries}, 8, 'prefix zone holds four levels each';
 };
 
 subtest 'failures are counted' => sub {

@@ -204,6 +204,7 @@ void BM_PromptLevels(benchmark::State &state)
     uint32_t schedule[AFFINITY_MAX_LEVELS];
     size_t nschedule = affinity_level_schedule(seeds, 3, 256, 6, 32 * 1024,
                                                schedule, AFFINITY_MAX_LEVELS);
+    const size_t kTurns = 8;    // prefix_affinity's default turns=
     affinity_level_t levels[AFFINITY_MAX_LEVELS];
     size_t nlevels = 0;
     affinity_json_t *json = affinity_json_create(2 << 20);
@@ -211,7 +212,7 @@ void BM_PromptLevels(benchmark::State &state)
     for (auto _ : state) {
         affinity_json_load(json, padded.data(), body.size());
         benchmark::DoNotOptimize(affinity_json_prompt(
-            json, schedule, nschedule, levels, AFFINITY_MAX_LEVELS,
+            json, schedule, nschedule, kTurns, levels, AFFINITY_MAX_LEVELS,
             &nlevels));
         affinity_json_unload(json);
     }

@@ -29,8 +29,8 @@ What the shim does, and this does too:
   levels from the body the replay sends (affinity_json_load and
   affinity_json_prompt) with prefix_affinity's default schedule
   (lengths 100,500,1000, step 256, growth 6 %, max 32k:
-  affinity_level_schedule), and the body's size, or the next level's
-  length when smaller, as the prompt's;
+  affinity_level_schedule; turns 8), and the body's size, or the next
+  scheduled level's length when smaller, as the prompt's;
   timeouts 1h (sessions) and 10m (prefixes);
   every peer AFFINITY_PEER_USABLE; now the simulated second; the balance
   factor 1.25, slack 2 (affinity_balance's defaults);
@@ -74,6 +74,7 @@ LEVEL_LENGTHS = (100, 500, 1000)
 LEVEL_STEP = 256
 LEVEL_GROWTH = 6
 LEVEL_MAX = 32 * 1024
+LEVEL_TURNS = 8
 SESSION_TIMEOUT = 3600
 PREFIX_TIMEOUT = 600
 RING_TOTAL = 65536
@@ -102,7 +103,7 @@ class Peer(ctypes.Structure):
 
 
 class Level(ctypes.Structure):
-    _fields_ = [('length', c_u32), ('reserved', c_u32), ('hash', c_u64)]
+    _fields_ = [('length', c_u32), ('turn', c_u32), ('hash', c_u64)]
 
 
 class Balance(ctypes.Structure):
@@ -182,8 +183,8 @@ SIGNATURES = {
                                           ctypes.c_size_t]),
     'affinity_json_unload': (None, [ctypes.c_void_p]),
     'affinity_json_prompt': (ctypes.c_int, [
-        ctypes.c_void_p, P(c_u32), ctypes.c_size_t, P(Level),
-        ctypes.c_size_t, P(ctypes.c_size_t)]),
+        ctypes.c_void_p, P(c_u32), ctypes.c_size_t, ctypes.c_size_t,
+        P(Level), ctypes.c_size_t, P(ctypes.c_size_t)]),
     'affinity_route': (ctypes.c_int, [
         ctypes.c_void_p, ctypes.c_void_p, P(Peer), P(ctypes.c_uint8),
         ctypes.c_size_t, P(Balance), P(RouteRequest), P(Decision)]),
@@ -294,9 +295,10 @@ def level_schedule(lib, lengths=LEVEL_LENGTHS, step=LEVEL_STEP,
 class PromptLevels:
     """The prompt levels of request bodies, as the module hashes them."""
 
-    def __init__(self, lib, schedule):
+    def __init__(self, lib, schedule, turns=LEVEL_TURNS):
         self.lib = lib
         self.schedule = schedule
+        self.turns = turns
         self.json = lib.affinity_json_create(1 << 20)
         if not self.json:
             raise MemoryError('affinity_json_create')
@@ -316,8 +318,8 @@ class PromptLevels:
         try:
             n = ctypes.c_size_t()
             rc = self.lib.affinity_json_prompt(
-                self.json, self.schedule, len(self.schedule), self.out,
-                MAX_LEVELS, ctypes.byref(n))
+                self.json, self.schedule, len(self.schedule), self.turns,
+                self.out, MAX_LEVELS, ctypes.byref(n))
             if rc != 0:
                 return b''
             return ctypes.string_at(self.out, n.value * ctypes.sizeof(Level))
@@ -415,10 +417,12 @@ class ModulePolicy:
                 # the prompt's size from above, as the shim gives it: its
                 # body's, and below the next level it did not reach
                 schedule = self.levels.schedule
-                if levels[n - 1].length == schedule[n - 1]:
+                scheduled = [lv.length for lv in levels if not lv.turn]
+                m = len(scheduled)
+                if m and scheduled[-1] == schedule[m - 1]:
                     size = len(req.source.body_bytes())
-                    request.prompt_size = size if n == len(schedule) \
-                        else min(size, schedule[n])
+                    request.prompt_size = size if m == len(schedule) \
+                        else min(size, schedule[m])
         request.now = NOW_ORIGIN + int(req.arrival)
         request.timeout = SESSION_TIMEOUT
         request.rotate = self.rng.getrandbits(32)

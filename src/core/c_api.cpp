@@ -427,12 +427,13 @@ size_t affinity_level_schedule(const uint32_t *lengths, size_t nlengths,
 
 affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
                                        const uint32_t *schedule,
-                                       size_t nschedule,
+                                       size_t nschedule, size_t turns,
                                        affinity_level_t *out, size_t out_cap,
                                        size_t *nout) noexcept
 {
     try {
-        return json->body.prompt(schedule, nschedule, out, out_cap, nout);
+        return json->body.prompt(schedule, nschedule, turns, out, out_cap,
+                                 nout);
 
     } catch (...) {
         *nout = 0;

@@ -37,7 +37,8 @@ affinity_field_e JsonBody::field(std::string_view dotted_path, char *out,
 }
 
 affinity_prompt_e JsonBody::prompt(const uint32_t *schedule, size_t nschedule,
-                                   affinity_level_t *out, size_t out_cap,
+                                   size_t turns, affinity_level_t *out,
+                                   size_t out_cap,
                                    size_t *nout)
 {
     *nout = 0;
@@ -50,7 +51,7 @@ affinity_prompt_e JsonBody::prompt(const uint32_t *schedule, size_t nschedule,
         return AFFINITY_PROMPT_NONE;
     }
 
-    LevelHasher hasher(schedule, nschedule, out, out_cap);
+    LevelHasher hasher(schedule, nschedule, turns, out, out_cap);
     affinity_prompt_e rc = walk_prompt(root_, hasher, scratch_);
 
     if (rc != AFFINITY_PROMPT_OK) {

@@ -38,8 +38,8 @@ public:
                            size_t out_cap, size_t *out_len);
 
     affinity_prompt_e prompt(const uint32_t *schedule, size_t nschedule,
-                             affinity_level_t *out, size_t out_cap,
-                             size_t *nout);
+                             size_t turns, affinity_level_t *out,
+                             size_t out_cap, size_t *nout);
 
     // Forgets the body; the buffers stay for the next one.
     void unload() noexcept;

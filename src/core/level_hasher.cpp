@@ -15,8 +15,10 @@ constexpr uint64_t kPrefixSeed = 0x70726566'69783031ULL;    // "prefix01"
 }  // namespace
 
 LevelHasher::LevelHasher(const uint32_t *schedule, size_t nschedule,
-                         affinity_level_t *out, size_t out_cap) noexcept
-    : schedule_(schedule), nschedule_(nschedule), out_(out), out_cap_(out_cap)
+                         size_t turns, affinity_level_t *out,
+                         size_t out_cap) noexcept
+    : schedule_(schedule), nschedule_(nschedule), out_(out), out_cap_(out_cap),
+      turns_cap_(std::min(turns, kMaxTurnLevels))
 {
     XXH3_INITSTATE(&state_);
     XXH3_64bits_reset_withSeed(&state_, kPrefixSeed);
@@ -27,6 +29,30 @@ void LevelHasher::emit(uint32_t length) noexcept
     if (nout_ < out_cap_) {
         out_[nout_++] = {length, 0, XXH3_64bits_digest(&state_)};
     }
+}
+
+void LevelHasher::end_of_turn() noexcept
+{
+    // Shorter than the first scheduled length: too short a prefix to be
+    // worth following (a system prompt of a few words that every
+    // conversation shares would draw new ones to its holders).
+    if (turns_cap_ == 0 || done() || code_points_ < schedule_[0]) {
+        return;
+    }
+
+    auto length = static_cast<uint32_t>(code_points_);
+
+    // Ending where a scheduled level or the previous message did: that
+    // level is there already.
+    if ((nout_ > 0 && out_[nout_ - 1].length == length)
+        || (nturns_ > 0
+            && turns_[(nturns_ - 1) % turns_cap_].length == length))
+    {
+        return;
+    }
+
+    turns_[nturns_ % turns_cap_] = {length, 1, XXH3_64bits_digest(&state_)};
+    nturns_++;
 }
 
 bool LevelHasher::append(std::string_view text) noexcept
@@ -67,6 +93,45 @@ size_t LevelHasher::finish() noexcept
             std::min<uint64_t>(code_points_, UINT32_MAX)));
     }
 
+    // The turn levels kept, oldest first, and as many of the most recent
+    // as out has room for; one of the text's own length (a short text
+    // that ends with its message) is there already.
+    size_t kept = std::min(nturns_, turns_cap_);
+    size_t first = nturns_ - kept;
+
+    if (kept > 0 && nout_ > 0
+        && turns_[(nturns_ - 1) % turns_cap_].length
+           == out_[nout_ - 1].length)
+    {
+        kept--;
+        first = nturns_ - 1 - kept;
+    }
+
+    size_t room = out_cap_ - nout_;
+
+    if (kept > room) {
+        first += kept - room;
+        kept = room;
+    }
+
+    // Merged from the back: both runs are in order of length, and no
+    // length is in both (end_of_turn() skips a scheduled level's).
+    size_t i = nout_;
+    size_t j = kept;
+    size_t k = nout_ + kept;
+
+    while (j > 0) {
+        const affinity_level_t &turn = turns_[(first + j - 1) % turns_cap_];
+
+        if (i > 0 && out_[i - 1].length > turn.length) {
+            out_[--k] = out_[--i];
+        } else {
+            out_[--k] = turn;
+            j--;
+        }
+    }
+
+    nout_ += kept;
     return nout_;
 }
 

@@ -360,6 +360,8 @@ Step PromptWalker::messages(array list, bool responses_items)
         if (step == Step::Stop) {
             return Step::Stop;
         }
+
+        hasher_.end_of_turn();
     }
 
     return Step::More;

@@ -426,7 +426,7 @@ TEST(JsonBody, OneLoadServesEveryRead)
         affinity_level_t levels[4];
         size_t n = 0;
         ASSERT_EQ(affinity_json_prompt(loaded.json(), schedule.data(),
-                                       schedule.size(), levels, 4, &n),
+                                       schedule.size(), 0, levels, 4, &n),
                   AFFINITY_PROMPT_OK);
         ASSERT_EQ(n, alone.levels.size());
         for (size_t i = 0; i < n; i++) {
@@ -451,7 +451,8 @@ TEST(JsonBody, NothingIsReadFromABodyThatDidNotParse)
     affinity_level_t levels[2];
     size_t n = 5;
     const uint32_t schedule[] = {10};
-    EXPECT_EQ(affinity_json_prompt(loaded.json(), schedule, 1, levels, 2, &n),
+    EXPECT_EQ(affinity_json_prompt(loaded.json(), schedule, 1, 1, levels, 2,
+                                   &n),
               AFFINITY_PROMPT_INVALID);
     EXPECT_EQ(n, 0u);
 }

@@ -7,17 +7,18 @@
 // load bound holds decides, and the least loaded of those peers gets the
 // request (PREFIX_HIT), whether the level is a conversation's own or shared
 // by many prompts; the least loaded peer (ties in the ring order of the
-// prompt's longest level) takes it when it is one of them, and also when
-// the level has as many peers as an entry remembers and is shorter than
-// 4,096 characters (a longer one goes to the prompt's ring peer unless a
-// holder is less loaded).  A shared
-// level whose holders are all over the bound still goes to its least loaded
-// holder, one request above the bound, when moving to a shorter level's
-// holder would re-prefill 4,096 characters or more.  When no level's peer
-// is under the bound the request goes to the least loaded peer, ties in
-// the ring order of its own longest level (PREFIX_NEW).  In
-// every case all levels are then recorded for the chosen peer, so a hot
-// prefix gains holders as the bound spreads its prompts.
+// prompt's longest level) takes it when it is one of them, and also when the
+// level has as many peers as an entry remembers and is shorter than 4,096
+// characters (a longer one goes to the prompt's ring peer, from its longest
+// scheduled level, unless a holder is less loaded).  A shared level whose
+// holders are all over the bound still goes to its least loaded holder, one
+// request above the bound, when moving to a shorter level's holder would
+// re-prefill 4,096 characters or more.  When no level's peer is under the
+// bound the request goes to the least loaded peer, ties in the ring order of
+// its own longest level (PREFIX_NEW).  In every case all levels are then
+// recorded for the chosen peer, so a hot prefix gains holders as the bound
+// spreads its prompts.  Turn levels (at messages' ends) are levels like the
+// others, but for a document's ring peer.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -655,6 +656,119 @@ void busy_but(Fleet &f, int idle)
     if (idle >= 0) {
         f.up().release(size_t(idle));
     }
+}
+
+// The levels of a body with prefix_affinity's default turn levels (turns=8)
+// as well as the scheduled ones.
+std::vector<affinity_level_t> levels_with_turns(const std::string &body)
+{
+    Prompt p = prompt_levels(body, default_schedule(), '\0', 8);
+    EXPECT_EQ(p.rc, AFFINITY_PROMPT_OK);
+    return p.levels;
+}
+
+// Behind a long system prompt that every peer holds, a conversation's turn
+// adds less than the spacing of the scheduled levels there: by them alone
+// its next turn finds only the shared prompt, and goes where a shared
+// prompt goes.  Its turn levels make the previous turn's whole prompt a
+// level of the next one, held by the peer that served it: each
+// conversation comes back to its own peer.
+TEST(PrefixRoute, NextTurnFindsItsPeerPastAPromptEveryPeerHolds)
+{
+    // A system prompt whose message ends 10 characters past a scheduled
+    // length, with the next one more than 1,500 characters on: model
+    // (8 code points), "system" US text RS (8 + text).
+    const std::vector<uint32_t> schedule = default_schedule();
+    size_t k = 0;
+    while (schedule[k] < 20000 || schedule[k + 1] - schedule[k] < 1500) {
+        k++;
+    }
+    const std::string system = words(301, schedule[k] + 10 - 16);
+
+    Fleet f;
+    make_holders(f, system, 600, {0, 1, 2, 3});
+
+    for (uint32_t peer = 0; peer < 4; peer++) {
+        SCOPED_TRACE(testing::Message() << "conversation on peer " << peer);
+        Conversation c(700 + peer, system);
+        const std::string first = c.body(1);
+        const std::string second = c.body(2);
+        ASSERT_LT(canonical_length(second), schedule[k + 1])
+            << "no scheduled length past the system prompt";
+
+        for (size_t i = 0; i < 4; i++) {
+            f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
+                                          : AFFINITY_PEER_BUSY);
+        }
+        ASSERT_EQ(f.send(levels_with_turns(first)).decision.peer, int(peer));
+        for (size_t i = 0; i < 4; i++) {
+            f.up().set_state(i, AFFINITY_PEER_USABLE);
+        }
+
+        // By scheduled levels only: the shared prompt's level.
+        Prompt plain = prompt_levels(second, schedule);
+        f.router().now += 1;
+        Routed r = f.router().route_prompt(f.prefixes(), plain.levels);
+        EXPECT_EQ(r.decision.prefix_len, schedule[k]);
+        f.up().release_all();
+
+        // With turn levels: the previous turn whole, on its peer.
+        f.router().now += 1;
+        r = f.send(levels_with_turns(second));
+        EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+        EXPECT_EQ(r.decision.peer, int(peer));
+        EXPECT_EQ(r.decision.prefix_len, canonical_length(first));
+    }
+}
+
+// New conversations behind a short system prompt that many peers hold
+// (copied to the least loaded peer, below), whose own text ends before the
+// next scheduled length: their longest scheduled level is the system
+// prompt's.  On an idle fleet, ties among the least loaded peers go in the
+// ring order of each whole prompt (its turn level), so they spread rather
+// than all meet on one peer.
+TEST(PrefixRoute, NewConversationsBehindAHeldPromptSpreadOnAnIdleFleet)
+{
+    Fleet f(8);
+    const std::string system = words(77, 1200);
+    const std::vector<int> holders = {0, 2, 4, 6};
+
+    // The system prompt whole (its message's end, 1,216 characters) and
+    // its levels held by four peers.
+    for (size_t k = 0; k < holders.size(); k++) {
+        for (size_t i = 0; i < f.up().size(); i++) {
+            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
+                                                     : AFFINITY_PEER_BUSY);
+        }
+        Routed r = f.send(levels_with_turns(
+            Conversation(300 + uint32_t(k), system).body(1)));
+        ASSERT_EQ(r.decision.peer, holders[k]);
+    }
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+
+    std::set<int> by_turns;
+    std::set<int> by_schedule;
+
+    for (uint32_t k = 0; k < 8; k++) {
+        const std::string body =
+            chat({{"system", system}, {"user", words(900 + k, 20)}});
+        std::vector<affinity_level_t> plain = levels_of(body);
+        ASSERT_EQ(plain.back().length, 1000u) << "within the system prompt";
+
+        Routed r = f.send(levels_with_turns(body));
+        EXPECT_EQ(r.decision.prefix_len, 1216u);
+        by_turns.insert(r.decision.peer);
+
+        // The same prompts without turn levels tie in one order.
+        r = f.send(plain);
+        EXPECT_EQ(r.decision.prefix_len, 1000u);
+        by_schedule.insert(r.decision.peer);
+    }
+
+    EXPECT_EQ(by_schedule.size(), 1u);
+    EXPECT_GE(by_turns.size(), 4u);
 }
 
 // A prefix held by as many peers as an entry remembers (four of eight

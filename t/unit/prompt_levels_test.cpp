@@ -1032,7 +1032,8 @@ TEST(PromptLevels, OutCapLimitsTheLevelsWritten)
         size_t n = 99;
         LoadedBody loaded(body);
         affinity_prompt_e rc = affinity_json_prompt(
-            loaded.json(), schedule.data(), schedule.size(), out, cap, &n);
+            loaded.json(), schedule.data(), schedule.size(), 0, out, cap,
+            &n);
         EXPECT_EQ(n, cap);
         if (cap > 0) {
             EXPECT_EQ(rc, AFFINITY_PROMPT_OK);
@@ -1485,3 +1486,272 @@ TEST(PromptEndpoint, RandomMutationsNeverCrash)
 }
 
 }  // namespace
+
+// ---- turn levels ----------------------------------------------------------
+
+namespace {
+
+constexpr size_t kTurns = 8;    // prefix_affinity's default turns=
+
+// The canonical text of chat(messages, model).
+std::string chat_canonical(const std::vector<Msg> &messages,
+                           const std::string &model = "m")
+{
+    std::string c = "model" + US + model + RS;
+    for (const Msg &m : messages) {
+        c += m.role + US + m.content + RS;
+    }
+    return c;
+}
+
+// Lengths, in code points, of the canonical text at each message's end.
+std::vector<uint32_t> message_ends(const std::vector<Msg> &messages,
+                                   const std::string &model = "m")
+{
+    std::vector<uint32_t> ends;
+    size_t length = code_points("model" + US + model + RS);
+    for (const Msg &m : messages) {
+        length += code_points(m.role + US + m.content + RS);
+        ends.push_back(uint32_t(length));
+    }
+    return ends;
+}
+
+std::vector<uint32_t> turn_lengths(const std::vector<affinity_level_t> &levels)
+{
+    std::vector<uint32_t> out;
+    for (const affinity_level_t &l : levels) {
+        if (l.turn) {
+            out.push_back(l.length);
+        }
+    }
+    return out;
+}
+
+std::vector<uint32_t> scheduled_lengths(
+    const std::vector<affinity_level_t> &levels)
+{
+    std::vector<uint32_t> out;
+    for (const affinity_level_t &l : levels) {
+        if (!l.turn) {
+            out.push_back(l.length);
+        }
+    }
+    return out;
+}
+
+std::vector<uint32_t> default_levels()
+{
+    return schedule_of({100, 500, 1000}, 256, 6, 32 * 1024);
+}
+
+}  // namespace
+
+// Behind a long shared system prompt, a conversation's next turn extends
+// the previous one by less than the spacing of the scheduled levels there:
+// without turn levels it finds only the shared part.  The level at the
+// previous prompt's end (its last message's) is one of the next turn's
+// levels, the hash of the same text.
+TEST(TurnLevels, NextTurnFindsThePreviousTurnWhole)
+{
+    const std::string system(24000, 's');
+    std::vector<Msg> first = {{"system", system}, {"user", "list the files"}};
+    std::vector<Msg> next = first;
+    next.push_back({"assistant", "a.txt b.txt"});
+    next.push_back({"user", "open a.txt"});
+
+    const std::string canonical = chat_canonical(first);
+    const uint32_t whole = uint32_t(code_points(canonical));
+
+    Prompt p1 = prompt_levels(chat(first), default_levels(), '\0', kTurns);
+    ASSERT_EQ(p1.rc, AFFINITY_PROMPT_OK);
+    ASSERT_EQ(p1.levels.back().length, whole);
+    EXPECT_EQ(p1.levels.back().turn, 1u);
+    EXPECT_EQ(p1.levels.back().hash, level_hash(canonical, whole));
+
+    Prompt p2 = prompt_levels(chat(next), default_levels(), '\0', kTurns);
+    ASSERT_EQ(p2.rc, AFFINITY_PROMPT_OK);
+    bool found = false;
+    for (const affinity_level_t &l : p2.levels) {
+        found |= l.length == whole && l.hash == p1.levels.back().hash;
+    }
+    EXPECT_TRUE(found) << "the next turn has the previous one's whole prompt";
+
+    // Without turn levels, the longest level the two share is a scheduled
+    // one, short of the previous prompt by up to one spacing.
+    Prompt plain = prompt_levels(chat(next), default_levels(), '\0', 0);
+    EXPECT_TRUE(turn_lengths(plain.levels).empty());
+    for (const affinity_level_t &l : plain.levels) {
+        EXPECT_NE(l.length, whole);
+    }
+    EXPECT_EQ(scheduled_lengths(p2.levels), lengths_of(plain.levels))
+        << "turn levels leave the scheduled ones as they are";
+}
+
+// Levels are in order of length, the scheduled ones all there; the turn
+// levels are those of the last `turns` messages that end from the first
+// scheduled length on and before the last, each the hash of the text up
+// to there.
+TEST(TurnLevels, LastMessagesEndsAreKeptInOrder)
+{
+    std::vector<Msg> messages;
+    for (int i = 0; i < 12; i++) {
+        messages.push_back({i % 2 ? "assistant" : "user",
+                            std::string(size_t(40 + 7 * i), char('a' + i))});
+    }
+    const std::string canonical = chat_canonical(messages);
+    const std::vector<uint32_t> ends = message_ends(messages);
+    const std::vector<uint32_t> schedule = every(100, 5000);
+
+    for (size_t turns : {size_t(1), size_t(3), kTurns, size_t(16)}) {
+        SCOPED_TRACE(testing::Message() << "turns " << turns);
+        Prompt p = prompt_levels(chat(messages), schedule, '\0', turns);
+        ASSERT_EQ(p.rc, AFFINITY_PROMPT_OK);
+
+        std::vector<uint32_t> expected;
+        for (uint32_t end : ends) {
+            if (end > 100 && end % 100 != 0) {  // not a scheduled length
+                expected.push_back(end);
+            }
+        }
+        expected.erase(expected.begin(),
+                       expected.end() - long(std::min(turns,
+                                                      expected.size())));
+        EXPECT_EQ(turn_lengths(p.levels), expected);
+
+        std::vector<uint32_t> scheduled;
+        for (uint32_t l : schedule) {
+            if (l <= ends.back()) {
+                scheduled.push_back(l);
+            }
+        }
+        EXPECT_EQ(scheduled_lengths(p.levels), scheduled);
+
+        for (size_t i = 0; i < p.levels.size(); i++) {
+            EXPECT_TRUE(i == 0
+                        || p.levels[i].length > p.levels[i - 1].length);
+            EXPECT_EQ(p.levels[i].hash,
+                      level_hash(canonical, p.levels[i].length))
+                << "length " << p.levels[i].length;
+        }
+    }
+
+    // No turn levels asked for: none.
+    Prompt none = prompt_levels(chat(messages), schedule, '\0', 0);
+    EXPECT_TRUE(turn_lengths(none.levels).empty());
+
+    // More than AFFINITY_TURNS_MAX asked for: the ends of that many
+    // messages at most, the most recent.
+    std::vector<Msg> many(AFFINITY_TURNS_MAX + 4, Msg{"user", "ok"});
+    const std::vector<uint32_t> many_ends = message_ends(many);
+    Prompt capped = prompt_levels(chat(many), {20, 5000}, '\0',
+                                  AFFINITY_TURNS_MAX + 4);
+    ASSERT_EQ(capped.rc, AFFINITY_PROMPT_OK);
+    ASSERT_GT(many_ends[many_ends.size() - AFFINITY_TURNS_MAX], 20u);
+    EXPECT_EQ(turn_lengths(capped.levels),
+              std::vector<uint32_t>(many_ends.end() - AFFINITY_TURNS_MAX,
+                                    many_ends.end()));
+    EXPECT_EQ(scheduled_lengths(capped.levels), std::vector<uint32_t>{20});
+}
+
+// Hashing stops at the last scheduled length (max=): a message that ends
+// at or after it has no turn level, and one that ends exactly at a
+// scheduled length has only the scheduled level.
+TEST(TurnLevels, NoneAtOrPastTheLastScheduledLevel)
+{
+    // "model" US "m" RS is 8 code points; each message here is
+    // "user" US text RS: 6 + its text.
+    std::vector<Msg> messages = {{"user", std::string(36, 'x')},   // 50
+                                 {"user", std::string(24, 'y')},   // 80
+                                 {"user", std::string(14, 'z')},   // 100
+                                 {"user", std::string(40, 'w')}};  // 146
+    ASSERT_EQ(message_ends(messages),
+              (std::vector<uint32_t>{50, 80, 100, 146}));
+
+    Prompt p = prompt_levels(chat(messages), {50, 120}, '\0', kTurns);
+    ASSERT_EQ(p.rc, AFFINITY_PROMPT_OK);
+    EXPECT_EQ(lengths_of(p.levels), (std::vector<uint32_t>{50, 80, 100, 120}));
+    EXPECT_EQ(turn_lengths(p.levels), (std::vector<uint32_t>{80, 100}));
+}
+
+// No turn level is shorter than the first scheduled length: a prefix
+// that short is not worth following (a system prompt of a few words that
+// every conversation shares).  A text shorter than it is one level of its
+// own length, as without turn levels.
+TEST(TurnLevels, NoneShorterThanTheFirstScheduledLevel)
+{
+    std::vector<Msg> messages = {{"system", "be brief"},       // 24
+                                 {"user", std::string(71, 'q')},   // 101
+                                 {"user", std::string(20, 'r')}};  // 127
+    ASSERT_EQ(message_ends(messages), (std::vector<uint32_t>{24, 101, 127}));
+
+    Prompt p = prompt_levels(chat(messages), {100, 1000}, '\0', kTurns);
+    ASSERT_EQ(p.rc, AFFINITY_PROMPT_OK);
+    EXPECT_EQ(lengths_of(p.levels), (std::vector<uint32_t>{100, 101, 127}));
+    EXPECT_EQ(turn_lengths(p.levels), (std::vector<uint32_t>{101, 127}));
+
+    messages.resize(1);
+    Prompt short_text = prompt_levels(chat(messages), {100, 1000}, '\0',
+                                      kTurns);
+    ASSERT_EQ(short_text.rc, AFFINITY_PROMPT_OK);
+    ASSERT_EQ(short_text.levels.size(), 1u);
+    EXPECT_EQ(short_text.levels[0].length, 24u);
+    EXPECT_EQ(short_text.levels[0].turn, 0u);
+}
+
+// With less room than levels, the scheduled levels come first, then the
+// most recent turn levels.
+TEST(TurnLevels, ScheduledLevelsFirstThenTheMostRecentTurns)
+{
+    std::vector<Msg> messages = {{"user", std::string(36, 'x')},   // 50
+                                 {"user", std::string(24, 'y')},   // 80
+                                 {"user", std::string(20, 'z')}};  // 106
+    const uint32_t schedule[] = {30, 60, 1000};
+    affinity_level_t out[4];
+    size_t n = 0;
+
+    for (size_t cap : {size_t(2), size_t(3), size_t(4)}) {
+        SCOPED_TRACE(testing::Message() << "cap " << cap);
+        LoadedBody loaded(chat(messages));
+        std::memset(out, 0x5a, sizeof(out));
+        ASSERT_EQ(affinity_json_prompt(loaded.json(), schedule, 3, kTurns,
+                                       out, cap, &n),
+                  AFFINITY_PROMPT_OK);
+        std::vector<uint32_t> lengths;
+        for (size_t i = 0; i < n; i++) {
+            lengths.push_back(out[i].length);
+        }
+        // Room for none, the most recent, and two of the three.
+        std::vector<uint32_t> expected =
+            cap == 2   ? std::vector<uint32_t>{30, 60}
+            : cap == 3 ? std::vector<uint32_t>{30, 60, 106}
+                       : std::vector<uint32_t>{30, 60, 80, 106};
+        EXPECT_EQ(lengths, expected);
+        for (size_t i = n; i < 4; i++) {
+            EXPECT_EQ(out[i].hash, 0x5a5a5a5a5a5a5a5aULL) << "past out_cap";
+        }
+    }
+}
+
+// Responses API input items end turns as chat messages do, items without
+// a role too; a completions prompt is one text, with no turn levels.
+TEST(TurnLevels, ResponsesItemsEndTurnsAndCompletionsHaveNone)
+{
+    const std::string responses =
+        "{\"model\":\"m\",\"instructions\":\"be brief\",\"input\":["
+        "{\"role\":\"user\",\"content\":\"run ls\"},"
+        "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"ls\","
+        "\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c1\","
+        "\"output\":\"a.txt\"}]}";
+    Prompt p = prompt_levels(responses, {10, 10000}, '\0', kTurns);
+    ASSERT_EQ(p.rc, AFFINITY_PROMPT_OK);
+    EXPECT_EQ(turn_lengths(p.levels).size(), 3u) << "one at each item's end";
+    EXPECT_EQ(p.levels.size(), 4u);
+
+    Prompt c = prompt_levels("{\"model\":\"m\",\"prompt\":\"" +
+                                 std::string(300, 'p') + "\"}",
+                             every(100, 1000), '\0', kTurns);
+    ASSERT_EQ(c.rc, AFFINITY_PROMPT_OK);
+    EXPECT_TRUE(turn_lengths(c.levels).empty());
+}

@@ -480,34 +480,35 @@ private:
 };
 
 // Loads body (see LoadedBody) and calls affinity_json_prompt(); out holds
-// one level per scheduled length, as in the module.
+// one level per scheduled length and turn level, as in the module.
 inline Prompt prompt_levels(const std::string &body,
                             const std::vector<uint32_t> &schedule,
-                            char fill = '\0')
+                            char fill = '\0', size_t turns = 0)
 {
     LoadedBody loaded(body, fill);
 
     const affinity_level_t canary{0xdeadbeef, 0xdeadbeef, 0xdeadbeef};
-    std::vector<affinity_level_t> out(schedule.size() + 4, canary);
+    size_t cap = schedule.size() + turns;
+    std::vector<affinity_level_t> out(cap + 4, canary);
     size_t n = 12345;
 
     affinity_prompt_e rc = affinity_json_prompt(
-        loaded.json(), schedule.data(), schedule.size(), out.data(),
-        schedule.size(), &n);
+        loaded.json(), schedule.data(), schedule.size(), turns, out.data(),
+        cap, &n);
 
     if (!loaded.loaded()) {
         EXPECT_EQ(rc, AFFINITY_PROMPT_INVALID) << "read a body not loaded";
     }
 
-    EXPECT_LE(n, schedule.size());
-    for (size_t i = schedule.size(); i < out.size(); i++) {
+    EXPECT_LE(n, cap);
+    for (size_t i = cap; i < out.size(); i++) {
         EXPECT_EQ(out[i].hash, canary.hash) << "wrote past out_cap";
     }
     if (rc != AFFINITY_PROMPT_OK) {
         EXPECT_EQ(n, 0u) << "levels without a prompt";
     }
 
-    out.resize(std::min(n, schedule.size()));
+    out.resize(std::min(n, cap));
     return {rc, out};
 }
 

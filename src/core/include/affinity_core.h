@@ -439,12 +439,13 @@ typedef struct {
  * or its peer failed.
  * Else, with prompt levels: the longest level held by a usable peer under
  * the bound wins; among its recent peers the least loaded one, ties to the
- * least loaded peer of all (ties in ring order from the longest level), but
- * at the prompt's longest level the most recent one.  When the level has
+ * least loaded peer of all (ties in ring order from the longest level),
+ * but at the prompt's longest scheduled level and the turn levels past it
+ * the most recent one.  When the level has
  * as many recent peers as an entry remembers (widely held), a level
  * shorter than 4,096 characters goes to the least loaded peer of all, held
- * or not, and a longer one to the prompt's ring peer unless the chosen
- * holder has fewer in flight.  If no level is held, the least loaded
+ * or not, and a longer one to the prompt's ring peer (from its longest
+ * scheduled level) unless the chosen holder has fewer in flight.  If no level is held, the least loaded
  * usable peer, ties in ring order from the longest level.
  * Else: the usable peer with the least in-flight per weight.
  * Every level of the prompt is then recorded for the chosen peer.  The
@@ -561,7 +562,7 @@ AFFINITY_API affinity_field_e affinity_json_field(affinity_json_t *json,
 
 struct affinity_level_s {
     uint32_t    length;     /* code points of canonical text hashed */
-    uint32_t    reserved;
+    uint32_t    turn;       /* 1: at a message's end, 0: scheduled */
     uint64_t    hash;       /* XXH3, fixed seed (same in every instance) */
 };
 
@@ -582,17 +583,25 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
     size_t nlengths, uint32_t step, uint32_t growth_percent, uint32_t max,
     uint32_t *out, size_t out_cap) AFFINITY_NOEXCEPT;
 
+/* Most turn levels a prompt may have (affinity_json_prompt()). */
+#define AFFINITY_TURNS_MAX  16
+
 /*
  * Builds the canonical prompt text of the chat completions, completions or
  * Responses API body loaded, and hashes its first L code points for each
  * scheduled L it reaches; a text shorter than schedule[0] gives one level
- * of its own length.  Reading stops at the last scheduled length.  Levels
- * are written shortest first.  Allocates only when a body's tools or items
- * are larger than any compacted before.
+ * of its own length.  Reading stops at the last scheduled length.  Also
+ * hashes it at the ends of its last turns messages (or Responses input
+ * items) between the first and the last scheduled lengths, at most
+ * AFFINITY_TURNS_MAX: turn levels, which let a conversation's next turn
+ * find this whole prompt.  Levels are written
+ * shortest first, as many as out_cap allows (nschedule + turns: all of
+ * them), the most recent turn levels first.  Allocates only when a
+ * body's tools or items are larger than any compacted before.
  */
 AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
-    const uint32_t *schedule, size_t nschedule, affinity_level_t *out,
-    size_t out_cap, size_t *nout) AFFINITY_NOEXCEPT;
+    const uint32_t *schedule, size_t nschedule, size_t turns,
+    affinity_level_t *out, size_t out_cap, size_t *nout) AFFINITY_NOEXCEPT;
 
 
 /* ---- Responses API continuations ------------------------------------ */
