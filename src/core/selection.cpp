@@ -499,14 +499,13 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // caches.  Among that level's recent peers under the bound and their
 // slack, the least loaded one is taken, ties to the least loaded peer of
 // all (ties in the ring order of the prompt's longest level); at the
-// prompt's longest scheduled level and the turn levels past it,
-// the most recent one.  One exception: when the level has as many peers
-// as an entry remembers (widely held: an entry forgets its older holders,
-// so others likely hold it too) and one of them may take the prompt, a
-// short level (under kDocumentChars) goes to
-// the least loaded peer of all, remembered or not, and a long one to the
-// prompt's ring peer unless the holder chosen has fewer requests in
-// flight.  So a prefix every peer holds (a system prompt, tool
+// prompt's longest scheduled level and the turn levels past it, the most
+// recent one.  One exception: when the level has as many peers as an
+// entry remembers (widely held: an entry forgets its older holders, so
+// others likely hold it too) and one of them may take the prompt, a short
+// level (under kDocumentChars) goes to the least loaded peer of all,
+// remembered or not, and a long one to the prompt's ring peer unless the
+// holder chosen has fewer requests in flight.  So a prefix every peer holds (a system prompt, tool
 // schemas) costs no queue, while one that few peers hold (a long shared
 // document, a conversation's history) is followed to them rather than
 // copied into every cache.  The bound, and the slack above a holder's
@@ -607,8 +606,8 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         // by what they hold beyond it (the rest of the prompt, up to one
         // level's spacing, or all of it past max=): the most recent one
         // most likely got the latest turns.  So at its longest scheduled
-        // level, and at the turn levels past it.  Measured in the offline fleet
-        // (tight profile, full-size workloads, three seeds, without
+        // level, and at the turn levels past it.  Measured in the offline
+        // fleet (tight profile, full-size workloads, three seeds, without
         // session ids) against the least loaded holder: conversations 0.88
         // -> 0.94 of the oracle's hits without cache= and 0.92 -> 0.94
         // with it, chat 0.88 -> 0.93 (0.98 -> 0.99), agent sessions 1.01

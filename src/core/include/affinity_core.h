@@ -441,12 +441,12 @@ typedef struct {
  * the bound wins; among its recent peers the least loaded one, ties to the
  * least loaded peer of all (ties in ring order from the longest level),
  * but at the prompt's longest scheduled level and the turn levels past it
- * the most recent one.  When the level has
- * as many recent peers as an entry remembers (widely held), a level
- * shorter than 4,096 characters goes to the least loaded peer of all, held
- * or not, and a longer one to the prompt's ring peer (from its longest
- * scheduled level) unless the chosen holder has fewer in flight.  If no level is held, the least loaded
- * usable peer, ties in ring order from the longest level.
+ * the most recent one.  When the level has as many recent peers as an
+ * entry remembers (widely held), a level shorter than 4,096 characters
+ * goes to the least loaded peer of all, held or not, and a longer one to
+ * the prompt's ring peer (from its longest scheduled level) unless the
+ * chosen holder has fewer in flight.  If no level is held, the least
+ * loaded usable peer, ties in ring order from the longest level.
  * Else: the usable peer with the least in-flight per weight.
  * Every level of the prompt is then recorded for the chosen peer.  The
  * bound is soft: when every usable peer is over it, the least loaded one is
@@ -594,10 +594,10 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
  * hashes it at the ends of its last turns messages (or Responses input
  * items) between the first and the last scheduled lengths, at most
  * AFFINITY_TURNS_MAX: turn levels, which let a conversation's next turn
- * find this whole prompt.  Levels are written
- * shortest first, as many as out_cap allows (nschedule + turns: all of
- * them), the most recent turn levels first.  Allocates only when a
- * body's tools or items are larger than any compacted before.
+ * find this whole prompt.  Levels are written shortest first, as many as
+ * out_cap allows (nschedule + turns: all of them), the scheduled ones
+ * first, then the most recent turn levels.  Allocates only when a body's
+ * tools or items are larger than any compacted before.
  */
 AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
     const uint32_t *schedule, size_t nschedule, size_t turns,
