@@ -17,12 +17,12 @@
 //     scheduled ones (turn 0) are the schedule's first lengths, except
 //     that a text shorter than the first scheduled length gives one level
 //     of its own length (1 .. schedule[0] - 1), the longest; turn levels
-//     (turn 1, at messages' ends: two of the schedules ask for 8) are no
-//     more than asked for, and each is shorter than the next scheduled
+//     (turn 1, at messages' ends: the schedules ask for 8, 16 and 8) are
+//     no more than asked for, and each is shorter than the next scheduled
 //     length (none at or past the last);
-//   - an output array of two gets the first scheduled levels, then the
-//     most recent turn levels: each of them one of the full array's (same
-//     length, hash and kind), and the same result code;
+//   - an output array of two gets the full array's first scheduled
+//     levels, then its most recent turn levels (same length, hash and
+//     kind), in order of length, and the same result code;
 //   - two schedules that share a length give that length the same hash
 //     (the hash of a prefix does not depend on the other lengths);
 //   - a field FOUND has 1 <= out_len <= out_cap (the output buffer is a
@@ -155,14 +155,34 @@ affinity_prompt_e prompt(const Schedule &s, affinity_level_t *out,
     CHECK(rc2 == rc);
     check_levels(s, rc2, small, nsmall, 2);
     CHECK(nsmall == (*nout < 2 ? *nout : 2));
-    for (size_t i = 0; i < nsmall; i++) {
-        bool found = false;
-        for (size_t k = 0; k < *nout && !found; k++) {
-            found = small[i].length == out[k].length
-                    && small[i].hash == out[k].hash
-                    && small[i].turn == out[k].turn;
+    if (rc == AFFINITY_PROMPT_OK) {
+        // What the small array should hold: the full array's first
+        // scheduled levels, then its most recent turn levels, in order.
+        affinity_level_t expect[2];
+        size_t nexpect = 0;
+
+        for (size_t k = 0; k < *nout && nexpect < 2; k++) {
+            if (!out[k].turn) {
+                expect[nexpect++] = out[k];
+            }
         }
-        CHECK(found);
+        for (size_t k = *nout; k-- > 0 && nexpect < 2;) {
+            if (out[k].turn) {
+                expect[nexpect++] = out[k];
+            }
+        }
+        if (nexpect == 2 && expect[0].length > expect[1].length) {
+            affinity_level_t t = expect[0];
+            expect[0] = expect[1];
+            expect[1] = t;
+        }
+
+        CHECK(nexpect == nsmall);
+        for (size_t i = 0; i < nsmall; i++) {
+            CHECK(small[i].length == expect[i].length);
+            CHECK(small[i].hash == expect[i].hash);
+            CHECK(small[i].turn == expect[i].turn);
+        }
     }
 
     return rc;
@@ -398,6 +418,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
     for (uint32_t l = 7; l <= 700; l += 7) {
         dense.lengths[dense.n++] = l;
     }
+    dense.turns = AFFINITY_TURNS_MAX;     // the ring wraps
 
     // The module's default: lengths=100,500,1000, step 256,
     // growth 6 (percent), max 32768.

@@ -822,8 +822,7 @@ ngx_http_upstream_affinity_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_strncmp(value[i].data, "turns=", 6) == 0) {
-            /* the ends of the last messages hashed too: a next turn finds
-             * the whole of the one before */
+            /* message ends hashed too: a next turn finds the one before */
             n = ngx_atoi(value[i].data + 6, value[i].len - 6);
 
             if (n == NGX_ERROR || n > AFFINITY_TURNS_MAX) {

@@ -196,7 +196,8 @@ std::string conversation_body(size_t bytes)
     return body;
 }
 
-void BM_PromptLevels(benchmark::State &state)
+// The levels of a chat body of range(0) bytes, with `turns` turn levels.
+void prompt_levels(benchmark::State &state, size_t turns)
 {
     std::string body = conversation_body(static_cast<size_t>(state.range(0)));
     std::string padded = body + std::string(AFFINITY_JSON_PADDING, '\0');
@@ -204,7 +205,6 @@ void BM_PromptLevels(benchmark::State &state)
     uint32_t schedule[AFFINITY_MAX_LEVELS];
     size_t nschedule = affinity_level_schedule(seeds, 3, 256, 6, 32 * 1024,
                                                schedule, AFFINITY_MAX_LEVELS);
-    const size_t kTurns = 8;    // prefix_affinity's default turns=
     affinity_level_t levels[AFFINITY_MAX_LEVELS];
     size_t nlevels = 0;
     affinity_json_t *json = affinity_json_create(2 << 20);
@@ -212,7 +212,7 @@ void BM_PromptLevels(benchmark::State &state)
     for (auto _ : state) {
         affinity_json_load(json, padded.data(), body.size());
         benchmark::DoNotOptimize(affinity_json_prompt(
-            json, schedule, nschedule, kTurns, levels, AFFINITY_MAX_LEVELS,
+            json, schedule, nschedule, turns, levels, AFFINITY_MAX_LEVELS,
             &nlevels));
         affinity_json_unload(json);
     }
@@ -222,8 +222,21 @@ void BM_PromptLevels(benchmark::State &state)
     state.counters["levels"] = double(nlevels);
     state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));
 }
+
+// prefix_affinity's default turns=8.
+void BM_PromptLevels(benchmark::State &state)
+{
+    prompt_levels(state, 8);
+}
 BENCHMARK(BM_PromptLevels)
     ->Arg(4 << 10)->Arg(32 << 10)->Arg(128 << 10)->Arg(1 << 20);
+
+// turns=0: what the turn levels cost.
+void BM_PromptLevelsWithoutTurns(benchmark::State &state)
+{
+    prompt_levels(state, 0);
+}
+BENCHMARK(BM_PromptLevelsWithoutTurns)->Arg(4 << 10)->Arg(32 << 10);
 
 // A Responses API object as vLLM writes it: the id first, "object" after
 // the instructions, then the output text; about `bytes` long.

@@ -616,7 +616,8 @@ class PrefixOracle:
 
 # The module_* policies run the module's C++ core (core_policy.py).
 MODULE_POLICIES = ('module_session', 'module_prefix', 'module_session_prefix',
-                   'module_prefix_cache', 'module_session_prefix_cache')
+                   'module_prefix_cache', 'module_session_prefix_cache',
+                   'module_prefix_turns0', 'module_session_prefix_turns0')
 POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
             'chash_session_bounded', 'affinity', 'affinity_follow') \
     + MODULE_POLICIES
@@ -625,7 +626,8 @@ POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
 # mode.  The others are simulated once and reported for both.
 KEYED_POLICIES = ('chash_session', 'chash_session_bounded', 'affinity',
                   'affinity_follow', 'module_session',
-                  'module_session_prefix', 'module_session_prefix_cache')
+                  'module_session_prefix', 'module_session_prefix_cache',
+                  'module_session_prefix_turns0')
 # Keyed policies that mean nothing without a session id (a hash of an
 # absent header sends everything to one replica): not simulated then.
 NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',

@@ -12,6 +12,9 @@ real-time replay.
     module_prefix_cache    prefix_affinity cache=N;  (N: the replicas' KV
     module_session_prefix_cache                       cache, in tokens)
                            session_affinity; prefix_affinity cache=N;
+    module_prefix_turns0   prefix_affinity turns=0;  (no turn levels)
+    module_session_prefix_turns0
+                           session_affinity; prefix_affinity turns=0;
 
 What the shim does, and this does too:
 - zones: a session zone and/or a prefix zone, in memory of their own
@@ -335,12 +338,14 @@ class ModulePolicy:
 
     def __init__(self, replicas, session=True, prefix=True, factor=FACTOR,
                  slack=SLACK, base_port=BASE_PORT, seed=1, lib=None,
-                 cache=False):
+                 cache=False, turns=LEVEL_TURNS):
         if not (session or prefix):
             raise ValueError('the module needs a session or a prefix zone')
         self.name = 'module_' + '_'.join(
             n for n, on in (('session', session), ('prefix', prefix),
-                            ('cache', cache)) if on)
+                            ('cache', cache),
+                            ('turns%d' % turns, turns != LEVEL_TURNS))
+            if on)
         self.cache = cache and prefix
         self.lib = lib = lib or library()
         self.sessions = Zone(lib, ZONE_SESSIONS, SESSION_ZONE_BYTES) \
@@ -370,8 +375,8 @@ class ModulePolicy:
         self.states = (ctypes.c_uint8 * replicas)(*[PEER_USABLE] * replicas)
         self.balance = Balance(factor, slack)
         self.replicas = replicas
-        self.levels = PromptLevels(lib, level_schedule(lib)) if prefix \
-            else None
+        self.levels = PromptLevels(lib, level_schedule(lib), turns) \
+            if prefix else None
         self.rng = random.Random(seed)
         self.routes = dict.fromkeys(ROUTES, 0)
         self.request = RouteRequest()
@@ -382,12 +387,13 @@ class ModulePolicy:
         memo = req.memo
         if memo is None:
             memo = req.memo = {}
-        packed = memo.get('levels')
+        name = 'levels/%d' % self.levels.turns  # policies differ in turns
+        packed = memo.get(name)
         if packed is None:
             if req.source is None:
                 raise ValueError('module_prefix needs the request body '
                                  '(bounds.prepare_workload)')
-            packed = memo['levels'] = self.levels.levels(
+            packed = memo[name] = self.levels.levels(
                 req.source.body_bytes())
         return packed
 
@@ -493,6 +499,10 @@ POLICIES = {
     'module_prefix_cache': dict(session=False, prefix=True, cache=True),
     'module_session_prefix_cache': dict(session=True, prefix=True,
                                         cache=True),
+    # prefix_affinity turns=0: the scheduled levels only
+    'module_prefix_turns0': dict(session=False, prefix=True, turns=0),
+    'module_session_prefix_turns0': dict(session=True, prefix=True,
+                                         turns=0),
 }
 
 

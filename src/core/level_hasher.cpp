@@ -44,7 +44,7 @@ void LevelHasher::end_of_turn() noexcept
 
     // Ending where a scheduled level or the previous message did: that
     // level is there already.
-    if ((nout_ > 0 && out_[nout_ - 1].length == length)
+    if ((next_ > 0 && schedule_[next_ - 1] == length)
         || (nturns_ > 0
             && turns_[(nturns_ - 1) % turns_cap_].length == length))
     {
@@ -94,19 +94,10 @@ size_t LevelHasher::finish() noexcept
     }
 
     // The turn levels kept, oldest first, and as many of the most recent
-    // as out has room for; one of the text's own length (a short text
-    // that ends with its message) is there already.
+    // as out has room for.  (A text shorter than the first level, which
+    // has a level of its own length, has none: they start at that level.)
     size_t kept = std::min(nturns_, turns_cap_);
     size_t first = nturns_ - kept;
-
-    if (kept > 0 && nout_ > 0
-        && turns_[(nturns_ - 1) % turns_cap_].length
-           == out_[nout_ - 1].length)
-    {
-        kept--;
-        first = nturns_ - 1 - kept;
-    }
-
     size_t room = out_cap_ - nout_;
 
     if (kept > room) {

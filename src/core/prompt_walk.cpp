@@ -408,6 +408,8 @@ Step PromptWalker::responses(object body)
         if (record("instructions", text_of(value)) == Step::Stop) {
             return Step::Stop;
         }
+
+        hasher_.end_of_turn();     // as a system message's end
     }
 
     if (!member(body, "input", value)) {

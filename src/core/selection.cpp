@@ -505,8 +505,9 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
 // others likely hold it too) and one of them may take the prompt, a short
 // level (under kDocumentChars) goes to the least loaded peer of all,
 // remembered or not, and a long one to the prompt's ring peer unless the
-// holder chosen has fewer requests in flight.  So a prefix every peer holds (a system prompt, tool
-// schemas) costs no queue, while one that few peers hold (a long shared
+// holder chosen has fewer requests in flight.  So a prefix every peer
+// holds (a system prompt, tool schemas) costs no queue, while one that
+// few peers hold (a long shared
 // document, a conversation's history) is followed to them rather than
 // copied into every cache.  The bound, and the slack above a holder's
 // share (see kDocumentExtraMax), limit the following: when a level's peers
@@ -743,8 +744,17 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
     uint32_t id = short_peer_id(peer_id);
 
     // Watched until a prompt that extends it comes back to the peer: its
-    // reply then tells whether the peer still had it (cache_model.h).
-    cache.watch(peer, keys[nkeys - 1], request.levels[nkeys - 1].length,
+    // reply then tells whether the peer still had it (cache_model.h).  By
+    // its longest scheduled level, which every longer prompt has, not a
+    // turn level, which a prompt that adds more messages than turns= has
+    // not.
+    size_t scheduled = nkeys - 1;
+
+    while (scheduled > 0 && request.levels[scheduled].turn) {
+        scheduled--;
+    }
+
+    cache.watch(peer, keys[scheduled], request.levels[scheduled].length,
                 request.now, request.prefix_timeout);
 
     // A stamp is a sixteenth of the capacity: most prompts leave it as

@@ -6,6 +6,7 @@ built, or it is built in build/core/ (core_policy.library_path).
     /usr/bin/python3 -m unittest discover -s t/sim -t .
 """
 
+import ctypes
 import unittest
 from collections import defaultdict
 
@@ -104,6 +105,25 @@ class ModulePolicyTest(unittest.TestCase):
         second, _ = bounds.simulate(self.requests, 'module_session_prefix',
                                     4, light_params())
         self.assertEqual(first, second)
+
+    def test_turn_levels_are_kept_apart_per_policy(self):
+        # Requests keep their levels between runs (req.memo): a policy
+        # without turn levels must not read those of one with them.
+        off = bounds.with_sessions(self.requests, False)
+        with_turns, _ = bounds.simulate(off, 'module_prefix', 4,
+                                        light_params())
+        bounds.simulate(off, 'module_prefix_turns0', 4, light_params())
+        again, _ = bounds.simulate(off, 'module_prefix', 4, light_params())
+        self.assertEqual(with_turns, again)
+        levels = core_policy.Level * core_policy.MAX_LEVELS
+        memo = off[-1].memo
+        self.assertEqual(sorted(memo), ['levels/0', 'levels/8'])
+        turns = [lv.turn for lv in levels.from_buffer_copy(
+            memo['levels/8'].ljust(ctypes.sizeof(levels), b'\0'))]
+        self.assertIn(1, turns)
+        turns0 = [lv.turn for lv in levels.from_buffer_copy(
+            memo['levels/0'].ljust(ctypes.sizeof(levels), b'\0'))]
+        self.assertNotIn(1, turns0)
 
     def test_default_level_schedule(self):
         schedule = list(core_policy.level_schedule(self.lib))

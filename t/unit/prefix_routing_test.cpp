@@ -872,6 +872,37 @@ TEST(PrefixRoute, WidelyHeldDocumentGoesToTheRingPeerOrAHolder)
     f.up().release_all();
 }
 
+// A short question about a widely held document goes to the ring peer of
+// the prompt's longest scheduled level, not of its turn level at the end,
+// which is each question's own: questions about one document meet on one
+// ring peer instead of copying it to theirs.
+TEST(PrefixRoute, DocumentRingPeerIsTheScheduledLevels)
+{
+    const std::vector<uint32_t> schedule = default_schedule();
+    size_t k = 0;
+    while (schedule[k] < 8000 || schedule[k + 1] - schedule[k] < 500) {
+        k++;
+    }
+    // The system message ends 10 characters past schedule[k].
+    const std::string document = words(79, schedule[k] + 10 - 16);
+
+    for (uint32_t q = 0; q < 6; q++) {
+        SCOPED_TRACE(testing::Message() << "question " << q);
+        Fleet f(8);
+        make_holders(f, document, 500, {0, 2, 4, 6});
+
+        const std::string body =
+            chat({{"system", document}, {"user", words(7000 + q, 40)}});
+        std::vector<affinity_level_t> plain = levels_of(body);
+        ASSERT_EQ(plain.back().length, schedule[k]);
+
+        Routed r = f.send(levels_with_turns(body));
+        EXPECT_EQ(r.decision.route, kPrefixHit);
+        EXPECT_EQ(r.decision.prefix_len, schedule[k]);
+        EXPECT_EQ(r.decision.peer, f.ring_first(plain.back().hash));
+    }
+}
+
 // Serves body on peer alone (the others busy for it): peer becomes a
 // holder of all its levels.
 void serve_on(Fleet &f, size_t peer, const std::string &body)
@@ -1441,6 +1472,46 @@ TEST(PrefixRoute, LongestLevelGoesToItsMostRecentHolder)
     r = f.send(levels);
     EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
     EXPECT_EQ(r.decision.peer, 0);
+    f.up().release_all();
+}
+
+// Past the prompt's longest scheduled level its holders cannot be told
+// apart by what they hold beyond it: at a turn level there, as at that
+// scheduled level, the most recent holder within the slack is taken, not
+// the least loaded one.
+TEST(PrefixRoute, TurnLevelGoesToItsMostRecentHolder)
+{
+    const std::vector<uint32_t> schedule = default_schedule();
+    size_t k = 0;
+    while (schedule[k] < 20000 || schedule[k + 1] - schedule[k] < 1500) {
+        k++;
+    }
+    const std::string system = words(302, schedule[k] + 10 - 16);
+    Conversation c(800, system);
+    const std::string first = c.body(1);
+    const std::string second = c.body(2);
+    ASSERT_LT(canonical_length(second), schedule[k + 1]);
+
+    Fleet f;
+    for (size_t peer : {size_t(0), size_t(1)}) {   // 1 the most recent
+        for (size_t i = 0; i < 4; i++) {
+            f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
+                                          : AFFINITY_PEER_BUSY);
+        }
+        ASSERT_EQ(f.send(levels_with_turns(first)).decision.peer, int(peer));
+        f.router().now += 1;
+    }
+    for (size_t i = 0; i < 4; i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+
+    // Peer 1 busier than peer 0 but within the slack of its share:
+    // (5 + 1) / 4 + 2 = 3.5, and 2 + 1 <= 3.5.
+    hold_each(f, {1, 2, 1, 1});
+    Routed r = f.send(levels_with_turns(second));
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    EXPECT_EQ(r.decision.prefix_len, canonical_length(first));
+    EXPECT_EQ(r.decision.peer, 1) << "the most recent, though busier";
     f.up().release_all();
 }
 

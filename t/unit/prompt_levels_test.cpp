@@ -1733,8 +1733,9 @@ TEST(TurnLevels, ScheduledLevelsFirstThenTheMostRecentTurns)
     }
 }
 
-// Responses API input items end turns as chat messages do, items without
-// a role too; a completions prompt is one text, with no turn levels.
+// Responses API instructions and input items end turns as chat messages
+// do, items without a role too; a completions prompt is one text, with no
+// turn levels.
 TEST(TurnLevels, ResponsesItemsEndTurnsAndCompletionsHaveNone)
 {
     const std::string responses =
@@ -1744,10 +1745,39 @@ TEST(TurnLevels, ResponsesItemsEndTurnsAndCompletionsHaveNone)
         "\"arguments\":\"{}\"},"
         "{\"type\":\"function_call_output\",\"call_id\":\"c1\","
         "\"output\":\"a.txt\"}]}";
+    const std::string call =
+        "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"ls\","
+        "\"arguments\":\"{}\"}";
+    const std::string output =
+        "{\"type\":\"function_call_output\",\"call_id\":\"c1\","
+        "\"output\":\"a.txt\"}";
+    std::vector<std::string> ends_at = {
+        "model" + US + "m" + RS + "instructions" + US + "be brief" + RS};
+    ends_at.push_back(ends_at.back() + "user" + US + "run ls" + RS);
+    ends_at.push_back(ends_at.back() + "function_call" + US + call + RS);
+    ends_at.push_back(ends_at.back() + "function_call_output" + US + output
+                      + RS);
+    ASSERT_EQ(responses.find(call) != std::string::npos, true);
+    ASSERT_EQ(responses.find(output) != std::string::npos, true);
+
     Prompt p = prompt_levels(responses, {10, 10000}, '\0', kTurns);
     ASSERT_EQ(p.rc, AFFINITY_PROMPT_OK);
-    EXPECT_EQ(turn_lengths(p.levels).size(), 3u) << "one at each item's end";
-    EXPECT_EQ(p.levels.size(), 4u);
+    std::vector<uint32_t> expected;
+    for (const std::string &c : ends_at) {
+        expected.push_back(uint32_t(code_points(c)));
+    }
+    EXPECT_EQ(turn_lengths(p.levels), expected)
+        << "at the instructions' end and each item's";
+    for (const affinity_level_t &l : p.levels) {
+        EXPECT_EQ(l.hash, level_hash(ends_at.back(), l.length));
+    }
+
+    // "input" as a string is one message: its end is the text's.
+    Prompt one = prompt_levels(
+        "{\"model\":\"m\",\"input\":\"" + std::string(50, 'i') + "\"}",
+        {10, 10000}, '\0', kTurns);
+    ASSERT_EQ(one.rc, AFFINITY_PROMPT_OK);
+    EXPECT_TRUE(turn_lengths(one.levels).empty());
 
     Prompt c = prompt_levels("{\"model\":\"m\",\"prompt\":\"" +
                                  std::string(300, 'p') + "\"}",

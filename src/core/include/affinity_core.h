@@ -592,11 +592,13 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
  * scheduled L it reaches; a text shorter than schedule[0] gives one level
  * of its own length.  Reading stops at the last scheduled length.  Also
  * hashes it at the ends of its last turns messages (or Responses input
- * items) between the first and the last scheduled lengths, at most
- * AFFINITY_TURNS_MAX: turn levels, which let a conversation's next turn
- * find this whole prompt.  Levels are written shortest first, as many as
- * out_cap allows (nschedule + turns: all of them), the scheduled ones
- * first, then the most recent turn levels.  Allocates only when a body's
+ * items) that end between the first and the last scheduled lengths, at
+ * most AFFINITY_TURNS_MAX: turn levels, which let a conversation's next turn
+ * find this whole prompt (when it adds fewer than turns messages).  The
+ * instructions of a Responses API body end a turn too.  schedule is
+ * strictly increasing.  Levels are written shortest first, as many as
+ * out_cap allows (nschedule + min(turns, AFFINITY_TURNS_MAX): all of
+ * them), the scheduled ones first, then the most recent turn levels.  Allocates only when a body's
  * tools or items are larger than any compacted before.
  */
 AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
