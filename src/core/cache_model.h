@@ -11,7 +11,8 @@
 // capacity is presumed to have evicted it, and is not followed.
 //
 // The clock runs fast: the part of a prompt a peer held is known only to
-// the longest level it held (levels stop at max=, and grow by 6 %), so a
+// the longest level it held (levels stop at max=, and grow by 6 %; turn
+// levels end where the previous turn did, but only short of max=), so a
 // turn that extends a long conversation counts more new characters than
 // the engine computes.  A holder is therefore presumed to evict a prefix
 // after kCapacityMarginPercent of its capacity.  Measured in the offline
