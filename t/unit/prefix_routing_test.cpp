@@ -658,6 +658,47 @@ void busy_but(Fleet &f, int idle)
     }
 }
 
+// Sends levels with peer alone usable (the others busy for it): peer
+// becomes a holder of all of them.
+void serve_on(Fleet &f, size_t peer,
+              const std::vector<affinity_level_t> &levels)
+{
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
+                                      : AFFINITY_PEER_BUSY);
+    }
+    Routed r = f.send(levels);
+    EXPECT_EQ(r.decision.peer, int(peer));
+    for (size_t i = 0; i < f.up().size(); i++) {
+        f.up().set_state(i, AFFINITY_PEER_USABLE);
+    }
+}
+
+// The same with the levels of body (scheduled only).
+void serve_on(Fleet &f, size_t peer, const std::string &body)
+{
+    serve_on(f, peer, levels_of(body));
+}
+
+// A system prompt whose message ends 10 characters past a scheduled length
+// (`level`) of at least `from`, the next one (`next`) more than `spacing`
+// on: model is 8 code points, "system" US text RS 8 + the text.
+struct PastLevel {
+    std::string text;
+    uint32_t level;
+    uint32_t next;
+};
+
+PastLevel system_past_level(uint32_t seed, uint32_t from, uint32_t spacing)
+{
+    const std::vector<uint32_t> schedule = default_schedule();
+    size_t k = 0;
+    while (schedule[k] < from || schedule[k + 1] - schedule[k] < spacing) {
+        k++;
+    }
+    return {words(seed, schedule[k] + 10 - 16), schedule[k], schedule[k + 1]};
+}
+
 // The levels of a body with prefix_affinity's default turn levels (turns=8)
 // as well as the scheduled ones.
 std::vector<affinity_level_t> levels_with_turns(const std::string &body)
@@ -675,15 +716,9 @@ std::vector<affinity_level_t> levels_with_turns(const std::string &body)
 // conversation comes back to its own peer.
 TEST(PrefixRoute, NextTurnFindsItsPeerPastAPromptEveryPeerHolds)
 {
-    // A system prompt whose message ends 10 characters past a scheduled
-    // length, with the next one more than 1,500 characters on: model
-    // (8 code points), "system" US text RS (8 + text).
+    const PastLevel past = system_past_level(301, 20000, 1500);
+    const std::string &system = past.text;
     const std::vector<uint32_t> schedule = default_schedule();
-    size_t k = 0;
-    while (schedule[k] < 20000 || schedule[k + 1] - schedule[k] < 1500) {
-        k++;
-    }
-    const std::string system = words(301, schedule[k] + 10 - 16);
 
     Fleet f;
     make_holders(f, system, 600, {0, 1, 2, 3});
@@ -693,23 +728,15 @@ TEST(PrefixRoute, NextTurnFindsItsPeerPastAPromptEveryPeerHolds)
         Conversation c(700 + peer, system);
         const std::string first = c.body(1);
         const std::string second = c.body(2);
-        ASSERT_LT(canonical_length(second), schedule[k + 1])
+        ASSERT_LT(canonical_length(second), past.next)
             << "no scheduled length past the system prompt";
-
-        for (size_t i = 0; i < 4; i++) {
-            f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
-                                          : AFFINITY_PEER_BUSY);
-        }
-        ASSERT_EQ(f.send(levels_with_turns(first)).decision.peer, int(peer));
-        for (size_t i = 0; i < 4; i++) {
-            f.up().set_state(i, AFFINITY_PEER_USABLE);
-        }
+        serve_on(f, peer, levels_with_turns(first));
 
         // By scheduled levels only: the shared prompt's level.
         Prompt plain = prompt_levels(second, schedule);
         f.router().now += 1;
         Routed r = f.router().route_prompt(f.prefixes(), plain.levels);
-        EXPECT_EQ(r.decision.prefix_len, schedule[k]);
+        EXPECT_EQ(r.decision.prefix_len, past.level);
         f.up().release_all();
 
         // With turn levels: the previous turn whole, on its peer.
@@ -736,16 +763,8 @@ TEST(PrefixRoute, NewConversationsBehindAHeldPromptSpreadOnAnIdleFleet)
     // The system prompt whole (its message's end, 1,216 characters) and
     // its levels held by four peers.
     for (size_t k = 0; k < holders.size(); k++) {
-        for (size_t i = 0; i < f.up().size(); i++) {
-            f.up().set_state(i, int(i) == holders[k] ? AFFINITY_PEER_USABLE
-                                                     : AFFINITY_PEER_BUSY);
-        }
-        Routed r = f.send(levels_with_turns(
+        serve_on(f, size_t(holders[k]), levels_with_turns(
             Conversation(300 + uint32_t(k), system).body(1)));
-        ASSERT_EQ(r.decision.peer, holders[k]);
-    }
-    for (size_t i = 0; i < f.up().size(); i++) {
-        f.up().set_state(i, AFFINITY_PEER_USABLE);
     }
 
     std::set<int> by_turns;
@@ -878,13 +897,8 @@ TEST(PrefixRoute, WidelyHeldDocumentGoesToTheRingPeerOrAHolder)
 // ring peer instead of copying it to theirs.
 TEST(PrefixRoute, DocumentRingPeerIsTheScheduledLevels)
 {
-    const std::vector<uint32_t> schedule = default_schedule();
-    size_t k = 0;
-    while (schedule[k] < 8000 || schedule[k + 1] - schedule[k] < 500) {
-        k++;
-    }
-    // The system message ends 10 characters past schedule[k].
-    const std::string document = words(79, schedule[k] + 10 - 16);
+    const PastLevel past = system_past_level(79, 8000, 500);
+    const std::string &document = past.text;
 
     for (uint32_t q = 0; q < 6; q++) {
         SCOPED_TRACE(testing::Message() << "question " << q);
@@ -894,27 +908,12 @@ TEST(PrefixRoute, DocumentRingPeerIsTheScheduledLevels)
         const std::string body =
             chat({{"system", document}, {"user", words(7000 + q, 40)}});
         std::vector<affinity_level_t> plain = levels_of(body);
-        ASSERT_EQ(plain.back().length, schedule[k]);
+        ASSERT_EQ(plain.back().length, past.level);
 
         Routed r = f.send(levels_with_turns(body));
         EXPECT_EQ(r.decision.route, kPrefixHit);
-        EXPECT_EQ(r.decision.prefix_len, schedule[k]);
+        EXPECT_EQ(r.decision.prefix_len, past.level);
         EXPECT_EQ(r.decision.peer, f.ring_first(plain.back().hash));
-    }
-}
-
-// Serves body on peer alone (the others busy for it): peer becomes a
-// holder of all its levels.
-void serve_on(Fleet &f, size_t peer, const std::string &body)
-{
-    for (size_t i = 0; i < f.up().size(); i++) {
-        f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
-                                      : AFFINITY_PEER_BUSY);
-    }
-    Routed r = f.send(body);
-    EXPECT_EQ(r.decision.peer, int(peer));
-    for (size_t i = 0; i < f.up().size(); i++) {
-        f.up().set_state(i, AFFINITY_PEER_USABLE);
     }
 }
 
@@ -1481,29 +1480,16 @@ TEST(PrefixRoute, LongestLevelGoesToItsMostRecentHolder)
 // the least loaded one.
 TEST(PrefixRoute, TurnLevelGoesToItsMostRecentHolder)
 {
-    const std::vector<uint32_t> schedule = default_schedule();
-    size_t k = 0;
-    while (schedule[k] < 20000 || schedule[k + 1] - schedule[k] < 1500) {
-        k++;
-    }
-    const std::string system = words(302, schedule[k] + 10 - 16);
-    Conversation c(800, system);
+    const PastLevel past = system_past_level(302, 20000, 1500);
+    Conversation c(800, past.text);
     const std::string first = c.body(1);
     const std::string second = c.body(2);
-    ASSERT_LT(canonical_length(second), schedule[k + 1]);
+    ASSERT_LT(canonical_length(second), past.next);
 
     Fleet f;
-    for (size_t peer : {size_t(0), size_t(1)}) {   // 1 the most recent
-        for (size_t i = 0; i < 4; i++) {
-            f.up().set_state(i, i == peer ? AFFINITY_PEER_USABLE
-                                          : AFFINITY_PEER_BUSY);
-        }
-        ASSERT_EQ(f.send(levels_with_turns(first)).decision.peer, int(peer));
-        f.router().now += 1;
-    }
-    for (size_t i = 0; i < 4; i++) {
-        f.up().set_state(i, AFFINITY_PEER_USABLE);
-    }
+    serve_on(f, 0, levels_with_turns(first));
+    f.router().now += 1;
+    serve_on(f, 1, levels_with_turns(first));       // the most recent
 
     // Peer 1 busier than peer 0 but within the slack of its share:
     // (5 + 1) / 4 + 2 = 3.5, and 2 + 1 <= 3.5.
