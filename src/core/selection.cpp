@@ -155,6 +155,21 @@ int LoadBound::index_of_short(uint32_t short_id) const noexcept
 
 namespace {
 
+// The index of the longest scheduled level of levels[0..n) (n > 0): turn
+// levels (affinity_json_prompt()) come in among them, and a prompt has at
+// least one scheduled level, its own length's when it is shorter than the
+// first.
+size_t longest_scheduled(const affinity_level_t *levels, size_t n) noexcept
+{
+    size_t i = n - 1;
+
+    while (i > 0 && levels[i].turn) {
+        i--;
+    }
+
+    return i;
+}
+
 // A decision for peer (an index, -1: none): route() then counts the
 // request (its slot) and looks for a probe the prompt takes.
 affinity_decision_t decided(int peer, uint32_t route, uint32_t prefix_len)
@@ -567,12 +582,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
     // turn level that ends a prompt is the prompt's own, and prompts that
     // ask a short question about one document, each placed in an order of
     // its own, copied it to seven of eight peers (t/21-shared-prefix.t).
-    size_t scheduled = request.nlevels - 1;
-
-    while (scheduled > 0 && request.levels[scheduled].turn) {
-        scheduled--;
-    }
-
+    size_t scheduled = longest_scheduled(request.levels, request.nlevels);
     uint64_t own = request.levels[scheduled].hash;
     int idlest = -1;
     bool walked = false;
@@ -748,12 +758,7 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
     // its longest scheduled level, which every longer prompt has, not a
     // turn level, which a prompt that adds more messages than turns= has
     // not.
-    size_t scheduled = nkeys - 1;
-
-    while (scheduled > 0 && request.levels[scheduled].turn) {
-        scheduled--;
-    }
-
+    size_t scheduled = longest_scheduled(request.levels, nkeys);
     cache.watch(peer, keys[scheduled], request.levels[scheduled].length,
                 request.now, request.prefix_timeout);
 
