@@ -10,7 +10,9 @@
 //   - its key lies inside the input, its levels fit the caller's array;
 //   - applying it to a sessions, a prefixes and a responses zone (as the
 //     module does) keeps their counts consistent: entries never exceed the
-//     capacity; a request sent elsewhere is counted for any peer id.
+//     capacity; a request sent elsewhere is counted for any peer id; a
+//     peer's modelled cache advances by any count of characters for any
+//     peer id (a slot claimed in the prefixes zone, or none left).
 
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +85,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(m.nlevels >= 1 && m.nlevels <= AFFINITY_MAX_LEVELS);
         } else if (m.kind == AFFINITY_STORE_SENT) {
             CHECK(m.key == nullptr && m.key_len == 0 && m.nlevels == 0);
+        } else if (m.kind == AFFINITY_STORE_FILLED) {
+            CHECK(m.key == nullptr && m.nlevels == 0 && m.chars != 0);
+            CHECK(size == 28);
         } else {
             CHECK(m.key >= reinterpret_cast<const char *>(copy));
             CHECK(m.key + m.key_len
@@ -118,6 +123,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case AFFINITY_STORE_SENT:
             affinity_zone_peer_sent_elsewhere(zones.zone[0], m.peer);
+            break;
+        case AFFINITY_STORE_FILLED:
+            affinity_prefixes_filled(zones.zone[1], m.peer, m.chars, now,
+                                     100000);
+            check_zone(zones.zone[1]);
             break;
         default:
             CHECK(false);

@@ -129,7 +129,8 @@ class RouteRequest(ctypes.Structure):
 class Decision(ctypes.Structure):
     _fields_ = [('peer', ctypes.c_int32), ('route', c_u32),
                 ('prefix_len', c_u32), ('slot', c_u32),
-                ('probe_age', c_u32), ('probe_length', c_u32)]
+                ('probe_age', c_u32), ('probe_length', c_u32),
+                ('cache_chars', c_u32)]
 
 
 class PeerStats(ctypes.Structure):

@@ -534,6 +534,20 @@ void affinity_prefixes_record(affinity_zone_t *zone,
     }
 }
 
+void affinity_prefixes_filled(affinity_zone_t *zone, uint64_t peer_id,
+                              uint32_t chars, uint32_t now,
+                              uint64_t capacity) noexcept
+{
+    if (peer_id == 0 || chars == 0) {
+        return;
+    }
+
+    affinity_peer_t peer = {peer_id, 1, kNoSlot};
+    CacheModel cache(zone_of(zone), &peer, 1, capacity, nullptr, now);
+
+    cache.add(0, chars);
+}
+
 size_t affinity_store_encode(const affinity_store_message_t *message,
                              void *out, size_t cap) noexcept
 {

@@ -127,14 +127,15 @@ CacheModel::CacheModel(Zone prefixes, const affinity_peer_t *peers,
     }
 }
 
-void CacheModel::add(size_t i, uint64_t chars) noexcept
+bool CacheModel::add(size_t i, uint64_t chars) noexcept
 {
     if (!enabled_ || slots_[i] == nullptr) {
-        return;
+        return false;
     }
 
     fill_[i] += chars;
     atomic_store(&slots_[i]->cache_fill, fill_[i]);
+    return true;
 }
 
 void CacheModel::take_probe(size_t i, const uint64_t *keys, size_t nkeys,

@@ -35,15 +35,19 @@
 // cache_config_info, SGLang's max_total_num_tokens).  A peer of unknown
 // capacity is not modelled: it is presumed to hold all it got.
 //
-// The clock counts only what this instance sends.  An engine that reports
-// the prompt tokens it computed (affinity_metrics: prefix cache queries
-// less hits) tells what its cache really took in, from every nginx
-// instance and every client.  A second clock advances by that, and the
-// peer's clock is kept at least as far as it: where this instance's own
-// count, which runs fast, is ahead, nothing changes; where others fill
-// the engine too, the clock follows the engine.  The second clock is kept
-// within a capacity behind the first, so that a lead this instance gained
-// alone does not hide others' traffic for long.
+// The clock counts what this instance sends and, with a shared store
+// (affinity_store), what the other instances announce they sent: each
+// instance's clock then runs as one instance's would for the whole fleet.
+// It misses what reaches the engine past nginx, and what other instances
+// sent while the store was away.  An engine that reports the prompt tokens
+// it computed (affinity_metrics: prefix cache queries less hits) tells
+// what its cache really took in, from every nginx instance and every
+// client.  A second clock advances by that, and the peer's clock is kept
+// at least as far as it: where this instance's count, which runs fast, is
+// ahead, nothing changes; where others fill the engine too, the clock
+// follows the engine.  The second clock is kept within a capacity behind
+// the first, so that a lead this instance gained alone does not hide
+// others' traffic for long.
 #pragma once
 
 #include <cstddef>
@@ -101,8 +105,10 @@ public:
                       < kStampsPerCapacity;
     }
 
-    // Peer i was sent chars characters it was not presumed to hold.
-    void add(size_t i, uint64_t chars) noexcept;
+    // Peer i was sent chars characters it was not presumed to hold, by
+    // this instance or another (affinity_prefixes_filled()).  Whether its
+    // clock runs here (it has a slot in the prefix zone).
+    bool add(size_t i, uint64_t chars) noexcept;
 
     // Peer i was chosen for a prompt of these level keys: if one of them
     // is a probe of the peer's, it is taken, its age (characters of the

@@ -725,9 +725,12 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
 // the peer's clock advances by the part of the prompt beyond the longest
 // level it was presumed to hold, and the levels are stamped with the clock
 // after that: the prompt is then the most recent thing in its cache.
-void record_levels(PrefixTable &table, const uint64_t *keys,
-                   const affinity_request_t &request, size_t nkeys,
-                   uint64_t peer_id, size_t peer, CacheModel &cache) noexcept
+// Returns by how many characters the clock advanced (0: none), for the
+// other instances (affinity_decision_t.cache_chars).
+uint32_t record_levels(PrefixTable &table, const uint64_t *keys,
+                       const affinity_request_t &request, size_t nkeys,
+                       uint64_t peer_id, size_t peer,
+                       CacheModel &cache) noexcept
 {
     uint32_t held = 0;
     uint8_t recorded = cache.stamp(peer);
@@ -743,12 +746,17 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
     }
 
     if (!cache.enabled() || nkeys == 0) {
-        return;
+        return 0;
     }
 
     uint64_t size = std::max<uint64_t>(request.prompt_size,
                                        request.levels[nkeys - 1].length);
-    cache.add(peer, size - std::min<uint64_t>(held, size));
+    uint32_t added = static_cast<uint32_t>(std::min<uint64_t>(
+        size - std::min<uint64_t>(held, size), UINT32_MAX));
+
+    if (!cache.add(peer, added)) {
+        added = 0;
+    }
 
     uint8_t stamp = cache.stamp(peer);
     uint32_t id = short_peer_id(peer_id);
@@ -765,7 +773,7 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
     // A stamp is a sixteenth of the capacity: most prompts leave it as
     // recorded, and the levels need no second pass.
     if (stamp == recorded) {
-        return;
+        return added;
     }
 
     for (size_t j = 0; j < nkeys; j++) {
@@ -775,6 +783,8 @@ void record_levels(PrefixTable &table, const uint64_t *keys,
             entry->stamps[0] = stamp;
         }
     }
+
+    return added;
 }
 
 }  // namespace
@@ -861,8 +871,9 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         cache.take_probe(size_t(chosen), keys, nkeys, request.now,
                          request.prefix_timeout, &decision.probe_age,
                          &decision.probe_length);
-        record_levels(table, keys, capped, nkeys, peers[chosen].id,
-                      size_t(chosen), cache);
+        decision.cache_chars = record_levels(table, keys, capped, nkeys,
+                                             peers[chosen].id,
+                                             size_t(chosen), cache);
     }
 
     decision.slot = load.slot(size_t(chosen));

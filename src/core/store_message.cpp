@@ -49,6 +49,9 @@ uint64_t get64(const uint8_t *p) noexcept
     return v;
 }
 
+// A FILLED message's body: the characters, 32 bits.
+constexpr size_t kFilledBody = 4;
+
 bool keyed(uint32_t kind) noexcept
 {
     return kind == AFFINITY_STORE_PIN || kind == AFFINITY_STORE_RESPONSE;
@@ -80,6 +83,12 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
     } else if (m.kind == AFFINITY_STORE_SENT) {
         body = 0;
 
+    } else if (m.kind == AFFINITY_STORE_FILLED) {
+        if (m.chars == 0) {
+            return 0;
+        }
+        body = kFilledBody;
+
     } else {
         return 0;
     }
@@ -102,6 +111,9 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
         for (size_t i = 0; i < m.nlevels; i++) {
             put64(out + kStoreHeader + 8 * i, m.levels[i]);
         }
+
+    } else if (m.kind == AFFINITY_STORE_FILLED) {
+        put32(out + kStoreHeader, m.chars);
     }
 
     return kStoreHeader + body;
@@ -162,6 +174,14 @@ bool decode_store_message(const uint8_t *data, size_t len,
         m.levels = levels;
         m.nlevels = n;
         return true;
+    }
+
+    if (kind == AFFINITY_STORE_FILLED) {
+        if (body != kFilledBody) {
+            return false;
+        }
+        m.chars = get32(p);
+        return m.chars != 0;
     }
 
     return kind == AFFINITY_STORE_SENT;

@@ -1,7 +1,8 @@
 // Messages that several nginx instances exchange through a shared store
 // (affinity_store): what one instance learned — a session pinned, a
-// response id, a prompt's levels recorded — for the others to apply, and,
-// with affinity_metrics, each request it sent, for the others to count.
+// response id, a prompt's levels recorded and how far the prompt filled
+// the peer's modelled cache — for the others to apply, and, with
+// affinity_metrics, each request it sent, for the others to count.
 //
 // A message is 24 bytes to a few thousand of fixed layout, little
 // endian, with a version, so that instances running different versions of
@@ -11,7 +12,9 @@
 //   u64 instance, u64 peer,
 //   key_len bytes of key (sessions, responses)  or
 //   key_len / 8 level hashes (prefixes)  or
-//   nothing (a request sent: key_len 0, which versions before it refuse)
+//   nothing (a request sent: key_len 0, which versions before it refuse)  or
+//   u32 characters (a peer's modelled cache filled: key_len 4, a kind
+//   versions before it refuse)
 //
 // The decoder reads messages from the store, which anyone with access to
 // it can write: it checks every length against the message's size and is

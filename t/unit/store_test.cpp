@@ -1,6 +1,7 @@
 // What instances share through a store: messages (affinity_store_encode /
 // decode) and applying them to a zone (affinity_sessions_pin,
-// affinity_prefixes_record, affinity_responses_learn).
+// affinity_prefixes_record, affinity_prefixes_filled,
+// affinity_responses_learn).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,6 +13,12 @@
 using namespace affinity_test;
 
 namespace {
+
+std::string chat_body(const std::string &content)
+{
+    return "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+           "\"content\":\"" + content + "\"}]}";
+}
 
 std::vector<uint8_t> encode(const affinity_store_message_t &m)
 {
@@ -118,6 +125,49 @@ TEST(StoreMessage, SentRoundTripsWithNoBody)
               -1);
 }
 
+// How far a prompt filled a peer's modelled cache: 4 bytes of characters,
+// never 0, and no other length.
+TEST(StoreMessage, FilledRoundTripsWithItsCharacters)
+{
+    affinity_store_message_t m{};
+    m.kind = AFFINITY_STORE_FILLED;
+    m.time = 1763900000;
+    m.instance = 7;
+    m.peer = 0xfedcba9876543210ULL;
+    m.chars = 0xfffffff0u;
+    std::vector<uint8_t> bytes = encode(m);
+    ASSERT_EQ(bytes.size(), 28u);
+
+    affinity_store_message_t d;
+    ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, nullptr,
+                                    0),
+              0);
+    EXPECT_EQ(d.kind, uint32_t{AFFINITY_STORE_FILLED});
+    EXPECT_EQ(d.peer, m.peer);
+    EXPECT_EQ(d.chars, m.chars);
+    EXPECT_EQ(d.key_len, 0u);
+    EXPECT_EQ(d.nlevels, 0u);
+
+    m.chars = 0;
+    EXPECT_TRUE(encode(m).empty()) << "nothing filled";
+
+    std::vector<uint8_t> zero = bytes;
+    std::memset(zero.data() + 24, 0, 4);
+    EXPECT_EQ(affinity_store_decode(zero.data(), zero.size(), &d, nullptr, 0),
+              -1);
+
+    // Every other body length, declared and given.
+    for (size_t body : {0, 1, 3, 5, 8}) {
+        std::vector<uint8_t> other(bytes.begin(), bytes.begin() + 24);
+        other.resize(24 + body, 0x11);
+        other[2] = uint8_t(body);
+        EXPECT_EQ(affinity_store_decode(other.data(), other.size(), &d,
+                                        nullptr, 0),
+                  -1)
+            << body;
+    }
+}
+
 TEST(StoreMessage, InvalidMessagesAreNotWritten)
 {
     std::string key(AFFINITY_STORE_KEY_MAX + 1, 'k');
@@ -220,10 +270,9 @@ TEST(StoreApply, PrefixLevelsRouteLikeLocalOnes)
     Upstream up(z.get(), {1, 1, 1, 1});
     Router router(z.get(), up);
 
-    std::string body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
-                       "\"content\":\"" + std::string(3000, 'p') + "\"}]}";
     std::vector<affinity_level_t> levels =
-        prompt_levels(body, default_schedule()).levels;
+        prompt_levels(chat_body(std::string(3000, 'p')), default_schedule())
+            .levels;
     ASSERT_GT(levels.size(), 3u);
 
     // Where this instance would place the prompt on its own.
@@ -243,6 +292,76 @@ TEST(StoreApply, PrefixLevelsRouteLikeLocalOnes)
     EXPECT_EQ(r.decision.peer, other);
     EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
     EXPECT_EQ(r.decision.prefix_len, levels.back().length);
+}
+
+// With a modelled cache, a routed prompt tells how far it filled its
+// peer's cache: all of a new prompt, none of one sent again whole.
+// Without a model, nothing.
+TEST(StoreApply, RoutedPromptsTellHowFarTheyFilledTheCache)
+{
+    TestZone z;
+    TestZone prefixes(1 << 20, AFFINITY_ZONE_PREFIXES);
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+    std::vector<affinity_level_t> levels = prompt_levels(
+        chat_body(std::string(3000, 'q')), default_schedule()).levels;
+
+    router.prefix_capacity = 1000;
+    Routed first = router.route_prompt_released(prefixes.get(), levels);
+    EXPECT_EQ(first.decision.cache_chars, levels.back().length);
+    Routed again = router.route_prompt_released(prefixes.get(), levels);
+    EXPECT_EQ(again.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+    EXPECT_EQ(again.decision.cache_chars, 0u);
+
+    TestZone unmodelled(1 << 20, AFFINITY_ZONE_PREFIXES);
+    router.prefix_capacity = AFFINITY_CAPACITY_OFF;
+    EXPECT_EQ(router.route_prompt_released(unmodelled.get(), levels)
+                  .decision.cache_chars,
+              0u);
+}
+
+// What the other instances sent a peer ages the prefixes this one presumes
+// it holds, as its own prompts would: a prefix stays followed until the
+// peer has been sent, by anyone, more than its cache holds.
+TEST(StoreApply, OthersFillsAgePrefixesLikeOwnPrompts)
+{
+    const uint64_t tokens = 1000;                 // 5,000 characters
+    TestZone z;
+    TestZone prefixes(1 << 20, AFFINITY_ZONE_PREFIXES);
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up);
+    router.prefix_capacity = tokens;
+    std::vector<affinity_level_t> levels = prompt_levels(
+        chat_body(std::string(2000, 'r')), default_schedule()).levels;
+
+    Routed placed = router.route_prompt_released(prefixes.get(), levels);
+    ASSERT_GE(placed.decision.peer, 0);
+    uint64_t holder = up.peer(size_t(placed.decision.peer)).id;
+
+    // Filled on another peer: nothing changes here.
+    uint64_t other = up.peer(size_t((placed.decision.peer + 1) % 4)).id;
+    affinity_prefixes_filled(prefixes.get(), other, 100000, router.now,
+                             tokens);
+
+    // 3,000 characters on the holder: it holds the prompt still.  Sent it
+    // again, the prompt is the most recent there once more.
+    affinity_prefixes_filled(prefixes.get(), holder, 3000, router.now,
+                             tokens);
+    Routed kept = router.route_prompt_released(prefixes.get(), levels);
+    EXPECT_EQ(kept.decision.peer, placed.decision.peer);
+    EXPECT_EQ(kept.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+
+    // 3,000 and 3,000 more: past 5,000, it is presumed evicted.
+    affinity_prefixes_filled(prefixes.get(), holder, 3000, router.now,
+                             tokens);
+    affinity_prefixes_filled(prefixes.get(), holder, 3000, router.now,
+                             tokens);
+    Routed lost = router.route_prompt_released(prefixes.get(), levels);
+    EXPECT_EQ(lost.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
+
+    // Nothing for no peer, or no characters.
+    affinity_prefixes_filled(prefixes.get(), 0, 100000, router.now, tokens);
+    affinity_prefixes_filled(prefixes.get(), holder, 0, router.now, tokens);
 }
 
 }  // namespace

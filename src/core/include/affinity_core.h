@@ -418,6 +418,11 @@ typedef struct {
        affinity_prefixes_replied().  probe_length 0: none */
     uint32_t    probe_age;
     uint32_t    probe_length;
+    /* with prefixes and a modelled cache for the peer: the characters of
+       the prompt it was not presumed to hold, by which its modelled cache
+       advanced (for other instances to count: AFFINITY_STORE_FILLED,
+       affinity_prefixes_filled()); 0: none */
+    uint32_t    cache_chars;
 } affinity_decision_t;
 
 /*
@@ -782,8 +787,11 @@ typedef enum {
     AFFINITY_STORE_PIN = 1,         /* a session key pinned to a peer */
     AFFINITY_STORE_RESPONSE,        /* a response id produced by a peer */
     AFFINITY_STORE_LEVELS,          /* a prompt's levels served by a peer */
-    AFFINITY_STORE_SENT             /* a request sent to a peer just now
+    AFFINITY_STORE_SENT,            /* a request sent to a peer just now
                                        (with affinity_metrics): no body */
+    AFFINITY_STORE_FILLED           /* characters a peer's modelled cache
+                                       took in (affinity_decision_t
+                                       .cache_chars): a 32-bit body */
 } affinity_store_kind_e;
 
 /* Longest key a message carries: session keys and response ids. */
@@ -801,6 +809,7 @@ typedef struct {
     size_t                   key_len;
     const uint64_t          *levels;    /* LEVELS: affinity_level_t.hash */
     size_t                   nlevels;
+    uint32_t                 chars;     /* FILLED: not 0 */
 } affinity_store_message_t;
 
 /* Writes a message to out (AFFINITY_STORE_MESSAGE_MAX bytes suffice);
@@ -826,11 +835,23 @@ AFFINITY_API void affinity_sessions_pin(affinity_zone_t *zone,
 
 /* Records that peer_id served the prompt levels of these hashes.  With a
  * capacity in tokens (affinity_request_t.prefix_capacity), the peer is
- * taken to have them cached as of now: its modelled cache counts only the
- * prompts this instance sends. */
+ * taken to have them cached as of now: as of its modelled cache's clock,
+ * which counts the prompts this instance sends it and those the others
+ * announce (affinity_prefixes_filled()). */
 AFFINITY_API void affinity_prefixes_record(affinity_zone_t *zone,
     const uint64_t *level_hashes, size_t nlevels, uint64_t peer_id,
     uint32_t now, uint32_t timeout, uint64_t capacity) AFFINITY_NOEXCEPT;
+
+/* Another instance sent peer_id a prompt of which its model of the peer's
+ * cache took in chars characters (affinity_decision_t.cache_chars there):
+ * this instance's model of that cache advances by as much, so that the
+ * prefixes it presumes held age with every instance's prompts, not only
+ * its own.  Applied before the prompt's levels are recorded, they are then
+ * the most recent in the cache, as where it was routed.  capacity: as in
+ * affinity_prefixes_record().  Caller holds the zone lock. */
+AFFINITY_API void affinity_prefixes_filled(affinity_zone_t *zone,
+    uint64_t peer_id, uint32_t chars, uint32_t now, uint64_t capacity)
+    AFFINITY_NOEXCEPT;
 
 /*
  * peer_id replied to a request whose decision took a probe (probe_age,
