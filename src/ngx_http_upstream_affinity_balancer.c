@@ -571,9 +571,10 @@ ngx_http_upstream_affinity_count(ngx_http_upstream_affinity_peer_data_t *ap,
 
 /*
  * What this decision taught, for the other instances (affinity_store): a
- * session pinned or moved, and the peer that now holds the prompt's
- * levels.  A session that stays where it was pinned teaches nothing new.
- * And the request itself, as load, with affinity_metrics.
+ * session pinned or moved, the peer that now holds the prompt's levels and
+ * how far the prompt filled its modelled cache.  A session that stays
+ * where it was pinned teaches nothing new.  And the request itself, as
+ * load, with affinity_metrics.
  */
 
 static void
@@ -613,6 +614,18 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
         m.kind = AFFINITY_STORE_PIN;
         m.key = (char *) ctx->key.data;
         m.key_len = ctx->key.len;
+        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+    }
+
+    /*
+     * How far the prompt filled the peer's modelled cache, before its
+     * levels: the others' models of that cache age as much, and then hold
+     * the prompt as the most recent there (affinity_prefixes_filled()).
+     */
+
+    if (decision->cache_chars) {
+        m.kind = AFFINITY_STORE_FILLED;
+        m.chars = decision->cache_chars;
         ngx_http_upstream_affinity_store_publish(ap->conf, &m);
     }
 

@@ -34,6 +34,14 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK     5000    /* ms */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     1000    /* per read */
 
+/*
+ * Age in seconds beyond which news of a request (sent, or how far it
+ * filled a cache) is no news: read after the store was away, or again by
+ * an instance that reloaded and reads the stream from its beginning, it
+ * would count the request twice or late.
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1
+
 /* output not yet written to the store beyond which messages are dropped */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
 
@@ -450,9 +458,14 @@ ngx_http_upstream_affinity_store_publish(
         return;
     }
 
-    /* a request sent is news only now: it would displace what was learned */
+    /*
+     * a request sent, or how far it filled a cache, is news only now
+     * (..._STORE_FRESH): it would displace what was learned
+     */
 
-    if (message->kind == AFFINITY_STORE_SENT) {
+    if (message->kind == AFFINITY_STORE_SENT
+        || message->kind == AFFINITY_STORE_FILLED)
+    {
         return;
     }
 
@@ -718,7 +731,7 @@ ngx_http_upstream_affinity_store_apply(
             zone = ascf->counter_zone;
 
             if (ngx_worker != 0 || ascf->engine_ttl == 0 || zone == NULL
-                || now - m.time > 1)
+                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)
             {
                 continue;
             }
@@ -727,6 +740,31 @@ ngx_http_upstream_affinity_store_apply(
 
             ngx_shmtx_lock(&shctx->shpool->mutex);
             affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer);
+            ngx_shmtx_unlock(&shctx->shpool->mutex);
+            break;
+
+        case AFFINITY_STORE_FILLED:
+
+            /*
+             * How far a prompt the other instance sent m.peer filled its
+             * modelled cache: this instance's model of it ages as much.
+             * The message comes before the prompt's levels, which are then
+             * the most recent there.  Counted once, by the first worker.
+             */
+
+            zone = ascf->prefix_zone;
+
+            if (ngx_worker != 0 || zone == NULL
+                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)
+            {
+                continue;
+            }
+
+            shctx = zone->data;
+
+            ngx_shmtx_lock(&shctx->shpool->mutex);
+            affinity_prefixes_filled(shctx->zone, m.peer, m.chars,
+                                     (uint32_t) now, ascf->prefix_cache);
             ngx_shmtx_unlock(&shctx->shpool->mutex);
             break;
         }

@@ -1,0 +1,91 @@
+#!/usr/bin/env perl
+
+# Two nginx instances in front of the same server, with prefix_affinity
+# cache= and a shared redis-server (affinity_store): a prefix one instance
+# presumes the server holds ages with the prompts the other instance sends
+# it, as with its own.  Instance B learns a shared document; instance A
+# then sends other prompts.  4,000 characters of them leave the document
+# cached (counted once, though two workers read every message); 6,000 more
+# put it past the server's 1,000 tokens (5,000 characters), and B places it
+# as new, as one instance that had sent them all would.  One server per
+# upstream, so that every prompt reaches the same cache and only the route
+# tells what B presumed.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use Test::More;
+use Time::HiRes qw(sleep);
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers routes chat);
+
+plan skip_all => 'redis-server not installed'
+    unless AffinityTest::redis_server();
+
+my $a = AffinityTest->new(workers => 2);
+my $b = AffinityTest->new(workers => 2);
+my @ports = $a->start_backends(1);
+my $redis = $a->port;
+my $stream = "affinity-cache-test-$$";
+
+$a->start_redis($redis);
+
+for my $t ($a, $b) {
+    $t->write_conf(proxy_conf($t, servers(\@ports)
+        . "        prefix_affinity cache=1000 zone=p:1m;\n"
+        . "        affinity_store 127.0.0.1:$redis stream=$stream;\n"));
+    $t->start_nginx;
+}
+
+my %json = ('Content-Type' => 'application/json');
+
+sub text {
+    my ($tag, $n) = @_;
+    my $s = '';
+    $s .= "$tag-" . length($s) . ' ' while length($s) < $n;
+    return substr $s, 0, $n;
+}
+
+sub ask {
+    my ($t, $body) = @_;
+    my $r = $t->http(POST => '/v1/chat/completions', headers => \%json,
+                     body => $body);
+    is $r->{status}, 200, 'served' or diag explain $r;
+    return (routes($t))[-1]{route};
+}
+
+my $n = 0;
+sub others {
+    my ($count) = @_;
+    ask($a, chat([ user => text('other' . $n++, 2000) ])) for 1 .. $count;
+    # What A announced reaches B (the store is on this machine).
+    sleep 0.5;
+}
+
+my $doc = text('document', 2400);
+sub question { chat([ system => $doc ], [ user => "Question $_[0]?" ]) }
+
+is ask($b, question(1)), 'prefix_new', 'B: the document first seen';
+is ask($b, question(2)), 'prefix_hit', 'B: then followed';
+
+others(2);
+is ask($b, question(3)), 'prefix_hit',
+    'B: still followed after 4,000 characters sent through A';
+
+others(3);
+is ask($b, question(4)), 'prefix_new',
+    'B: presumed evicted after 6,000 more sent through A';
+is ask($b, question(5)), 'prefix_hit', 'B: cached again';
+
+# A's own model counted the same prompts once each.
+is ask($a, question(6)), 'prefix_hit',
+    'A: the document as B last sent it, learned through the store';
+
+is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
+is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
+
+done_testing;
