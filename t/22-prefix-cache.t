@@ -26,7 +26,7 @@ use Test::More;
 
 use AffinityTest;
 use AffinityConf qw(proxy_conf servers log_lines chat proxied_upstream
-                    eventually engine_figures);
+                    eventually engine_figures text);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(1);
@@ -67,13 +67,6 @@ $t->write_conf(proxy_conf($t, servers(\@ports) . "        prefix_affinity;\n",
 $t->start_nginx;
 
 my %json = ('Content-Type' => 'application/json');
-
-sub text {
-    my ($tag, $n) = @_;
-    my $s = '';
-    $s .= "$tag-" . length($s) . ' ' while length($s) < $n;
-    return substr $s, 0, $n;
-}
 
 sub ask {
     my ($upstream, $body, %headers) = @_;

@@ -21,7 +21,7 @@ use Test::More;
 use Time::HiRes qw(sleep);
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes chat);
+use AffinityConf qw(proxy_conf servers routes chat text);
 
 plan skip_all => 'redis-server not installed'
     unless AffinityTest::redis_server();
@@ -42,13 +42,6 @@ for my $t ($a, $b) {
 }
 
 my %json = ('Content-Type' => 'application/json');
-
-sub text {
-    my ($tag, $n) = @_;
-    my $s = '';
-    $s .= "$tag-" . length($s) . ' ' while length($s) < $n;
-    return substr $s, 0, $n;
-}
 
 sub ask {
     my ($t, $body) = @_;

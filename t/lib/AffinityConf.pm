@@ -10,7 +10,7 @@ use warnings;
 use Exporter 'import';
 our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
                     placement moved chat proxied_upstream eventually
-                    engine_figures);
+                    engine_figures text);
 
 use JSON::PP ();
 use Time::HiRes qw(sleep time);
@@ -170,6 +170,15 @@ sub json_string {
     $s =~ s/(["\\])/\\$1/g;
     $s =~ s/\n/\\n/g;
     return qq("$s");
+}
+
+# text($tag, $n) - $n characters of text unique to $tag, for prompts of a
+# known size.
+sub text {
+    my ($tag, $n) = @_;
+    my $s = '';
+    $s .= "$tag-" . length($s) . ' ' while length($s) < $n;
+    return substr $s, 0, $n;
 }
 
 # chat([role, text], ...) - a chat completions body of those messages.

@@ -28,29 +28,45 @@ std::vector<uint8_t> encode(const affinity_store_message_t &m)
     return out;
 }
 
+// A message of this kind, with no body yet, from a peer and an instance.
+affinity_store_message_t from_peer(uint32_t kind)
+{
+    affinity_store_message_t m{};
+    m.kind = kind;
+    m.time = 1763900000;
+    m.instance = 7;
+    m.peer = 0xfedcba9876543210ULL;
+    return m;
+}
+
+// bytes decoded, with m's header.
+affinity_store_message_t decoded(const std::vector<uint8_t> &bytes,
+                                 const affinity_store_message_t &m)
+{
+    affinity_store_message_t d;
+    EXPECT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, nullptr,
+                                    0),
+              0);
+    EXPECT_EQ(d.kind, m.kind);
+    EXPECT_EQ(d.time, m.time);
+    EXPECT_EQ(d.instance, m.instance);
+    EXPECT_EQ(d.peer, m.peer);
+    return d;
+}
+
 TEST(StoreMessage, KeyedMessagesRoundTrip)
 {
     for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE}) {
         std::string key = "resp_0123\x01\xff key";
-        affinity_store_message_t m{};
-        m.kind = kind;
-        m.time = 1763900000;
+        affinity_store_message_t m = from_peer(kind);
         m.instance = 0x0102030405060708ULL;
-        m.peer = 0xfedcba9876543210ULL;
         m.key = key.data();
         m.key_len = key.size();
 
         std::vector<uint8_t> bytes = encode(m);
         ASSERT_EQ(bytes.size(), 24 + key.size());
 
-        affinity_store_message_t d;
-        ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d,
-                                        nullptr, 0),
-                  0);
-        EXPECT_EQ(d.kind, kind);
-        EXPECT_EQ(d.time, m.time);
-        EXPECT_EQ(d.instance, m.instance);
-        EXPECT_EQ(d.peer, m.peer);
+        affinity_store_message_t d = decoded(bytes, m);
         EXPECT_EQ(std::string(d.key, d.key_len), key);
     }
 }
@@ -88,22 +104,11 @@ TEST(StoreMessage, LevelsRoundTrip)
 // it may have none other.
 TEST(StoreMessage, SentRoundTripsWithNoBody)
 {
-    affinity_store_message_t m{};
-    m.kind = AFFINITY_STORE_SENT;
-    m.time = 1763900000;
-    m.instance = 7;
-    m.peer = 0xfedcba9876543210ULL;
+    affinity_store_message_t m = from_peer(AFFINITY_STORE_SENT);
     std::vector<uint8_t> bytes = encode(m);
     ASSERT_EQ(bytes.size(), 24u);
 
-    affinity_store_message_t d;
-    ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, nullptr,
-                                    0),
-              0);
-    EXPECT_EQ(d.kind, uint32_t{AFFINITY_STORE_SENT});
-    EXPECT_EQ(d.time, m.time);
-    EXPECT_EQ(d.instance, m.instance);
-    EXPECT_EQ(d.peer, m.peer);
+    affinity_store_message_t d = decoded(bytes, m);
     EXPECT_EQ(d.key_len, 0u);
     EXPECT_EQ(d.nlevels, 0u);
 
@@ -129,21 +134,12 @@ TEST(StoreMessage, SentRoundTripsWithNoBody)
 // never 0, and no other length.
 TEST(StoreMessage, FilledRoundTripsWithItsCharacters)
 {
-    affinity_store_message_t m{};
-    m.kind = AFFINITY_STORE_FILLED;
-    m.time = 1763900000;
-    m.instance = 7;
-    m.peer = 0xfedcba9876543210ULL;
+    affinity_store_message_t m = from_peer(AFFINITY_STORE_FILLED);
     m.chars = 0xfffffff0u;
     std::vector<uint8_t> bytes = encode(m);
     ASSERT_EQ(bytes.size(), 28u);
 
-    affinity_store_message_t d;
-    ASSERT_EQ(affinity_store_decode(bytes.data(), bytes.size(), &d, nullptr,
-                                    0),
-              0);
-    EXPECT_EQ(d.kind, uint32_t{AFFINITY_STORE_FILLED});
-    EXPECT_EQ(d.peer, m.peer);
+    affinity_store_message_t d = decoded(bytes, m);
     EXPECT_EQ(d.chars, m.chars);
     EXPECT_EQ(d.key_len, 0u);
     EXPECT_EQ(d.nlevels, 0u);
