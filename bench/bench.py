@@ -151,21 +151,27 @@ POLICIES = {
 # sends each request to one of them at random: name -> (instances, store,
 # metrics): whether they share what they learn through a Redis server
 # (affinity_store), whether they count the engines' own load
-# (affinity_metrics).
+# (affinity_metrics).  The *_cache ones are told the replicas' KV cache
+# size (prefix_affinity cache=), as the fleet's engines log it.
 INSTANCES = {'x1': (1, False, False), 'x1_metrics': (1, False, True),
              'x2': (2, False, False),
              'x2_shared': (2, True, True), 'x4': (4, False, False),
              'x4_shared': (4, True, True),
              'x2_store': (2, True, False), 'x4_store': (4, True, False),
-             'x2_metrics': (2, False, True)}
+             'x2_metrics': (2, False, True),
+             'x1_cache': (1, False, False), 'x2_store_cache': (2, True, False),
+             'x4_store_cache': (4, True, False)}
 for _name, (_n, _store, _metrics) in INSTANCES.items():
     _how = ' + '.join(d for d, on in (('affinity_store', _store),
                                       ('affinity_metrics', _metrics)) if on)
+    _cache = _name.endswith('_cache')
     POLICIES[_name] = (
         'nginx',
-        f'session_affinity; prefix_affinity; x{_n} instances'
+        f'session_affinity; prefix_affinity{" cache=N" if _cache else ""}; '
+        f'x{_n} instances'
         + (f', {_how}' if _how else (', on their own' if _n > 1 else '')),
-        SESSION_ZONE + '\n        ' + PREFIX_ZONE, False)
+        SESSION_ZONE + '\n        '
+        + (PREFIX_CACHE_ZONE if _cache else PREFIX_ZONE), False)
 # x1_metrics: one instance reading the engines' figures, as the shared
 # ones do (their load, their cache's size and what it computed).
 INSTANCE_POLICIES = ['x1', 'x1_metrics', 'x2', 'x2_shared', 'x4',
