@@ -602,6 +602,18 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
     }
 
     /*
+     * How far the prompt filled the peer's modelled cache, before its
+     * levels: the others' models of that cache age as much, and then hold
+     * the prompt as the most recent there (affinity_prefixes_filled()).
+     */
+
+    if (decision->cache_chars) {
+        m.kind = AFFINITY_STORE_FILLED;
+        m.chars = decision->cache_chars;
+        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+    }
+
+    /*
      * A keyed request is pinned, or pinned anew, by every outcome but a hit
      * of its pin (a generated key's first request is reported by its
      * prompt's outcome, and pinned all the same).
@@ -614,18 +626,6 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
         m.kind = AFFINITY_STORE_PIN;
         m.key = (char *) ctx->key.data;
         m.key_len = ctx->key.len;
-        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
-    }
-
-    /*
-     * How far the prompt filled the peer's modelled cache, before its
-     * levels: the others' models of that cache age as much, and then hold
-     * the prompt as the most recent there (affinity_prefixes_filled()).
-     */
-
-    if (decision->cache_chars) {
-        m.kind = AFFINITY_STORE_FILLED;
-        m.chars = decision->cache_chars;
         ngx_http_upstream_affinity_store_publish(ap->conf, &m);
     }
 

@@ -35,12 +35,14 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     1000    /* per read */
 
 /*
- * Age in seconds beyond which news of a request (sent, or how far it
- * filled a cache) is no news: read after the store was away, or again by
- * an instance that reloaded and reads the stream from its beginning, it
- * would count the request twice or late.
+ * Age beyond which news of a request (sent, or how far it filled a cache)
+ * is no news: read after the store was away, or again by the workers of
+ * an instance that reloaded and read the stream from its beginning, it
+ * would count the request late or twice.  In whole seconds of the
+ * senders' and the readers' clocks: news up to 2 s old is taken, and the
+ * instances' clocks must agree within a second.
  */
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 
 /* output not yet written to the store beyond which messages are dropped */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
@@ -583,6 +585,16 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
 
     if (r == NULL || store->reader != ac) {
         return;     /* the connection is going away */
+    }
+
+    /*
+     * A worker finishing its requests after a reload reads no more: the
+     * new workers read the stream, and a request counted by both (sent
+     * elsewhere, or how far it filled a cache) would count twice.
+     */
+
+    if (ngx_exiting) {
+        return;
     }
 
     if (r->type == REDIS_REPLY_ERROR) {

@@ -7,9 +7,10 @@
 # then sends other prompts.  4,000 characters of them leave the document
 # cached (counted once, though two workers read every message); 6,000 more
 # put it past the server's 1,000 tokens (5,000 characters), and B places it
-# as new, as one instance that had sent them all would.  One server per
-# upstream, so that every prompt reaches the same cache and only the route
-# tells what B presumed.
+# as new, as one instance that had sent them all would.  Across a reload
+# of B, while its old workers finish a request, they are counted once.
+# One server per upstream, so that every prompt reaches the same cache and
+# only the route tells what B presumed.
 
 use strict;
 use warnings;
@@ -17,11 +18,13 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use POSIX ();
 use Test::More;
 use Time::HiRes qw(sleep);
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes chat text);
+use AffinityConf qw(proxy_conf servers routes chat text proxied_upstream
+                    eventually);
 
 plan skip_all => 'redis-server not installed'
     unless AffinityTest::redis_server();
@@ -34,10 +37,18 @@ my $stream = "affinity-cache-test-$$";
 
 $a->start_redis($redis);
 
+# And a slow server, which B proxies to without the module, to keep B's
+# workers busy across a reload.
+my $slow = $b->start_backends(1, delay_ms => 4000);
+my $slow_listen = $b->port;
+
 for my $t ($a, $b) {
     $t->write_conf(proxy_conf($t, servers(\@ports)
         . "        prefix_affinity cache=1000 zone=p:1m;\n"
-        . "        affinity_store 127.0.0.1:$redis stream=$stream;\n"));
+        . "        affinity_store 127.0.0.1:$redis stream=$stream;\n",
+        http => $t == $b
+            ? proxied_upstream(slow => servers([ $slow ]), $slow_listen)
+            : ''));
     $t->start_nginx;
 }
 
@@ -74,9 +85,30 @@ is ask($b, question(4)), 'prefix_new',
     'B: presumed evicted after 6,000 more sent through A';
 is ask($b, question(5)), 'prefix_hit', 'B: cached again';
 
-# A's own model counted the same prompts once each.
-is ask($a, question(6)), 'prefix_hit',
-    'A: the document as B last sent it, learned through the store';
+# A reload of B while a slow request keeps its old workers: they read the
+# stream no more, and what A sends next is counted once, by the new ones.
+{
+    sleep 2.5;      # nothing A announced before is news any more
+    my $child = fork // die "fork: $!";
+    if ($child == 0) {
+        $b->http(GET => '/', port => $slow_listen);
+        POSIX::_exit(0);
+    }
+    sleep 0.3;
+    my %old = map { $_ => 1 } $b->worker_pids;
+    kill 'HUP', $b->master_pid or die "kill HUP: $!";
+    ok eventually(sub { grep({ !$old{$_} } $b->worker_pids) >= 2 }, 10),
+        'B reloaded';
+    sleep 0.3;      # its new workers read the stream
+    ok scalar(grep { $old{$_} } $b->worker_pids),
+        'B\'s old workers still finish the slow request';
+
+    others(2);
+    is ask($b, question(6)), 'prefix_hit',
+        'B: still followed after 4,000 characters sent through A, '
+        . 'counted once across the reload';
+    waitpid $child, 0;
+}
 
 is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
 is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
