@@ -10,9 +10,9 @@
 //   - its key lies inside the input, its levels fit the caller's array;
 //   - applying it to a sessions, a prefixes and a responses zone (as the
 //     module does) keeps their counts consistent: entries never exceed the
-//     capacity; a request sent elsewhere is counted for any peer id; a
-//     peer's modelled cache advances by any count of characters for any
-//     peer id (a slot claimed in the prefixes zone, or none left).
+//     capacity; a request sent elsewhere, and characters filled into a
+//     peer's modelled cache, are taken for any peer id and count (a slot
+//     claimed in the prefixes zone, or none left).
 
 #include <cstddef>
 #include <cstdint>

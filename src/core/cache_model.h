@@ -27,7 +27,9 @@
 // Stamps are one byte, in units of capacity / kStampsPerCapacity, so an
 // entry stays half a cache line: the age is taken modulo 256 units, 16
 // capacities, and a holder not sent the prefix again for that long passes
-// for fresh again until the entry expires or the holder gets it again.
+// for fresh again until the entry expires or the holder gets it again
+// (with a shared store, sixteen capacities of the whole fleet's prompts,
+// as for one instance in front of it).
 // A capacity changed on reload changes the units: the stamps already in
 // the zone mean other ages until their holders get their prefixes again.
 // The capacity is the upstream's (prefix_affinity cache=), or else each

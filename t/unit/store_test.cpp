@@ -355,9 +355,15 @@ TEST(StoreApply, OthersFillsAgePrefixesLikeOwnPrompts)
     Routed lost = router.route_prompt_released(prefixes.get(), levels);
     EXPECT_EQ(lost.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
 
-    // Nothing for no peer, or no characters.
+    // Placed anew where it was, or elsewhere: the prompt is fresh there.
+    // No peer, or no characters, changes nothing.
+    uint64_t now_holder = up.peer(size_t(lost.decision.peer)).id;
     affinity_prefixes_filled(prefixes.get(), 0, 100000, router.now, tokens);
-    affinity_prefixes_filled(prefixes.get(), holder, 0, router.now, tokens);
+    affinity_prefixes_filled(prefixes.get(), now_holder, 0, router.now,
+                             tokens);
+    Routed fresh = router.route_prompt_released(prefixes.get(), levels);
+    EXPECT_EQ(fresh.decision.peer, lost.decision.peer);
+    EXPECT_EQ(fresh.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
 }
 
 }  // namespace
