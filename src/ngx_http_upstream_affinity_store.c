@@ -35,14 +35,20 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     1000    /* per read */
 
 /*
- * Age beyond which news of a request (sent, or how far it filled a cache)
- * is no news: read after the store was away, or again by the workers of
- * an instance that reloaded and read the stream from its beginning, it
- * would count the request late or twice.  In whole seconds of the
- * senders' and the readers' clocks: news up to 2 s old is taken, and the
- * instances' clocks must agree within a second.
+ * News of a request (sent, or how far it filled a cache) is counted, not
+ * learned: only when sent (not kept while the store is away, where it
+ * would displace what was learned), once per instance (by its first
+ * worker, though every worker reads every message), and no more than
+ * this old: read after the store was away, or again by the workers of an
+ * instance that reloaded and read the stream from its beginning, it would
+ * count the request late or twice.  In whole seconds of the senders' and
+ * the readers' clocks: news up to 2 s old is taken, and the instances'
+ * clocks must agree within a second.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
+
+#define ngx_http_upstream_affinity_store_news(kind)                           \
+    ((kind) == AFFINITY_STORE_SENT || (kind) == AFFINITY_STORE_FILLED)
 
 /* output not yet written to the store beyond which messages are dropped */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
@@ -460,14 +466,9 @@ ngx_http_upstream_affinity_store_publish(
         return;
     }
 
-    /*
-     * a request sent, or how far it filled a cache, is news only now
-     * (..._STORE_FRESH): it would displace what was learned
-     */
+    /* news is not kept (..._STORE_FRESH) */
 
-    if (message->kind == AFFINITY_STORE_SENT
-        || message->kind == AFFINITY_STORE_FILLED)
-    {
+    if (ngx_http_upstream_affinity_store_news(message->kind)) {
         return;
     }
 
@@ -677,6 +678,15 @@ ngx_http_upstream_affinity_store_apply(
             continue;
         }
 
+        /* news counted by the first worker, while fresh (..._STORE_FRESH) */
+
+        if (ngx_http_upstream_affinity_store_news(m.kind)
+            && (ngx_worker != 0
+                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH))
+        {
+            continue;
+        }
+
         switch (m.kind) {
 
         case AFFINITY_STORE_PIN:
@@ -734,17 +744,12 @@ ngx_http_upstream_affinity_store_apply(
             /*
              * A request the other instance sent m.peer just now: with
              * affinity_metrics it counts on the peer's load here until the
-             * peer's engine reports again.  Every worker reads every
-             * message, the first worker counts it for all; one more than a
-             * second old (read after the store was away) is no new
-             * request.
+             * peer's engine reports again.
              */
 
             zone = ascf->counter_zone;
 
-            if (ngx_worker != 0 || ascf->engine_ttl == 0 || zone == NULL
-                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)
-            {
+            if (ascf->engine_ttl == 0 || zone == NULL) {
                 continue;
             }
 
@@ -761,14 +766,12 @@ ngx_http_upstream_affinity_store_apply(
              * How far a prompt the other instance sent m.peer filled its
              * modelled cache: this instance's model of it ages as much.
              * The message comes before the prompt's levels, which are then
-             * the most recent there.  Counted once, by the first worker.
+             * the most recent there.
              */
 
             zone = ascf->prefix_zone;
 
-            if (ngx_worker != 0 || zone == NULL
-                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)
-            {
+            if (zone == NULL) {
                 continue;
             }
 
