@@ -10,9 +10,9 @@
 //   - its key lies inside the input, its levels fit the caller's array;
 //   - applying it to a sessions, a prefixes and a responses zone (as the
 //     module does) keeps their counts consistent: entries never exceed the
-//     capacity; a request sent elsewhere, and characters filled into a
-//     peer's modelled cache, are taken for any peer id and count (a slot
-//     claimed in the prefixes zone, or none left).
+//     capacity; a request sent elsewhere or ended there, and characters
+//     filled into a peer's modelled cache, are taken for any peer id and
+//     count (a slot claimed in the prefixes zone, or none left).
 
 #include <cstddef>
 #include <cstdint>
@@ -83,7 +83,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (m.kind == AFFINITY_STORE_LEVELS) {
             CHECK(m.levels == levels);
             CHECK(m.nlevels >= 1 && m.nlevels <= AFFINITY_MAX_LEVELS);
-        } else if (m.kind == AFFINITY_STORE_SENT) {
+        } else if (m.kind == AFFINITY_STORE_SENT
+                   || m.kind == AFFINITY_STORE_DONE)
+        {
             CHECK(m.key == nullptr && m.key_len == 0 && m.nlevels == 0);
         } else if (m.kind == AFFINITY_STORE_FILLED) {
             CHECK(m.key == nullptr && m.nlevels == 0 && m.chars != 0);
@@ -123,6 +125,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case AFFINITY_STORE_SENT:
             affinity_zone_peer_sent_elsewhere(zones.zone[0], m.peer);
+            break;
+        case AFFINITY_STORE_DONE:
+            affinity_zone_peer_ended_elsewhere(zones.zone[0], m.peer);
             break;
         case AFFINITY_STORE_FILLED:
             affinity_prefixes_filled(zones.zone[1], m.peer, m.chars, now,

@@ -30,6 +30,9 @@ typedef struct {
 
     affinity_request_t                      request;
 
+    /* the peer this try was announced on (AFFINITY_STORE_SENT), or 0 */
+    uint64_t                                announced;
+
     /* the counter slot this try holds an in-flight request in */
     uint32_t                                slot;
 } ngx_http_upstream_affinity_peer_data_t;
@@ -135,6 +138,7 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ap->shctx = ascf->counter_zone->data;
     ap->prefixes = ascf->prefix_zone ? ascf->prefix_zone->data : NULL;
     ap->primary = ap->rrp.peers;
+    ap->announced = 0;
     ap->slot = AFFINITY_NO_SLOT;
 
     /*
@@ -593,12 +597,14 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
 
     /*
      * With affinity_metrics, the request itself: the other instances count
-     * it on the peer's load until its engine reports again (..._store.c).
+     * it on the peer's load until its engine reports again (..._store.c),
+     * or until it ends (ngx_http_upstream_free_affinity_peer()).
      */
 
     if (ap->conf->engine_ttl) {
         m.kind = AFFINITY_STORE_SENT;
         ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+        ap->announced = m.peer;
     }
 
     /*
@@ -650,6 +656,8 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
 {
     ngx_http_upstream_affinity_peer_data_t  *ap = data;
 
+    affinity_store_message_t  m;
+
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, pc->log, 0,
                    "free affinity peer %ui", state);
 
@@ -661,6 +669,20 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
         affinity_zone_peer_release(ap->shctx->zone, ap->shctx->row,
                                    ap->slot);
         ap->slot = AFFINITY_NO_SLOT;
+    }
+
+    /*
+     * The end of a try the other instances were told of: without it they
+     * would count it on the peer's load until its engine reports again,
+     * and every peer would look busier there than here.
+     */
+
+    if (ap->announced) {
+        ngx_memzero(&m, sizeof(affinity_store_message_t));
+        m.kind = AFFINITY_STORE_DONE;
+        m.peer = ap->announced;
+        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+        ap->announced = 0;
     }
 
     ngx_http_upstream_free_round_robin_peer(pc, &ap->rrp, state);

@@ -35,7 +35,7 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     1000    /* per read */
 
 /*
- * News of a request (sent, or how far it filled a cache) is counted, not
+ * News of a request (sent, how far it filled a cache, ended) is counted, not
  * learned: only when sent (not kept while the store is away, where it
  * would displace what was learned), once per instance (by its first
  * worker, though every worker reads every message), and no more than
@@ -48,7 +48,8 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 
 #define ngx_http_upstream_affinity_store_news(kind)                           \
-    ((kind) == AFFINITY_STORE_SENT || (kind) == AFFINITY_STORE_FILLED)
+    ((kind) == AFFINITY_STORE_SENT || (kind) == AFFINITY_STORE_FILLED         \
+     || (kind) == AFFINITY_STORE_DONE)
 
 /* output not yet written to the store beyond which messages are dropped */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
@@ -591,7 +592,7 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
     /*
      * A worker finishing its requests after a reload reads no more: the
      * new workers read the stream, and a request counted by both (sent
-     * elsewhere, or how far it filled a cache) would count twice.
+     * elsewhere, how far it filled a cache, or ended) would count twice.
      */
 
     if (ngx_exiting) {
@@ -740,11 +741,13 @@ ngx_http_upstream_affinity_store_apply(
             break;
 
         case AFFINITY_STORE_SENT:
+        case AFFINITY_STORE_DONE:
 
             /*
-             * A request the other instance sent m.peer just now: with
-             * affinity_metrics it counts on the peer's load here until the
-             * peer's engine reports again.
+             * A request the other instance sent m.peer just now, or one
+             * that ended there: with affinity_metrics it counts on the
+             * peer's load here, or no longer, until the peer's engine
+             * reports again.
              */
 
             zone = ascf->counter_zone;
@@ -756,7 +759,14 @@ ngx_http_upstream_affinity_store_apply(
             shctx = zone->data;
 
             ngx_shmtx_lock(&shctx->shpool->mutex);
-            affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer);
+
+            if (m.kind == AFFINITY_STORE_SENT) {
+                affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer);
+
+            } else {
+                affinity_zone_peer_ended_elsewhere(shctx->zone, m.peer);
+            }
+
             ngx_shmtx_unlock(&shctx->shpool->mutex);
             break;
 

@@ -7,7 +7,8 @@
 # instance A sees one replica only and keeps it 24 requests deep; instance
 # B polls the engines every 10 s and places 40 new sessions right after a
 # poll that found them all idle.  Through the store none goes to A's
-# replica; an upstream of B without the store sends it its share.
+# replica; an upstream of B without the store sends it its share.  When
+# A's requests end, B counts the replica idle again before its next poll.
 
 use strict;
 use warnings;
@@ -124,7 +125,24 @@ SKIP: {
         'without the store it takes its share (the test can tell)';
 }
 
+# A's requests end: B takes each off the replica's load as A says so, not
+# when the replica's engine next reports.  Counted either way, on top of a
+# figure taken before A's requests (0 + 24 - 24) or during them
+# (24 + 0 - 24), the replica is idle again.
+my $closed = time;
 close $_ for @socks;
+my $e;
+eventually(sub { $e = engines('llm')->{$busy};
+                 $e->{load} + $e->{elsewhere} == 0 }, 3);
+note sprintf 'after A\'s requests ended: figure %d, elsewhere %d, %d s old',
+    @$e{qw(load elsewhere age)};
+SKIP: {
+    # a poll since they ended would have found the replica idle anyway
+    skip 'B polled again since A\'s requests ended', 1
+        if $e->{age} <= time - $closed + 1;
+    is $e->{load} + $e->{elsewhere}, 0,
+        'B takes the requests that ended on A off the replica\'s load';
+}
 
 is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
 is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';

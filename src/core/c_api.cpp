@@ -230,8 +230,12 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
     atomic_store<uint64_t>(&s.engine_time, now);
 }
 
-void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
-                                       uint64_t peer_id) noexcept
+namespace {
+
+// Requests another instance said started (+1) or ended (-1) on peer_id,
+// counted with its engine's figure until the engine reports again.
+void count_elsewhere(affinity_zone_t *zone, uint64_t peer_id,
+                     int64_t requests) noexcept
 {
     Zone z = zone_of(zone);
     uint32_t slot = z.find_slot(peer_id);
@@ -243,10 +247,24 @@ void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
     PeerSlot &s = z.peer_slots()[slot];
 
     // Only a figure to add to: without one, this instance cannot know when
-    // those requests end.
+    // those requests end, nor count the ends of those it holds.
     if (atomic_load(&s.engine_time) != 0) {
-        atomic_add<int64_t>(&s.engine_others, 1);
+        atomic_add<int64_t>(&s.engine_others, requests);
     }
+}
+
+}  // namespace
+
+void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
+                                       uint64_t peer_id) noexcept
+{
+    count_elsewhere(zone, peer_id, 1);
+}
+
+void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
+                                        uint64_t peer_id) noexcept
+{
+    count_elsewhere(zone, peer_id, -1);
 }
 
 int affinity_zone_poll_due(affinity_zone_t *zone, uint64_t now_ms,

@@ -37,18 +37,18 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
             n = std::max<int64_t>(atomic_load(&s.inflight), 0);
 
             // Other instances' requests, as the engine counts them: its
-            // figure, plus what this instance sent it since, plus what the
-            // others said they sent it since.
+            // figure, moved by the requests that started and ended here
+            // since, and by those the others said started and ended there
+            // (affinity_store).  Never below the requests in flight here.
             uint64_t reported = atomic_load(&s.engine_time);
 
             if (balance.engine_ttl && reported
                 && now <= reported + balance.engine_ttl)
             {
-                int64_t sent = n - atomic_load(&s.engine_base);
+                int64_t here = n - atomic_load(&s.engine_base);
                 int64_t others = atomic_load(&s.engine_others);
                 n = std::max<int64_t>(
-                    n, atomic_load(&s.engine_load) + std::max<int64_t>(sent, 0)
-                           + std::max<int64_t>(others, 0));
+                    n, atomic_load(&s.engine_load) + here + others);
             }
 
             // On the engine figures' cache line: read with them.

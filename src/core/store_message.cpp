@@ -57,6 +57,12 @@ bool keyed(uint32_t kind) noexcept
     return kind == AFFINITY_STORE_PIN || kind == AFFINITY_STORE_RESPONSE;
 }
 
+// News of a request's start or end: the header says all.
+bool bodyless(uint32_t kind) noexcept
+{
+    return kind == AFFINITY_STORE_SENT || kind == AFFINITY_STORE_DONE;
+}
+
 }  // namespace
 
 size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
@@ -80,7 +86,7 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
         }
         body = m.nlevels * 8;
 
-    } else if (m.kind == AFFINITY_STORE_SENT) {
+    } else if (bodyless(m.kind)) {
         body = 0;
 
     } else if (m.kind == AFFINITY_STORE_FILLED) {
@@ -132,9 +138,10 @@ bool decode_store_message(const uint8_t *data, size_t len,
     uint32_t kind = data[1];
     size_t body = get16(data + 2);
 
-    // Only a SENT message has no body (older versions refuse it).
-    if (len != kStoreHeader + body
-        || (body == 0) != (kind == AFFINITY_STORE_SENT))
+    // Only SENT and DONE messages have no body (older versions refuse
+    // them: those before SENT any without a body, those before DONE any
+    // other kind).
+    if (len != kStoreHeader + body || (body == 0) != bodyless(kind))
     {
         return false;
     }
@@ -184,7 +191,7 @@ bool decode_store_message(const uint8_t *data, size_t len,
         return m.chars != 0;
     }
 
-    return kind == AFFINITY_STORE_SENT;
+    return bodyless(kind);
 }
 
 }  // namespace affinity

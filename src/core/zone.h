@@ -110,7 +110,8 @@ struct alignas(64) PeerSlot {
     uint64_t engine_time;       // seconds; 0: never reported
     uint64_t cache_usage;       // per million
     // Requests other nginx instances said (affinity_store) they sent the
-    // peer since its engine last reported: not in its figure yet.
+    // peer since its engine last reported, less those they said ended: its
+    // figure does not show them yet.  Below zero when more ended.
     int64_t engine_others;      // atomic
     // Characters of prompts sent the peer that its cache was not presumed
     // to hold (cache_model.h): the clock of its cache's modelled LRU.  In

@@ -307,6 +307,75 @@ TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
     EXPECT_EQ(up.stats(1).engine_elsewhere, 0);
 }
 
+// Requests that ended since the engine reported, here or, as another
+// instance said (affinity_store), there, no longer count on the peer:
+// otherwise every peer would look as busy as at the report until the next.
+TEST(EngineLoad, RequestsEndedSinceTheReportAreTakenOff)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    affinity_balance_t with{1.0, 0.0, 3, 0};
+    Router router(z.get(), up, with);
+    router.now = 1001;
+
+    // Peer 0's engine counts 6 requests of another instance; peer 1's
+    // counts the 4 this instance has in flight there.
+    affinity_engine_load_t six{};
+    six.running = 6;
+    six.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t four{};
+    four.running = 4;
+    four.found = AFFINITY_ENGINE_RUNNING;
+    for (int i = 0; i < 4; i++) {
+        up.acquire(1);
+    }
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &six, 1000);
+    affinity_zone_peer_polled(z.get(), up.peer(1).slot, &four, 1000);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 1);
+
+    // Three of the other instance's end: 3 on peer 0 against 4.
+    for (int i = 0; i < 3; i++) {
+        affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id);
+    }
+    EXPECT_EQ(up.stats(0).engine_elsewhere, -3);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 0);
+
+    // Two of this instance's end: 2 on peer 1 against 3.
+    up.release(1);
+    up.release(1);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 1);
+
+    // One sent there since and one ended: still 3.
+    affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
+    affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, -3);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 1);
+
+    // More ends than the figure held (some ended before the engine
+    // reported): never fewer than the requests in flight here.
+    for (int i = 0; i < 10; i++) {
+        affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id);
+    }
+    up.acquire(0);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 0)
+        << "1 against 2";
+    up.acquire(0);
+    up.acquire(0);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 1)
+        << "3 against 2";
+
+    // The engine reports again: what ended is in its figure.
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &six, 1001);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
+
+    // Without a figure nothing is counted: this instance could not tell
+    // where the others' requests were counted.
+    TestZone other;
+    Upstream unpolled(other.get(), {1, 1});
+    affinity_zone_peer_ended_elsewhere(other.get(), unpolled.peer(0).id);
+    EXPECT_EQ(unpolled.stats(0).engine_elsewhere, 0);
+}
+
 TEST(EngineLoad, PollingIsOneCallerPerInterval)
 {
     TestZone z;

@@ -100,34 +100,38 @@ TEST(StoreMessage, LevelsRoundTrip)
               -1);
 }
 
-// A request sent: the header alone.  Only that kind may have no body, and
-// it may have none other.
-TEST(StoreMessage, SentRoundTripsWithNoBody)
+// A request sent, or ended: the header alone.  Only those kinds may have
+// no body, and they may have none other.
+TEST(StoreMessage, SentAndDoneRoundTripWithNoBody)
 {
-    affinity_store_message_t m = from_peer(AFFINITY_STORE_SENT);
-    std::vector<uint8_t> bytes = encode(m);
-    ASSERT_EQ(bytes.size(), 24u);
+    for (uint32_t bodyless : {AFFINITY_STORE_SENT, AFFINITY_STORE_DONE}) {
+        SCOPED_TRACE(bodyless);
+        affinity_store_message_t m = from_peer(bodyless);
+        std::vector<uint8_t> bytes = encode(m);
+        ASSERT_EQ(bytes.size(), 24u);
 
-    affinity_store_message_t d = decoded(bytes, m);
-    EXPECT_EQ(d.key_len, 0u);
-    EXPECT_EQ(d.nlevels, 0u);
+        affinity_store_message_t d = decoded(bytes, m);
+        EXPECT_EQ(d.key_len, 0u);
+        EXPECT_EQ(d.nlevels, 0u);
 
-    for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE,
-                          AFFINITY_STORE_LEVELS})
-    {
-        std::vector<uint8_t> empty = bytes;
-        empty[1] = uint8_t(kind);
-        EXPECT_EQ(affinity_store_decode(empty.data(), empty.size(), &d,
-                                        nullptr, 0),
-                  -1)
-            << kind;
+        for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE,
+                              AFFINITY_STORE_LEVELS, AFFINITY_STORE_FILLED})
+        {
+            std::vector<uint8_t> empty = bytes;
+            empty[1] = uint8_t(kind);
+            EXPECT_EQ(affinity_store_decode(empty.data(), empty.size(), &d,
+                                            nullptr, 0),
+                      -1)
+                << kind;
+        }
+
+        std::vector<uint8_t> body = bytes;
+        body.push_back(0);
+        body[2] = 1;
+        EXPECT_EQ(affinity_store_decode(body.data(), body.size(), &d, nullptr,
+                                        0),
+                  -1);
     }
-
-    std::vector<uint8_t> body = bytes;
-    body.push_back(0);
-    body[2] = 1;
-    EXPECT_EQ(affinity_store_decode(body.data(), body.size(), &d, nullptr, 0),
-              -1);
 }
 
 // How far a prompt filled a peer's modelled cache: 4 bytes of characters,

@@ -319,6 +319,15 @@ public:
         return r;
     }
 
+    Routed route_nokey_released()
+    {
+        Routed r = route_nokey();
+        if (r.rc == 0 && r.decision.peer >= 0) {
+            upstream_.release(static_cast<size_t>(r.decision.peer));
+        }
+        return r;
+    }
+
     // A request with prompt levels (affinity_json_prompt()) indexed in
     // the prefix zone prefixes; with a session key unless key is empty.
     Routed route_prompt(affinity_zone_t *prefixes,

@@ -223,7 +223,9 @@ typedef struct {
     uint32_t    engine_time;    /* when it reported them, seconds */
     uint32_t    reserved;
     int64_t     engine_elsewhere;   /* requests other instances said they
-                                       sent it since (affinity_store) */
+                                       sent it since, less those they said
+                                       ended: below 0 when more ended
+                                       (affinity_store) */
     uint64_t    cache_tokens;   /* its KV cache's size as the engine
                                    reported it, 0 if it never did */
     uint64_t    learned_tokens; /* in a prefix zone: the prompt tokens a
@@ -758,9 +760,9 @@ AFFINITY_API int affinity_engine_metrics(const char *text, size_t len,
 /*
  * Lock-free: the load a peer's engine reported at now (seconds), with the
  * peer's in-flight count here at that moment.  Routing then counts the
- * peer as max(in-flight here, engine's running + waiting + what this
- * instance sent it since), while the figure is younger than the balance's
- * engine_ttl.  A KV cache size it reported is kept until it reports
+ * peer as max(in-flight here, engine's running + waiting + the requests
+ * that started less those that ended since, here and, as the others said,
+ * elsewhere), while the figure is younger than the balance's engine_ttl.  A KV cache size it reported is kept until it reports
  * another: with no prefix_capacity, the prefix index models the peer's
  * cache with it.
  */
@@ -773,6 +775,13 @@ AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
  * again, which then includes it; nothing without a figure (caller holds
  * the zone lock). */
 AFFINITY_API void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
+    uint64_t peer_id) AFFINITY_NOEXCEPT;
+
+/* A request another instance had sent peer_id ended there (an
+ * AFFINITY_STORE_DONE message): taken off the engine's figure, which still
+ * counts it, or off the requests sent elsewhere since, until the engine
+ * reports again (caller holds the zone lock). */
+AFFINITY_API void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
     uint64_t peer_id) AFFINITY_NOEXCEPT;
 
 /* Lock-free: whether it is the caller's turn to poll the engines; true for
@@ -789,9 +798,11 @@ typedef enum {
     AFFINITY_STORE_LEVELS,          /* a prompt's levels served by a peer */
     AFFINITY_STORE_SENT,            /* a request sent to a peer just now
                                        (with affinity_metrics): no body */
-    AFFINITY_STORE_FILLED           /* characters a peer's modelled cache
+    AFFINITY_STORE_FILLED,          /* characters a peer's modelled cache
                                        took in (affinity_decision_t
                                        .cache_chars): a 32-bit body */
+    AFFINITY_STORE_DONE             /* a request announced as SENT ended:
+                                       no body */
 } affinity_store_kind_e;
 
 /* Longest key a message carries: session keys and response ids. */
