@@ -381,6 +381,8 @@ class Case:
             # --limit 0: the whole trace
         else:
             out += ['--size', a.size]
+        if self.workload == 'conversation' and a.arrivals != 'trace':
+            out += ['--arrivals', a.arrivals]
         return out
 
     def profile_args(self):
@@ -689,7 +691,12 @@ def write_report(results, args, outdir, elapsed):
             detail += [f'## {pname}: {wname}', '',
                        f'{describe_profile(profile, ", ".join(map(str, caches)))}.'
                        f' Workload: {count_cell(reqs)} requests,'
-                       f' {count_cell(sess)} sessions; decode work'
+                       f' {count_cell(sess)} sessions'
+                       + (', each at a random moment of the trace\'s'
+                          ' 3-second tick it came in'
+                          if wname == 'conversation'
+                          and args.arrivals == 'spread' else '')
+                       + '; decode work'
                        f' {cell(loads, 2)} x the running slots while'
                        f' requests arrive; replayed'
                        f' {", ".join("%gx" % s for s in speeds)} faster'
@@ -821,6 +828,11 @@ def parse_args(argv=None):
                     help='conversation: slices of N requests (0: the whole '
                          'trace)')
     ap.add_argument('--trace', default=trace.DEFAULT_TRACE)
+    ap.add_argument('--arrivals', choices=('trace', 'spread'),
+                    default='trace',
+                    help='conversation: the trace\'s timestamps, which come '
+                         'in ticks of 3 s (default), or each request at a '
+                         'random moment of its tick')
     ap.add_argument('--policies', default='',
                     help='comma-separated, from: ' + ', '.join(POLICIES))
     ap.add_argument('--speed', type=float, default=20.0,

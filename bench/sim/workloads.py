@@ -282,12 +282,17 @@ CONVERSATION_SLICE = {'full': 4000, 'quick': 600}
 
 
 def conversation(seed=1, size='full', limit=None, start=None,
-                 path=trace.DEFAULT_TRACE):
+                 path=trace.DEFAULT_TRACE, arrivals='trace'):
     """A slice of the Mooncake conversation trace, at its own arrival times
     and rate (3.40 requests/s over the whole trace).  Seed s takes slice s:
     `limit` requests (CONVERSATION_SLICE[size] by default) from
     (s - 1) × limit, wrapped to fit the trace, unless `start` is given.
-    Sessions are the trace's conversations (trace.session_id)."""
+    Sessions are the trace's conversations (trace.session_id).
+
+    arrivals: 'trace', the trace's timestamps, which come in ticks of 3 s,
+    so that up to 28 requests arrive in the same millisecond; or 'spread',
+    each request at a random moment of its tick (trace.spread_ticks, from
+    the seed), as they arrived.  Requests keep their index in the trace."""
     if limit is None:
         limit = CONVERSATION_SLICE[size]
     if start is None:
@@ -295,13 +300,20 @@ def conversation(seed=1, size='full', limit=None, start=None,
         span = max(1, total - limit + 1)
         start = ((seed - 1) * limit) % span
     records = trace.load_trace(path, limit, start)
-    arrivals = trace.arrival_seconds(records)
+    times = trace.arrival_seconds(records)
+    params = {'trace': path.rsplit('/', 1)[-1], 'start': start,
+              'limit': limit}
+    if arrivals == 'spread':
+        times = trace.spread_ticks(times, random.Random(seed))
+        params['arrivals'] = arrivals
+    elif arrivals != 'trace':
+        raise ValueError('unknown arrivals %r' % arrivals)
     requests = [Request(start + i, arrival, trace.session_id(record, start + i),
                         record['output_length'], record=record)
-                for i, (record, arrival) in enumerate(zip(records, arrivals))]
-    return Workload('conversation', seed, requests,
-                    {'trace': path.rsplit('/', 1)[-1], 'start': start,
-                     'limit': limit})
+                for i, (record, arrival) in enumerate(zip(records, times))]
+    # by arrival; a tick's requests in trace order when not spread
+    requests.sort(key=operator.attrgetter('arrival'))
+    return Workload('conversation', seed, requests, params)
 
 
 _trace_lengths = {}
@@ -584,12 +596,21 @@ def add_workload_arguments(parser):
                         help='workload size (default full; conversation: '
                              'without --size, --start and --limit choose '
                              'the records, by default the whole trace)')
+    parser.add_argument('--arrivals', choices=('trace', 'spread'),
+                        default='trace',
+                        help='conversation: the trace\'s timestamps, in '
+                             'ticks of 3 s (default), or each request at a '
+                             'random moment of its tick')
 
 
 def from_args(args):
     """The workload that add_workload_arguments' and the trace's options
     select."""
+    arrivals = getattr(args, 'arrivals', 'trace')
     if args.workload != 'conversation':
+        if arrivals != 'trace':
+            raise ValueError('--arrivals spread: the conversation workload '
+                             'only (the others are not in ticks)')
         return load(args.workload, args.seed, args.size or 'full')
     if args.size is None or args.limit is not None or args.start:
         start = args.start or 0
@@ -597,5 +618,6 @@ def from_args(args):
         if limit is None:
             limit = max(0, _trace_length(args.trace) - start)
         return conversation(args.seed, limit=limit, start=start,
-                            path=args.trace)
-    return conversation(args.seed, args.size, path=args.trace)
+                            path=args.trace, arrivals=arrivals)
+    return conversation(args.seed, args.size, path=args.trace,
+                        arrivals=arrivals)

@@ -35,6 +35,32 @@ class CellTest(unittest.TestCase):
         self.assertEqual(bench.signed_cell((2, 2, 2)), '+2')
 
 
+class ArrivalsTest(unittest.TestCase):
+
+    def test_spread_arrivals_reach_the_simulator_and_the_replay(self):
+        # --arrivals spread goes to bounds.py and replay.py for the
+        # conversation trace only, and both read the same times from it.
+        args = bench.parse_args(['--profile', 'tight', '--workload',
+                                 'conversation', '--size', 'quick',
+                                 '--arrivals', 'spread'])
+        profile = bench.selected_profiles(args)[0]
+        given = bench.Case(profile, 'conversation', 2, args).workload_args()
+        self.assertEqual(given[-2:], ['--arrivals', 'spread'])
+        chat = bench.Case(profile, 'chat', 2, args).workload_args()
+        self.assertNotIn('--arrivals', chat)
+        from bench.sim import bounds, workloads
+        simulated = workloads.from_args(bounds.parse_args(given))
+        replayed = workloads.from_args(replay.parse_args(
+            ['--url', 'http://127.0.0.1:1/'] + given))
+        times = [(r.index, r.arrival) for r in simulated.requests]
+        self.assertEqual(times, [(r.index, r.arrival)
+                                 for r in replayed.requests])
+        self.assertEqual(len({t for _, t in times}), len(times))
+        ticked = workloads.from_args(bounds.parse_args(given[:-2]))
+        self.assertLess(len({r.arrival for r in ticked.requests}),
+                        len(times) / 4)
+
+
 @unittest.skipUnless(os.access(NGINX, os.X_OK), 'needs nginx')
 class OracleReplayProxyTest(unittest.TestCase):
     """The oracle_replay proxy: real nginx sends each request to the

@@ -142,6 +142,40 @@ class GeneratorTest(unittest.TestCase):
         self.assertEqual(a.requests[3].session,
                          trace.session_id(record, 3))
 
+    def test_conversation_arrivals_spread_over_their_tick(self):
+        ticked = workloads.conversation(seed=2, limit=300)
+        spread = workloads.conversation(seed=2, limit=300,
+                                        arrivals='spread')
+        self.assertNotIn('arrivals', ticked.params)
+        self.assertEqual(spread.params['arrivals'], 'spread')
+        # the trace's ticks: many requests in the same millisecond
+        times = [r.arrival for r in ticked.requests]
+        self.assertLess(len(set(times)), len(times) / 4)
+        ticks = sorted(set(times))
+        # spread: the same requests, in order of their new times, each
+        # within the tick it came in
+        self.assertEqual(sorted(r.index for r in spread.requests),
+                         [r.index for r in ticked.requests])
+        arrivals = [r.arrival for r in spread.requests]
+        self.assertEqual(arrivals, sorted(arrivals))
+        self.assertEqual(len(set(arrivals)), len(arrivals))
+        given = {r.index: r.arrival for r in ticked.requests}
+        for req in spread.requests:
+            tick = given[req.index]
+            k = ticks.index(tick)
+            end = ticks[k + 1] if k + 1 < len(ticks) else tick + 3.0
+            self.assertTrue(tick <= req.arrival < end + 1e-6,
+                            (req.index, tick, req.arrival))
+        # the same seed, the same times; sessions and bodies unchanged
+        again = workloads.conversation(seed=2, limit=300, arrivals='spread')
+        self.assertEqual(arrivals, [r.arrival for r in again.requests])
+        by_index = {r.index: r for r in ticked.requests}
+        for req in spread.requests[:20]:
+            self.assertEqual(req.session, by_index[req.index].session)
+            self.assertEqual(req.body(), by_index[req.index].body())
+        with self.assertRaises(ValueError):
+            workloads.conversation(seed=2, limit=10, arrivals='poisson')
+
     def test_from_quantiles(self):
         rng = random.Random(5)
         table = ((0, 10), (50, 20), (100, 40))
