@@ -9,6 +9,9 @@ numbers are directly comparable with a replay against the mock.
         [--replicas 4] [--factor 1.25] [--cache-tokens 262144] ...
     /usr/bin/python3 bench/sim/bounds.py --workload chat --seed 2 \\
         --size quick --profile tight --sessions both
+    /usr/bin/python3 bench/sim/bounds.py --workload conversation \\
+        --size full --profile tight --sessions off --store-latency 0.01 \\
+        --policies module_x1_metrics,module_x4_shared
 
 prints one JSON document.  Workloads are workloads.py's (the Mooncake
 conversation trace by default, whole unless --limit, --start or --size
@@ -455,6 +458,10 @@ class Simulation:
 
     def _finish(self, job, now):
         if job.token is not None:
+            # The time, for a policy that keeps one (core_policy.Instances)
+            at = getattr(self.policy, 'at', None)
+            if at is not None:
+                at(now)
             # The reply's usage, for a policy that learns from it.
             replied = getattr(self.policy, 'replied', None)
             if replied is not None:
@@ -618,16 +625,22 @@ class PrefixOracle:
 MODULE_POLICIES = ('module_session', 'module_prefix', 'module_session_prefix',
                    'module_prefix_cache', 'module_session_prefix_cache',
                    'module_prefix_turns0', 'module_session_prefix_turns0')
+# Several instances of the module (core_policy.Instances): named only.
+INSTANCE_POLICIES = ('module_x1_metrics', 'module_x2_shared',
+                     'module_x4_shared', 'module_x4_metrics', 'module_x4')
 POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
             'chash_session_bounded', 'affinity', 'affinity_follow') \
     + MODULE_POLICIES
+KNOWN_POLICIES = POLICIES + INSTANCE_POLICIES
 
 # Policies whose routing reads the session id: simulated once per sessions
 # mode.  The others are simulated once and reported for both.
 KEYED_POLICIES = ('chash_session', 'chash_session_bounded', 'affinity',
                   'affinity_follow', 'module_session',
                   'module_session_prefix', 'module_session_prefix_cache',
-                  'module_session_prefix_turns0')
+                  'module_session_prefix_turns0', 'module_x1_metrics',
+                  'module_x2_shared', 'module_x4_shared',
+                  'module_x4_metrics', 'module_x4')
 # Keyed policies that mean nothing without a session id (a hash of an
 # absent header sends everything to one replica): not simulated then.
 NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
@@ -635,8 +648,9 @@ NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
 
 
 def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
-                points=RING_POINTS):
-    """A fresh policy object (policies keep state, such as pins)."""
+                points=RING_POINTS, store_latency=0.0, poll_interval=2.0):
+    """A fresh policy object (policies keep state, such as pins).
+    store_latency and poll_interval: the several instances' (module_x*)."""
     if name == 'oracle':
         return PrefixOracle(replicas, factor, slack)
     if name == 'round_robin':
@@ -649,20 +663,25 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
     if name in ('affinity', 'affinity_follow'):
         return SessionAffinity(replicas, factor, slack, points,
                                follow=name == 'affinity_follow')
-    if name in MODULE_POLICIES:
+    if name in MODULE_POLICIES + INSTANCE_POLICIES:
         from bench.sim import core_policy
-        return core_policy.make(name, replicas, factor, slack)
+        return core_policy.make(name, replicas, factor, slack,
+                                latency=store_latency,
+                                interval=poll_interval)
     raise ValueError('unknown policy %r' % name)
 
 
 # --- running and summarizing ----------------------------------------------
 
 def simulate(requests, policy_name, replicas=4, params=None,
-             factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK, points=RING_POINTS):
+             factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK, points=RING_POINTS,
+             **instances):
     """Serves requests on a fresh fleet with a fresh policy; returns
-    (summary dict, jobs).  Deterministic: same inputs, same result."""
+    (summary dict, jobs).  Deterministic: same inputs, same result.
+    instances: make_policy()'s store_latency and poll_interval."""
     params = params or model.ReplicaParams()
-    policy = make_policy(policy_name, replicas, factor, slack, points)
+    policy = make_policy(policy_name, replicas, factor, slack, points,
+                         **instances)
     fleet = Fleet(params, replicas)
     jobs = Simulation(fleet, factor, slack).run(requests, policy)
     summary = summarize(jobs, fleet)
@@ -724,12 +743,20 @@ def parse_args(argv=None):
                    help='load bound slack in requests (default %(default)s)')
     p.add_argument('--ring-points', type=int, default=RING_POINTS,
                    help='consistent-hash points per replica')
+    p.add_argument('--store-latency', type=float, default=0.0,
+                   help='module_x*: seconds (profile time) before what one '
+                        'instance publishes reaches the others (default '
+                        '%(default)s)')
+    p.add_argument('--poll-interval', type=float, default=2.0,
+                   help='module_x*: seconds (profile time) between two '
+                        'polls of the engines by one instance (default '
+                        '%(default)s: interval=100ms replayed 20x faster)')
     p.add_argument('--policies', default=','.join(POLICIES),
-                   help='comma-separated, from: %s' % ', '.join(
-                       POLICIES))
+                   help='comma-separated, from: %s (default: all but '
+                        'module_x*)' % ', '.join(KNOWN_POLICIES))
     p.add_argument('--output', help='write the JSON here instead of stdout')
     args = p.parse_args(argv)
-    unknown = set(args.policies.split(',')) - set(POLICIES)
+    unknown = set(args.policies.split(',')) - set(KNOWN_POLICIES)
     if unknown:
         p.error('unknown policies: %s' % ', '.join(sorted(unknown)))
     try:
@@ -787,6 +814,8 @@ def compute(args):
         'replicas': profile.replicas,
         'factor': args.factor,
         'slack': args.slack,
+        'store_latency': args.store_latency,
+        'poll_interval': args.poll_interval,
         'profile': described,
         'params': asdict(params),
         'offered_load': offered_load(requests, profile, params),
@@ -810,7 +839,9 @@ def compute(args):
             summary, jobs = timed(runtimes, '%s/%s' % (name, mode),
                                   simulate, sent, name, profile.replicas,
                                   params, args.factor, args.slack,
-                                  args.ring_points)
+                                  args.ring_points,
+                                  store_latency=args.store_latency,
+                                  poll_interval=args.poll_interval)
             results[name] = summary
             if name == 'oracle':
                 # Where the oracle sent each request, by its index in the

@@ -16,6 +16,15 @@ real-time replay.
     module_session_prefix_turns0
                            session_affinity; prefix_affinity turns=0;
 
+and several instances of session_affinity; prefix_affinity; behind a
+random spreader (Instances; bounds.py's --store-latency, --poll-interval):
+
+    module_x1_metrics      one instance, affinity_metrics
+    module_x2_shared       two instances, affinity_store + affinity_metrics
+    module_x4_shared       four
+    module_x4_metrics      four, affinity_metrics, no store
+    module_x4              four on their own
+
 What the shim does, and this does too:
 - zones: a session zone and/or a prefix zone, in memory of their own
   (bytearrays, 64-byte aligned) attached with affinity_zone_attach; the
@@ -47,6 +56,7 @@ and taken from there.
 """
 
 import ctypes
+import heapq
 import os
 import random
 import subprocess
@@ -133,6 +143,16 @@ class Decision(ctypes.Structure):
                 ('cache_chars', c_u32)]
 
 
+class EngineLoad(ctypes.Structure):
+    """affinity_engine_load_t"""
+    _fields_ = [('running', ctypes.c_double), ('waiting', ctypes.c_double),
+                ('cache_usage', ctypes.c_double),
+                ('cache_tokens', ctypes.c_double),
+                ('queried_tokens', ctypes.c_double),
+                ('hit_tokens', ctypes.c_double),
+                ('found', c_u32), ('reserved', c_u32)]
+
+
 class PeerStats(ctypes.Structure):
     _fields_ = [('id', c_u64), ('inflight', ctypes.c_int64),
                 ('requests', c_u64), ('failures', c_u64),
@@ -194,7 +214,26 @@ SIGNATURES = {
         ctypes.c_size_t, P(Balance), P(RouteRequest), P(Decision)]),
     'affinity_prefixes_replied': (None, [
         ctypes.c_void_p, c_u64, c_u32, c_u32, c_u64, c_u64, c_u64]),
+    # affinity_metrics: the engines' figures
+    'affinity_zone_peer_polled': (None, [ctypes.c_void_p, c_u32,
+                                         P(EngineLoad), c_u32]),
+    'affinity_prefixes_polled': (None, [ctypes.c_void_p, c_u64,
+                                        P(EngineLoad), c_u64]),
+    # affinity_store: what the other instances announce
+    'affinity_zone_peer_sent_elsewhere': (None, [ctypes.c_void_p, c_u64]),
+    'affinity_zone_peer_ended_elsewhere': (None, [ctypes.c_void_p, c_u64]),
+    'affinity_sessions_pin': (None, [ctypes.c_void_p, c_u64, c_u64, c_u32,
+                                     c_u32]),
+    'affinity_prefixes_record': (None, [ctypes.c_void_p, P(c_u64),
+                                        ctypes.c_size_t, c_u64, c_u32, c_u32,
+                                        c_u64]),
+    'affinity_prefixes_filled': (None, [ctypes.c_void_p, c_u64, c_u32, c_u32,
+                                        c_u64]),
 }
+
+# affinity_engine_load_t.found
+ENGINE_RUNNING, ENGINE_WAITING, ENGINE_CACHE = 1, 2, 4
+ENGINE_CAPACITY, ENGINE_COMPUTED = 8, 16
 
 
 def _sources():
@@ -339,7 +378,7 @@ class ModulePolicy:
 
     def __init__(self, replicas, session=True, prefix=True, factor=FACTOR,
                  slack=SLACK, base_port=BASE_PORT, seed=1, lib=None,
-                 cache=False, turns=LEVEL_TURNS):
+                 cache=False, turns=LEVEL_TURNS, engine_ttl=0, shares=False):
         if not (session or prefix):
             raise ValueError('the module needs a session or a prefix zone')
         self.name = 'module_' + '_'.join(
@@ -374,7 +413,14 @@ class ModulePolicy:
         if not self.ring:
             raise RuntimeError('affinity_ring_build failed')
         self.states = (ctypes.c_uint8 * replicas)(*[PEER_USABLE] * replicas)
-        self.balance = Balance(factor, slack)
+        # engine_ttl: affinity_metrics (the figures' lifetime, seconds)
+        self.balance = Balance(factor, slack, engine_ttl)
+        # shares: what each decision teaches is kept in self.taught, for
+        # the other instances (Instances)
+        self.shares = shares
+        self.taught = None
+        # prefix_affinity cache= as the store applies it (0: the engines')
+        self._capacity = 0
         self.replicas = replicas
         self.levels = PromptLevels(lib, level_schedule(lib), turns) \
             if prefix else None
@@ -421,6 +467,7 @@ class ModulePolicy:
                 # prefix_affinity cache=: the replicas' own KV cache size
                 if self.cache:
                     request.prefix_capacity = fleet.params.cache_tokens
+                    self._capacity = fleet.params.cache_tokens
                 # the prompt's size from above, as the shim gives it: its
                 # body's, and below the next level it did not reach
                 schedule = self.levels.schedule
@@ -444,6 +491,15 @@ class ModulePolicy:
             raise RuntimeError('affinity_route found no peer')
         self.routes[ROUTES[decision.route] if decision.route < len(ROUTES)
                     else str(decision.route)] += 1
+        if self.shares:
+            # What ..._balancer.c publishes (ngx_http_upstream_affinity_
+            # share): the peer, how far the prompt filled its modelled
+            # cache, the key unless its pin held, the levels.
+            self.taught = (
+                self.peers[decision.peer].id, decision.cache_chars,
+                key if request.has_key and self.sessions is not None
+                and ROUTES[decision.route] != 'session_hit' else None,
+                [lv.hash for lv in levels] if levels is not None else None)
         # A probe taken: the reply's cached tokens go back to the core, as
         # the shim reads them from the reply's usage.
         probe = None
@@ -470,6 +526,69 @@ class ModulePolicy:
             self.lib.affinity_zone_peer_release(self.counter.handle,
                                                 self.row, slot)
 
+    # --- affinity_metrics and affinity_store ---------------------------
+
+    def polled(self, fleet, now):
+        """Every replica's engine reports, as ..._metrics.c applies a
+        reply: its running and waiting requests, its KV cache's size and
+        the prompt tokens it computed (queried less cached), at now
+        (seconds of the core's clock)."""
+        lib = self.lib
+        load = EngineLoad()
+        capacity = fleet.params.cache_tokens if self.cache else 0
+        for r, rep in enumerate(fleet.replicas):
+            figures = rep.stats()
+            load.running = figures['running']
+            load.waiting = figures['waiting']
+            load.cache_usage = min(1.0, figures['cache_blocks']
+                                   / rep.params.cache_blocks)
+            load.cache_tokens = fleet.params.cache_tokens
+            load.queried_tokens = figures['queried_tokens_total']
+            load.hit_tokens = figures['cached_tokens_total']
+            load.found = (ENGINE_RUNNING | ENGINE_WAITING | ENGINE_CACHE
+                          | ENGINE_CAPACITY | ENGINE_COMPUTED)
+            lib.affinity_zone_peer_polled(self.counter.handle,
+                                          self.peers[r].slot,
+                                          ctypes.byref(load), now)
+            if self.prefixes is not None:
+                lib.affinity_prefixes_polled(self.prefixes.handle,
+                                             self.peers[r].id,
+                                             ctypes.byref(load), capacity)
+
+    def apply(self, kind, peer_id, payload, now):
+        """A message another instance published, as ..._store.c applies
+        it: 'sent' and 'done' (a request started or ended on peer_id),
+        'filled' (payload: characters), 'pin' (payload: the raw key),
+        'levels' (payload: the level hashes)."""
+        lib = self.lib
+        if kind == 'sent':
+            if self.balance.engine_ttl:
+                lib.affinity_zone_peer_sent_elsewhere(self.counter.handle,
+                                                      peer_id)
+        elif kind == 'done':
+            if self.balance.engine_ttl:
+                lib.affinity_zone_peer_ended_elsewhere(self.counter.handle,
+                                                       peer_id)
+        elif kind == 'filled':
+            if self.prefixes is not None:
+                lib.affinity_prefixes_filled(self.prefixes.handle, peer_id,
+                                             payload, now, self._capacity)
+        elif kind == 'pin':
+            if self.sessions is not None:
+                lib.affinity_sessions_pin(
+                    self.sessions.handle,
+                    lib.affinity_zone_key_hash(self.sessions.handle,
+                                               payload, len(payload)),
+                    peer_id, now, SESSION_TIMEOUT)
+        elif kind == 'levels':
+            if self.prefixes is not None:
+                hashes = (c_u64 * len(payload))(*payload)
+                lib.affinity_prefixes_record(self.prefixes.handle, hashes,
+                                             len(payload), peer_id, now,
+                                             PREFIX_TIMEOUT, self._capacity)
+        else:
+            raise ValueError('unknown message kind %r' % kind)
+
     def peer_stats(self):
         """Each peer's counters in the zone (in-flight, requests, pins)."""
         out = []
@@ -492,6 +611,110 @@ class ModulePolicy:
         return out
 
 
+class Instances:
+    """Several nginx instances of the module (both directives) in front of
+    the fleet, behind a spreader that sends each request to one of them at
+    random, as bench.py's x2_shared and x4_shared run them: each routes
+    with zones of its own (a ModulePolicy); with metrics, each polls every
+    engine every interval seconds (affinity_metrics), the instances taking
+    turns at evenly spread phases; with store, what each decision teaches
+    reaches the others latency seconds later (affinity_store): the request
+    itself as load and its end (with metrics), how far the prompt filled
+    its peer's modelled cache, a new or moved pin, the prompt's levels, in
+    the order ..._balancer.c publishes them.
+
+    The real stack adds what this leaves out: the figures a poll reads are
+    some milliseconds old when they are applied, and in a replay faster
+    than real time those milliseconds are many more of the workload's."""
+
+    def __init__(self, replicas, count, store=True, metrics=True,
+                 interval=2.0, latency=0.0, factor=FACTOR, slack=SLACK,
+                 base_port=BASE_PORT, seed=1, lib=None, cache=False):
+        lib = lib or library()
+        # affinity_metrics: figures live three intervals, at least 2 s
+        ttl = max(2, int(3 * interval + 0.999)) if metrics else 0
+        self.members = [ModulePolicy(replicas, True, True, factor, slack,
+                                     base_port, seed + i, lib, cache,
+                                     engine_ttl=ttl, shares=store)
+                        for i in range(count)]
+        self.name = 'module_x%d%s%s' % (
+            count, '_store' if store else '',
+            '_metrics' if metrics else '')
+        self.store, self.metrics = store, metrics
+        self.interval, self.latency = interval, latency
+        self.spread = random.Random(seed)
+        self.next_poll = [interval * i / count for i in range(count)] \
+            if metrics else None
+        self.pending = []           # (due, seq, origin, kind, peer, payload)
+        self.seq = 0
+        self.now = 0.0
+
+    def _publish(self, origin, kind, peer_id, payload):
+        self.seq += 1
+        heapq.heappush(self.pending, (self.now + self.latency, self.seq,
+                                      origin, kind, peer_id, payload))
+
+    def _deliver(self, until):
+        pending = self.pending
+        while pending and pending[0][0] <= until:
+            due, _, origin, kind, peer_id, payload = heapq.heappop(pending)
+            now = NOW_ORIGIN + int(due)
+            for i, member in enumerate(self.members):
+                if i != origin:
+                    member.apply(kind, peer_id, payload, now)
+
+    def at(self, now, fleet=None):
+        """The simulated time moved to now: messages due by then are
+        applied, and with fleet, the polls due by then read it."""
+        self.now = max(self.now, now)
+        self._deliver(self.now)
+        if fleet is not None and self.metrics:
+            for i, member in enumerate(self.members):
+                if self.next_poll[i] <= self.now:
+                    member.polled(fleet, NOW_ORIGIN + int(self.now))
+                    while self.next_poll[i] <= self.now:
+                        self.next_poll[i] += self.interval
+
+    def choose(self, req, chain, fleet):
+        self.at(req.arrival, fleet)
+        k = self.spread.randrange(len(self.members))
+        member = self.members[k]
+        peer, token = member.choose(req, chain, fleet)
+        if self.store:
+            peer_id, chars, key, levels = member.taught
+            if self.metrics:
+                self._publish(k, 'sent', peer_id, None)
+            if chars:
+                self._publish(k, 'filled', peer_id, chars)
+            if key is not None:
+                self._publish(k, 'pin', peer_id, key)
+            if levels:
+                self._publish(k, 'levels', peer_id, levels)
+            self._deliver(self.now)
+        return peer, (k, token, member.peers[peer].id)
+
+    def replied(self, token, cached_tokens, prompt_tokens):
+        k, inner, _ = token
+        self.members[k].replied(inner, cached_tokens, prompt_tokens)
+
+    def release(self, token):
+        k, inner, peer_id = token
+        self.members[k].release(inner)
+        if self.store and self.metrics:
+            self._publish(k, 'done', peer_id, None)
+            self._deliver(self.now)
+
+    def peer_stats(self):
+        return self.members[0].peer_stats()
+
+    def stats(self):
+        out = {'routes': {}}
+        for member in self.members:
+            for name, n in member.stats()['routes'].items():
+                out['routes'][name] = out['routes'].get(name, 0) + n
+        return out
+
+
 POLICIES = {
     'module_session': dict(session=True, prefix=False),
     'module_prefix': dict(session=False, prefix=True),
@@ -507,6 +730,23 @@ POLICIES = {
 }
 
 
-def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT):
+# Several instances (Instances), as bench.py's policies of the same names
+# with the module_ prefix: (instances, store, metrics).
+INSTANCE_POLICIES = {
+    'module_x1_metrics': (1, False, True),
+    'module_x2_shared': (2, True, True),
+    'module_x4_shared': (4, True, True),
+    'module_x4_metrics': (4, False, True),
+    'module_x4': (4, False, False),
+}
+
+
+def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
+         latency=0.0, interval=2.0):
+    """The policy of this name; latency and interval: Instances'."""
+    if name in INSTANCE_POLICIES:
+        count, store, metrics = INSTANCE_POLICIES[name]
+        return Instances(replicas, count, store, metrics, interval, latency,
+                         factor=factor, slack=slack, base_port=base_port)
     return ModulePolicy(replicas, factor=factor, slack=slack,
                         base_port=base_port, **POLICIES[name])

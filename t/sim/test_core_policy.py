@@ -7,6 +7,7 @@ built, or it is built in build/core/ (core_policy.library_path).
 """
 
 import ctypes
+import dataclasses
 import unittest
 from collections import defaultdict
 
@@ -124,6 +125,80 @@ class ModulePolicyTest(unittest.TestCase):
         turns0 = [lv.turn for lv in levels.from_buffer_copy(
             memo['levels/0'].ljust(ctypes.sizeof(levels), b'\0'))]
         self.assertNotIn(1, turns0)
+
+    def test_instances_sharing_a_store_route_as_one(self):
+        # Four instances behind a random spreader, with zones of their own,
+        # on replicas of two running slots.  Without the store each
+        # learns a quarter of the conversations and places the others'
+        # next turns afresh; sharing it, with no latency, they route as
+        # one instance does.
+        off = bounds.with_sessions(self.requests, False)
+        tight = model.ReplicaParams(max_running=2, cache_tokens=1 << 22)
+        hits = {}
+        for name in ('module_x1_metrics', 'module_x4_shared',
+                     'module_x4_metrics'):
+            summary, jobs = bounds.simulate(off, name, 4, tight)
+            placed = self.replicas_by_session(jobs)
+            hits[name] = summary['hit_ratio']
+            moved = sum(len(r) > 1 for r in placed.values())
+            if name == 'module_x4_metrics':
+                self.assertGreater(moved, 10, name)
+            else:
+                self.assertEqual(moved, 0, name)
+            self.assertEqual(sum(summary['routes'].values()), len(off))
+        self.assertAlmostEqual(hits['module_x4_shared'],
+                               hits['module_x1_metrics'], delta=0.01)
+        self.assertLess(hits['module_x4_metrics'],
+                        0.8 * hits['module_x1_metrics'])
+
+    def test_instances_apply_what_the_others_publish(self):
+        # One instance's decision, published with no latency, is applied
+        # by the other: a conversation placed by A is a prefix hit on B.
+        from bench.sim.fleet import Fleet
+        policy = core_policy.Instances(4, 2, store=True, metrics=True)
+        fleet = Fleet(light_params(), 4)
+        seen = {}
+        for req in bounds.with_sessions(self.requests, False):
+            peer, token = policy.choose(req, req.chain(), fleet)
+            seen.setdefault(req.session, []).append((token[0], peer))
+            policy.release(token)
+        # some conversation's turns went through both instances, and
+        # stayed on one replica
+        both = [v for v in seen.values() if len({k for k, _ in v}) == 2]
+        self.assertTrue(both)
+        self.assertTrue(all(len({p for _, p in v}) == 1 for v in both))
+        # every instance counted every request's start and end: nothing
+        # is left in flight anywhere
+        for member in policy.members:
+            self.assertEqual([s['inflight'] for s in member.peer_stats()],
+                             [0, 0, 0, 0])
+
+    def test_instances_learn_after_the_stores_latency(self):
+        # A conversation's first turn through instance 0, its second
+        # through instance 1: found there once the store's latency has
+        # passed, not before.
+        from bench.sim.fleet import Fleet
+
+        class To:
+            k = 0
+
+            def randrange(self, n):
+                return self.k
+
+        off = bounds.with_sessions(self.requests, False)
+        first = off[0]
+        second = next(r for r in off if r.session == first.session
+                      and r is not first)
+        for gap, route in ((0.0005, 'prefix_new'), (0.002, 'prefix_hit')):
+            policy = core_policy.Instances(4, 2, latency=0.001)
+            policy.spread = To()
+            fleet = Fleet(light_params(), 4)
+            policy.choose(first, first.chain(), fleet)
+            policy.spread.k = 1
+            late = dataclasses.replace(second, arrival=first.arrival + gap)
+            policy.choose(late, late.chain(), fleet)
+            self.assertEqual(policy.members[1].stats()['routes'],
+                             {route: 1}, gap)
 
     def test_default_level_schedule(self):
         schedule = list(core_policy.level_schedule(self.lib))

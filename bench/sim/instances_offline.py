@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Several instances of the module, offline: one, and four sharing a store
+and the engines' figures (core_policy.Instances), on a workload of the
+tight profile, with the store's messages reaching the other instances at
+once or some milliseconds later, and the conversation trace's requests at
+its own times (in ticks of 3 s) or each at a random moment of its tick.
+What separates what sharing state loses from what the store's latency
+loses, deterministically, in minutes.
+
+    /usr/bin/python3 bench/sim/instances_offline.py [--workloads conversation]
+        [--seeds 3] [--latencies 0,0.01,0.1] [--name instances-offline]
+
+writes bench/results/<name>/results.json and results.md.  Latencies are in
+seconds of profile time: the replay of bench.py runs 20 times faster than
+real time, so 0.01 s stands for a store 0.5 ms away.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ''):       # run as a file
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from bench.sim import bounds, core_policy, workloads  # noqa: E402
+from bench.sim.fleet import Fleet  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+ONE = 'module_x1_metrics'
+SHARED = 'module_x4_shared'
+
+
+def simulate(requests, params, replicas, name, latency):
+    policy = core_policy.make(name, replicas, latency=latency)
+    fleet = Fleet(params, replicas)
+    jobs = bounds.Simulation(fleet).run(requests, policy)
+    s = bounds.summarize(jobs, fleet)
+    return {'hit_ratio': s['hit_ratio'], 'ttft_p50': s['ttft_s']['p50'],
+            'peak_inflight': s['peak_inflight_max']}
+
+
+def case(workload, seed, arrivals, latencies):
+    """Every figure of one workload slice: {sessions: {label: figures}}."""
+    argv = ['--workload', workload, '--seed', str(seed), '--size', 'full',
+            '--profile', 'tight']
+    if arrivals != 'trace':
+        argv += ['--arrivals', arrivals]
+    args = bounds.parse_args(argv)
+    profile = args.fleet_profile
+    requests = bounds.prepare_workload(workloads.from_args(args),
+                                       profile.rate_multiplier)
+    params = profile.replica_params(bounds.distinct_blocks(requests))
+    out = {}
+    for sessions in ('on', 'off'):
+        sent = requests if sessions == 'on' \
+            else bounds.with_sessions(requests, False)
+        figures = {'one': simulate(sent, params, profile.replicas, ONE, 0)}
+        for latency in latencies:
+            figures['four@%g' % latency] = simulate(
+                sent, params, profile.replicas, SHARED, latency)
+        out[sessions] = figures
+    return out
+
+
+def ratio_cell(values):
+    values = sorted(values)
+    mid = statistics.median(values)
+    if values[0] == values[-1]:
+        return '%.2f' % mid
+    return '%.2f [%.2f–%.2f]' % (mid, values[0], values[-1])
+
+
+def signed_cell(values):
+    values = sorted(values)
+    mid = statistics.median(values)
+    text = '%+g' % mid
+    if values[0] != values[-1]:
+        text += ' [%+d..%+d]' % (values[0], values[-1])
+    return text
+
+
+def report(doc):
+    lines = ['# ' + doc['name'], '',
+             'Offline (bench/sim/instances_offline.py), tight profile, '
+             'full size, seeds %s: four instances sharing a store and the '
+             "engines' figures (module_x4_shared) against one with the "
+             "engines' figures (module_x1_metrics), seed by seed: hits ÷ "
+             "one's / TTFT p50 ÷ one's / peak in-flight − one's, median "
+             '[min–max].  Latency: seconds of profile time before what one '
+             'instance publishes reaches the others (0.01: a store 0.5 ms '
+             'away, replayed 20 times faster than real time).  Arrivals: '
+             "the trace's times, in ticks of 3 s, or each request at a "
+             'random moment of its tick.' % ', '.join(
+                 str(s) for s in doc['seeds']), '',
+             '| workload | arrivals | sessions | latency | four ÷ one |',
+             '|---|---|---|---:|---|']
+    for workload, by_arrivals in doc['results'].items():
+        for arrivals, seeds in by_arrivals.items():
+            for sessions in ('on', 'off'):
+                for latency in doc['latencies']:
+                    label = 'four@%g' % latency
+                    hits, ttft, peak = [], [], []
+                    for figures in seeds.values():
+                        one, four = figures[sessions]['one'], \
+                            figures[sessions][label]
+                        hits.append(four['hit_ratio'] / one['hit_ratio'])
+                        ttft.append(four['ttft_p50'] / one['ttft_p50'])
+                        peak.append(four['peak_inflight']
+                                    - one['peak_inflight'])
+                    lines.append('| %s | %s | %s | %g | %s / %s / %s |' % (
+                        workload, arrivals, sessions, latency,
+                        ratio_cell(hits), ratio_cell(ttft),
+                        signed_cell(peak)))
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--workloads', default='conversation',
+                   help='comma-separated, from: ' + ', '.join(workloads.NAMES))
+    p.add_argument('--seeds', type=int, default=3)
+    p.add_argument('--latencies', default='0,0.01,0.1',
+                   help='comma-separated seconds of profile time')
+    p.add_argument('--name', default='instances-offline')
+    args = p.parse_args(argv)
+    latencies = [float(x) for x in args.latencies.split(',')]
+    names = args.workloads.split(',')
+    for name in names:
+        if name not in workloads.NAMES:
+            p.error('unknown workload %r' % name)
+    started = time.time()
+    results = {}
+    for name in names:
+        results[name] = {}
+        for a in ('trace', 'spread') if name == 'conversation' \
+                else ('trace',):
+            results[name][a] = {}
+            for seed in range(1, args.seeds + 1):
+                results[name][a][str(seed)] = case(name, seed, a,
+                                                   latencies)
+                print('%s/%s/%d done' % (name, a, seed), flush=True)
+    doc = {'name': args.name, 'seeds': list(range(1, args.seeds + 1)),
+           'latencies': latencies, 'results': results,
+           'elapsed_s': round(time.time() - started, 1)}
+    outdir = REPO / 'bench' / 'results' / args.name
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / 'results.json').write_text(json.dumps(doc, indent=1) + '\n')
+    (outdir / 'results.md').write_text(report(doc))
+    sys.stdout.write(report(doc))
+
+
+if __name__ == '__main__':
+    main()
