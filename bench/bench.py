@@ -160,7 +160,14 @@ INSTANCES = {'x1': (1, False, False), 'x1_metrics': (1, False, True),
              'x2_store': (2, True, False), 'x4_store': (4, True, False),
              'x2_metrics': (2, False, True),
              'x1_cache': (1, False, False), 'x2_store_cache': (2, True, False),
-             'x4_store_cache': (4, True, False)}
+             'x4_store_cache': (4, True, False),
+             'x4_shared_one': (4, True, True)}
+# A control: four instances run and poll the engines, but the spreader
+# sends every request to the first one, which routes as one instance with
+# the engines' figures does.  What its time to first token loses against
+# x1_metrics is what running four instances costs the machine (their
+# polls of the mock replicas, their workers, the store), not routing.
+THROUGH_FIRST = ('x4_shared_one',)
 for _name, (_n, _store, _metrics) in INSTANCES.items():
     _how = ' + '.join(d for d, on in (('affinity_store', _store),
                                       ('affinity_metrics', _metrics)) if on)
@@ -169,7 +176,9 @@ for _name, (_n, _store, _metrics) in INSTANCES.items():
         'nginx',
         f'session_affinity; prefix_affinity{" cache=N" if _cache else ""}; '
         f'x{_n} instances'
-        + (f', {_how}' if _how else (', on their own' if _n > 1 else '')),
+        + (f', {_how}' if _how else (', on their own' if _n > 1 else ''))
+        + (', every request through the first'
+           if _name in THROUGH_FIRST else ''),
         SESSION_ZONE + '\n        '
         + (PREFIX_CACHE_ZONE if _cache else PREFIX_ZONE), False)
 # x1_metrics: one instance reading the engines' figures, as the shared
@@ -473,8 +482,9 @@ def run_policy(case, name, mode, fleet, workdir):
     args = case.args
     proxies, redis = start_proxies(case, name, fleet, workdir)
     out = os.path.join(workdir, f'{name}-{mode}.json')
+    targets = proxies[:1] if name in THROUGH_FIRST else proxies
     urls = ','.join(f'http://127.0.0.1:{p.port}/v1/chat/completions'
-                    for p in proxies)
+                    for p in targets)
     cmd = [PYTHON, os.path.join(SIM, 'replay.py'),
            '--url', urls,
            '--speed', str(case.speed),
