@@ -40,6 +40,10 @@
 #   make bench-faults    fault and soak run: reloads, killed workers, dead
 #                        backends and bad bodies under load (FAULT_SECONDS,
 #                        default 300; FAULT_SHORT=1 for 60 s)
+#   make bench-store-outage
+#                        two instances sharing a redis-server that is killed
+#                        and restarted under load: failures, latency, how
+#                        fast what was learned reaches the other (2 min)
 #   make test-matrix     e2e tests against several nginx versions
 #   make install         module and load_module snippet, as Debian lays out
 #                        (stripped; its debug symbols in a separate file)
@@ -63,7 +67,8 @@ PYTHON    ?= /usr/bin/python3
 .PHONY: all deps module module-asan unit unit-asan pytests e2e test-asan \
         fuzz fuzz-replay test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
-        bench-instructions bench-micro bench-faults bench-instances clean
+        bench-instructions bench-micro bench-faults bench-instances \
+        bench-store-outage clean
 
 all: module
 
@@ -160,6 +165,10 @@ bench: module bench-micro bench-throughput
 bench-faults: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    $(PYTHON) bench/faults/run.py
+
+bench-store-outage: module
+	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+	    $(PYTHON) bench/faults/store_outage.py
 
 demo: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
