@@ -415,7 +415,8 @@ class Simulation:
             job = Job(req, chain, r, token, could_stay)
             jobs.append(job)
             self._arrive(job, req.arrival)
-        self._advance(float('inf'))
+        # the last requests end; a policy's timers have nothing left to do
+        self._advance(float('inf'), timers=False)
         for job in jobs:
             job.chain = None        # only needed while in flight
         return jobs
@@ -424,9 +425,23 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.events, (time, kind, self.seq, job))
 
-    def _advance(self, until):
-        while self.events and self.events[0][0] <= until:
-            time, kind, _, job = heapq.heappop(self.events)
+    def _advance(self, until, timers=True):
+        """Handles the events up to until, and the policy's timers (its
+        next_timer() and timer(now, fleet), if it has them) at their
+        times, before the events of the same time."""
+        next_timer = getattr(self.policy, 'next_timer', None) \
+            if timers else None
+        events = self.events
+        while True:
+            event = events[0][0] if events else float('inf')
+            timer = next_timer() if next_timer else float('inf')
+            first = min(event, timer)
+            if first > until or first == float('inf'):
+                return
+            if timer <= event:
+                self.policy.timer(timer, self.fleet)
+                continue
+            time, kind, _, job = heapq.heappop(events)
             if kind == _PREFILL_END:
                 self._prefill_end(job, time)
             else:

@@ -185,6 +185,8 @@ SIGNATURES = {
                                              c_u32]),
     'affinity_ring_build': (ctypes.c_void_p, [
         ctypes.c_void_p, ctypes.c_size_t, P(Peer), ctypes.c_size_t, c_u32]),
+    'affinity_ring_walk': (ctypes.c_size_t, [ctypes.c_void_p, c_u64,
+                                             P(c_u32), ctypes.c_size_t]),
     'affinity_zone_attach': (ctypes.c_int, [
         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c_u32,
         P(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]),
@@ -325,6 +327,38 @@ def ring_points(weights):
     return min(max(RING_TOTAL // total, RING_POINTS_MIN), RING_POINTS_MAX)
 
 
+class Ring:
+    """The module's ring of peers named "127.0.0.1:PORT" (weight 1), as
+    ..._peers.c builds it: peers (an array of Peer, slots unset) and
+    first(key), the peer a new session key lands on before the load
+    bound."""
+
+    def __init__(self, lib, names):
+        self.lib = lib
+        n = len(names)
+        self.peers = (Peer * n)()
+        for i, name in enumerate(names):
+            raw = name.encode()
+            self.peers[i].id = lib.affinity_peer_id(raw, len(raw))
+            self.peers[i].weight = 1
+            self.peers[i].slot = NO_SLOT
+        points = ring_points([1] * n)
+        size = lib.affinity_ring_size(self.peers, n, points)
+        self.memory = (ctypes.c_uint64 * (size // 8 + 1))()
+        self.ring = lib.affinity_ring_build(self.memory, size, self.peers,
+                                            n, points)
+        if not self.ring:
+            raise RuntimeError('affinity_ring_build failed')
+        self.out = (c_u32 * 1)()
+
+    def first(self, key):
+        raw = key.encode()
+        self.lib.affinity_ring_walk(self.ring,
+                                    self.lib.affinity_ring_hash(raw, len(raw)),
+                                    self.out, 1)
+        return self.out[0]
+
+
 def level_schedule(lib, lengths=LEVEL_LENGTHS, step=LEVEL_STEP,
                    growth=LEVEL_GROWTH, maximum=LEVEL_MAX):
     """prefix_affinity's level lengths (affinity_level_schedule)."""
@@ -397,21 +431,13 @@ class ModulePolicy:
         pid = os.getpid()
         self.row = lib.affinity_zone_worker_claim(
             self.counter.handle, pid, lib.affinity_process_start(pid), now)
-        names = ['127.0.0.1:%d' % (base_port + i) for i in range(replicas)]
-        self.peers = (Peer * replicas)()
-        for i, name in enumerate(names):
-            raw = name.encode()
-            self.peers[i].id = lib.affinity_peer_id(raw, len(raw))
-            self.peers[i].weight = 1
-            self.peers[i].slot = lib.affinity_zone_peer_slot(
-                self.counter.handle, self.peers[i].id, now)
-        points = ring_points([1] * replicas)
-        size = lib.affinity_ring_size(self.peers, replicas, points)
-        self.ring_memory = (ctypes.c_uint64 * (size // 8 + 1))()
-        self.ring = lib.affinity_ring_build(self.ring_memory, size,
-                                            self.peers, replicas, points)
-        if not self.ring:
-            raise RuntimeError('affinity_ring_build failed')
+        self.placement = Ring(lib, ['127.0.0.1:%d' % (base_port + i)
+                                    for i in range(replicas)])
+        self.peers = self.placement.peers
+        self.ring = self.placement.ring
+        for peer in self.peers:
+            peer.slot = lib.affinity_zone_peer_slot(self.counter.handle,
+                                                    peer.id, now)
         self.states = (ctypes.c_uint8 * replicas)(*[PEER_USABLE] * replicas)
         # engine_ttl: affinity_metrics (the figures' lifetime, seconds)
         self.balance = Balance(factor, slack, engine_ttl)
@@ -597,7 +623,9 @@ class ModulePolicy:
             self.lib.affinity_zone_peer_stats(self.counter.handle, peer.slot,
                                               ctypes.byref(stats))
             out.append({'inflight': stats.inflight,
-                        'requests': stats.requests, 'pins': stats.pins})
+                        'requests': stats.requests, 'pins': stats.pins,
+                        'engine_load': stats.engine_load,
+                        'elsewhere': stats.engine_elsewhere})
         return out
 
     def stats(self):
@@ -623,13 +651,16 @@ class Instances:
     its peer's modelled cache, a new or moved pin, the prompt's levels, in
     the order ..._balancer.c publishes them.
 
-    The real stack adds what this leaves out: the figures a poll reads are
-    some milliseconds old when they are applied, and in a replay faster
-    than real time those milliseconds are many more of the workload's."""
+    Polls and deliveries are timers of the simulation (next_timer(),
+    timer()), taken at their own times between the fleet's events.  The
+    real stack adds what this leaves out: a poll's figures are some
+    milliseconds old when they are applied, and in a replay faster than
+    real time those milliseconds are many more of the workload's."""
 
     def __init__(self, replicas, count, store=True, metrics=True,
                  interval=2.0, latency=0.0, factor=FACTOR, slack=SLACK,
-                 base_port=BASE_PORT, seed=1, lib=None, cache=False):
+                 base_port=BASE_PORT, seed=1, lib=None, cache=False,
+                 name=None):
         lib = lib or library()
         # affinity_metrics: figures live three intervals, at least 2 s
         ttl = max(2, int(3 * interval + 0.999)) if metrics else 0
@@ -637,46 +668,62 @@ class Instances:
                                      base_port, seed + i, lib, cache,
                                      engine_ttl=ttl, shares=store)
                         for i in range(count)]
-        self.name = 'module_x%d%s%s' % (
-            count, '_store' if store else '',
-            '_metrics' if metrics else '')
+        self.name = name or 'module_x%d%s' % (count, {
+            (True, True): '_shared', (False, True): '_metrics',
+            (True, False): '_store', (False, False): ''}[store, metrics])
         self.store, self.metrics = store, metrics
         self.interval, self.latency = interval, latency
         self.spread = random.Random(seed)
         self.next_poll = [interval * i / count for i in range(count)] \
-            if metrics else None
+            if metrics else []
         self.pending = []           # (due, seq, origin, kind, peer, payload)
         self.seq = 0
         self.now = 0.0
+        self.fleet = None
+
+    def _know(self, fleet):
+        """The fleet, once: the members' cache= is its replicas' size."""
+        if self.fleet is None:
+            self.fleet = fleet
+            for member in self.members:
+                if member.cache:
+                    member._capacity = fleet.params.cache_tokens
 
     def _publish(self, origin, kind, peer_id, payload):
         self.seq += 1
         heapq.heappush(self.pending, (self.now + self.latency, self.seq,
                                       origin, kind, peer_id, payload))
 
-    def _deliver(self, until):
+    def next_timer(self):
+        """When the next message is due or the next poll is, or inf."""
+        due = self.pending[0][0] if self.pending else float('inf')
+        return min([due] + self.next_poll)
+
+    def timer(self, now, fleet):
+        """At now: the messages due are applied by the other instances,
+        and the instances whose poll is due read the engines."""
+        self._know(fleet)
+        self.now = max(self.now, now)
         pending = self.pending
-        while pending and pending[0][0] <= until:
+        while pending and pending[0][0] <= self.now:
             due, _, origin, kind, peer_id, payload = heapq.heappop(pending)
-            now = NOW_ORIGIN + int(due)
             for i, member in enumerate(self.members):
                 if i != origin:
-                    member.apply(kind, peer_id, payload, now)
+                    member.apply(kind, peer_id, payload,
+                                 NOW_ORIGIN + int(due))
+        for i, member in enumerate(self.members):
+            if self.next_poll and self.next_poll[i] <= self.now:
+                member.polled(fleet, NOW_ORIGIN + int(self.now))
+                while self.next_poll[i] <= self.now:
+                    self.next_poll[i] += self.interval
 
-    def at(self, now, fleet=None):
-        """The simulated time moved to now: messages due by then are
-        applied, and with fleet, the polls due by then read it."""
+    def at(self, now):
+        """The simulation's time, as a request ends (release())."""
         self.now = max(self.now, now)
-        self._deliver(self.now)
-        if fleet is not None and self.metrics:
-            for i, member in enumerate(self.members):
-                if self.next_poll[i] <= self.now:
-                    member.polled(fleet, NOW_ORIGIN + int(self.now))
-                    while self.next_poll[i] <= self.now:
-                        self.next_poll[i] += self.interval
 
     def choose(self, req, chain, fleet):
-        self.at(req.arrival, fleet)
+        self._know(fleet)
+        self.now = max(self.now, req.arrival)
         k = self.spread.randrange(len(self.members))
         member = self.members[k]
         peer, token = member.choose(req, chain, fleet)
@@ -690,7 +737,6 @@ class Instances:
                 self._publish(k, 'pin', peer_id, key)
             if levels:
                 self._publish(k, 'levels', peer_id, levels)
-            self._deliver(self.now)
         return peer, (k, token, member.peers[peer].id)
 
     def replied(self, token, cached_tokens, prompt_tokens):
@@ -702,10 +748,19 @@ class Instances:
         self.members[k].release(inner)
         if self.store and self.metrics:
             self._publish(k, 'done', peer_id, None)
-            self._deliver(self.now)
 
     def peer_stats(self):
-        return self.members[0].peer_stats()
+        """Each peer's requests in flight and routed, summed over the
+        instances (each counts its own)."""
+        out = None
+        for member in self.members:
+            stats = member.peer_stats()
+            if out is None:
+                out = [{'inflight': 0, 'requests': 0} for _ in stats]
+            for total, one in zip(out, stats):
+                total['inflight'] += one['inflight']
+                total['requests'] += one['requests']
+        return out
 
     def stats(self):
         out = {'routes': {}}
@@ -747,6 +802,7 @@ def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
     if name in INSTANCE_POLICIES:
         count, store, metrics = INSTANCE_POLICIES[name]
         return Instances(replicas, count, store, metrics, interval, latency,
-                         factor=factor, slack=slack, base_port=base_port)
+                         factor=factor, slack=slack, base_port=base_port,
+                         name=name)
     return ModulePolicy(replicas, factor=factor, slack=slack,
                         base_port=base_port, **POLICIES[name])

@@ -25,8 +25,7 @@ from pathlib import Path
 if __package__ in (None, ''):       # run as a file
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.sim import bounds, core_policy, workloads  # noqa: E402
-from bench.sim.fleet import Fleet  # noqa: E402
+from bench.sim import bounds, workloads  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ONE = 'module_x1_metrics'
@@ -34,10 +33,8 @@ SHARED = 'module_x4_shared'
 
 
 def simulate(requests, params, replicas, name, latency):
-    policy = core_policy.make(name, replicas, latency=latency)
-    fleet = Fleet(params, replicas)
-    jobs = bounds.Simulation(fleet).run(requests, policy)
-    s = bounds.summarize(jobs, fleet)
+    s, _ = bounds.simulate(requests, name, replicas, params,
+                           store_latency=latency)
     return {'hit_ratio': s['hit_ratio'], 'ttft_p50': s['ttft_s']['p50'],
             'peak_inflight': s['peak_inflight_max']}
 
@@ -66,17 +63,17 @@ def case(workload, seed, arrivals, latencies):
 
 
 def ratio_cell(values):
+    """The median, and the spread unless it rounds to the median."""
     values = sorted(values)
-    mid = statistics.median(values)
-    if values[0] == values[-1]:
-        return '%.2f' % mid
-    return '%.2f [%.2f–%.2f]' % (mid, values[0], values[-1])
+    low, mid, high = ('%.2f' % v for v in (values[0],
+                                           statistics.median(values),
+                                           values[-1]))
+    return mid if low == high else '%s [%s–%s]' % (mid, low, high)
 
 
 def signed_cell(values):
     values = sorted(values)
-    mid = statistics.median(values)
-    text = '%+g' % mid
+    text = '%+g' % statistics.median(values)
     if values[0] != values[-1]:
         text += ' [%+d..%+d]' % (values[0], values[-1])
     return text

@@ -14,6 +14,13 @@ from collections import defaultdict
 from bench.sim import bounds, core_policy, model, workloads
 
 
+def advance(policy, until, fleet):
+    """Runs the timers of an Instances policy due by until, as the
+    simulation does between its events."""
+    while policy.next_timer() <= until:
+        policy.timer(policy.next_timer(), fleet)
+
+
 def light_params():
     """A roomy fleet: the load bound never moves a session."""
     return model.ReplicaParams(max_running=32, cache_tokens=1 << 22)
@@ -159,6 +166,7 @@ class ModulePolicyTest(unittest.TestCase):
         fleet = Fleet(light_params(), 4)
         seen = {}
         for req in bounds.with_sessions(self.requests, False):
+            advance(policy, req.arrival, fleet)
             peer, token = policy.choose(req, req.chain(), fleet)
             seen.setdefault(req.session, []).append((token[0], peer))
             policy.release(token)
@@ -193,12 +201,83 @@ class ModulePolicyTest(unittest.TestCase):
             policy = core_policy.Instances(4, 2, latency=0.001)
             policy.spread = To()
             fleet = Fleet(light_params(), 4)
+            advance(policy, first.arrival, fleet)
             policy.choose(first, first.chain(), fleet)
             policy.spread.k = 1
             late = dataclasses.replace(second, arrival=first.arrival + gap)
+            advance(policy, late.arrival, fleet)
             policy.choose(late, late.chain(), fleet)
             self.assertEqual(policy.members[1].stats()['routes'],
                              {route: 1}, gap)
+
+    def test_instances_count_each_others_requests(self):
+        # With the store and the engines' figures, an instance counts on a
+        # peer's load the requests the other said it sent there, until it
+        # says they ended (or the engine reports again).
+        from bench.sim.fleet import Fleet
+
+        class To:
+            k = 0
+
+            def randrange(self, n):
+                return self.k
+
+        policy = core_policy.Instances(4, 2, latency=0.001)
+        policy.spread = To()
+        fleet = Fleet(light_params(), 4)
+        advance(policy, 1.5, fleet)        # both have polled an idle fleet
+        off = bounds.with_sessions(self.requests, False)[:3]
+        tokens = []
+        for req in off:
+            tokens.append(policy.choose(dataclasses.replace(req, arrival=1.5),
+                                        req.chain(), fleet))
+        advance(policy, 1.6, fleet)
+        sent = [0] * 4
+        for peer, _ in tokens:
+            sent[peer] += 1
+        other = policy.members[1]
+        self.assertEqual([s['elsewhere'] for s in other.peer_stats()], sent)
+        self.assertEqual([s['inflight'] for s in other.peer_stats()],
+                         [0, 0, 0, 0])
+        policy.at(1.7)
+        for _, token in tokens:
+            policy.release(token)
+        advance(policy, 1.8, fleet)
+        self.assertEqual([s['elsewhere'] for s in other.peer_stats()],
+                         [0, 0, 0, 0])
+        self.assertEqual([s['inflight'] for s in policy.peer_stats()],
+                         [0, 0, 0, 0])
+
+    def test_a_burst_within_the_stores_latency(self):
+        # 24 requests for one shared document at the same moment, spread
+        # over two or four instances.  With no latency each counts the
+        # others' on the peers' load and the burst is placed as one
+        # instance places it; with a latency each instance bounds its
+        # share of it on its own, and some peer gets more.
+        from bench.sim.fleet import Fleet
+        doc = workloads.tokens_text('document', 3000)
+        placed = [workloads.Request(i, 0.0 if i == 0 else 30.0, 's%d' % i,
+                                    16, [{'role': 'system', 'content': doc},
+                                         {'role': 'user', 'content':
+                                          'question %d' % i}])
+                  for i in range(25)]
+        requests = bounds.with_sessions(bounds.prepare_workload(
+            workloads.Workload('burst', 0, placed)), False)
+
+        def burst(count, latency):
+            policy = core_policy.Instances(4, count, latency=latency)
+            fleet = Fleet(model.ReplicaParams(max_running=64,
+                                              cache_tokens=1 << 22), 4)
+            jobs = bounds.Simulation(fleet).run(requests, policy)
+            return sorted(j.replica for j in jobs[1:])
+
+        one = burst(1, 0.0)
+        most = max(one.count(r) for r in range(4))
+        for count in (2, 4):
+            self.assertEqual(burst(count, 0.0), one, count)
+            blind = burst(count, 0.001)
+            self.assertGreater(max(blind.count(r) for r in range(4)), most,
+                               count)
 
     def test_default_level_schedule(self):
         schedule = list(core_policy.level_schedule(self.lib))
