@@ -20,7 +20,9 @@ oracle router reaches on the same workload offline.
     bench/bench.py --instances              1, 2 and 4 instances of the
                                             module behind a random spreader,
                                             on their own and sharing a Redis
-                                            store (tight, quick slices)
+                                            store (tight, quick slices, the
+                                            conversation trace's requests
+                                            spread over their 3-s ticks)
 
 Workloads (bench/sim/workloads.py): conversation (slices of the Mooncake
 trace: seed N is slice N), shared-docs, agentic, chat (generated, seeded
@@ -839,10 +841,9 @@ def parse_args(argv=None):
                          'trace)')
     ap.add_argument('--trace', default=trace.DEFAULT_TRACE)
     ap.add_argument('--arrivals', choices=('trace', 'spread'),
-                    default='trace',
                     help='conversation: the trace\'s timestamps, which come '
-                         'in ticks of 3 s (default), or each request at a '
-                         'random moment of its tick')
+                         'in ticks of 3 s (default but with --instances), '
+                         'or each request at a random moment of its tick')
     ap.add_argument('--policies', default='',
                     help='comma-separated, from: ' + ', '.join(POLICIES))
     ap.add_argument('--speed', type=float, default=20.0,
@@ -872,8 +873,11 @@ def parse_args(argv=None):
                       sessions='on', seeds=1, limit=2000,
                       policies=','.join(LEVEL_POLICIES), name='levels')
     elif args.instances:
+        # Instances behind a spreader place the requests that reach them
+        # at once each without the others: the trace's ticks would send
+        # up to 28 in the same millisecond, as production traffic does not.
         preset = dict(profile='tight', workload='all', sessions='both',
-                      seeds=1, size='quick',
+                      seeds=1, size='quick', arrivals='spread',
                       policies=','.join(INSTANCE_POLICIES), name='instances')
     elif args.quick:
         preset = dict(profile='tight', workload='all', sessions='both',
@@ -888,6 +892,8 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if args.size is None:
         args.size = 'full'
+    if args.arrivals is None:
+        args.arrivals = 'trace'
     args.policy_list = args.policies.split(',')
     for p in args.policy_list:
         if p not in POLICIES:

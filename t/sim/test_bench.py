@@ -59,6 +59,13 @@ class ArrivalsTest(unittest.TestCase):
         ticked = workloads.from_args(bounds.parse_args(given[:-2]))
         self.assertLess(len({r.arrival for r in ticked.requests}),
                         len(times) / 4)
+        # several instances are measured on spread arrivals unless told
+        # otherwise; the other presets keep the trace's
+        self.assertEqual(bench.parse_args(['--instances']).arrivals,
+                         'spread')
+        self.assertEqual(bench.parse_args(['--instances', '--arrivals',
+                                           'trace']).arrivals, 'trace')
+        self.assertEqual(bench.parse_args(['--quick']).arrivals, 'trace')
 
 
 @unittest.skipUnless(os.access(NGINX, os.X_OK), 'needs nginx')
