@@ -762,9 +762,9 @@ AFFINITY_API int affinity_engine_metrics(const char *text, size_t len,
  * peer's in-flight count here at that moment.  Routing then counts the
  * peer as max(in-flight here, engine's running + waiting + the requests
  * that started less those that ended since, here and, as the others said,
- * elsewhere), while the figure is younger than the balance's engine_ttl.  A KV cache size it reported is kept until it reports
- * another: with no prefix_capacity, the prefix index models the peer's
- * cache with it.
+ * elsewhere), while the figure is younger than the balance's engine_ttl.
+ * A KV cache size it reported is kept until it reports another: with no
+ * prefix_capacity, the prefix index models the peer's cache with it.
  */
 AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
     uint32_t slot, const affinity_engine_load_t *load, uint32_t now)
