@@ -821,12 +821,14 @@ TEST(Selection, NoPeersAtAll)
     req.has_key = 1;
     req.key_hash = 99;
     req.ring_hash = 99;
-    affinity_decision_t d{7, 7, 7, 7, 7, 7};
+    affinity_decision_t d{7, 7, 7, 7, 7, 7, 7};
 
     EXPECT_EQ(affinity_route(z.get(), nullptr, nullptr, nullptr, 0, &balance,
                              &req, &d),
               -1);
     EXPECT_EQ(d.peer, -1);
+    EXPECT_EQ(d.probe_length, 0u);
+    EXPECT_EQ(d.cache_chars, 0u);
     EXPECT_EQ(z.info().used, 0u);
 }
 
