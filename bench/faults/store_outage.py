@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(1, REPO)
 
-import run       # noqa: E402  (free_ports, wait_port, pdeathsig)
+import run       # noqa: E402  (free_ports, wait_port, pdeathsig, log)
 from bench.sim import core_policy, http1     # noqa: E402
 
 NBACKENDS = 4
@@ -59,10 +59,6 @@ WORKERS = 2
 # the store up, after the store's restart for those pinned without it.
 UP_DELAYS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5)
 BACK_DELAYS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
-
-
-def log(msg):
-    print(msg, flush=True)
 
 
 def nginx_conf(d, module, port, backends, redis, down):
@@ -155,11 +151,6 @@ class Processes:
         self.redis.kill()
         self.redis.wait()
         self.redis = None
-
-    def error_log(self, name):
-        with open(os.path.join(self.dir, name, 'error.log'),
-                  errors='replace') as f:
-            return f.read()
 
     def stop(self):
         for p in reversed(self.procs + ([self.redis] if self.redis else [])):
@@ -431,11 +422,11 @@ def main(argv=None):
             r = Run(procs, args, random.Random(args.seed + i))
             asyncio.run(r.main())
             runs.append(r.figures())
-            log('run %d: %s' % (i + 1, json.dumps(runs[-1]['phases'])))
+            run.log('run %d: %s' % (i + 1, json.dumps(runs[-1]['phases'])))
         finally:
             procs.stop()
             if args.keep:
-                log('run %d: work directory %s' % (i + 1, workdir))
+                run.log('run %d: work directory %s' % (i + 1, workdir))
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
     doc = {'name': args.name, 'rate': args.rate, 'before': args.before,
