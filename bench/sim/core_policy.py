@@ -161,7 +161,8 @@ class PeerStats(ctypes.Structure):
                 ('cache_usage', ctypes.c_double),
                 ('engine_time', c_u32), ('reserved', c_u32),
                 ('engine_elsewhere', ctypes.c_int64),
-                ('cache_tokens', c_u64), ('learned_tokens', c_u64)]
+                ('cache_tokens', c_u64), ('learned_tokens', c_u64),
+                ('unheard', ctypes.c_int64)]
 
 
 class ZoneInfo(ctypes.Structure):
@@ -224,6 +225,9 @@ SIGNATURES = {
     # affinity_store: what the other instances announce
     'affinity_zone_peer_sent_elsewhere': (None, [ctypes.c_void_p, c_u64]),
     'affinity_zone_peer_ended_elsewhere': (None, [ctypes.c_void_p, c_u64]),
+    'affinity_zone_peer_announced': (None, [ctypes.c_void_p, c_u32]),
+    'affinity_zone_peer_heard': (None, [ctypes.c_void_p, c_u32]),
+    'affinity_zone_instance_seen': (None, [ctypes.c_void_p, c_u64, c_u32]),
     'affinity_sessions_pin': (None, [ctypes.c_void_p, c_u64, c_u64, c_u32,
                                      c_u32]),
     'affinity_prefixes_record': (None, [ctypes.c_void_p, P(c_u64),
@@ -581,6 +585,22 @@ class ModulePolicy:
                                              self.peers[r].id,
                                              ctypes.byref(load), capacity)
 
+    def announced(self, slot):
+        """This instance told the store of a request on slot (as
+        ..._store.c writes a SENT message)."""
+        if slot != NO_SLOT:
+            self.lib.affinity_zone_peer_announced(self.counter.handle, slot)
+
+    def heard(self, slot):
+        """The store took the SENT message of a request on slot."""
+        if slot != NO_SLOT:
+            self.lib.affinity_zone_peer_heard(self.counter.handle, slot)
+
+    def heard_from(self, instance, now):
+        """A message of another instance (its zone's seed) was read."""
+        self.lib.affinity_zone_instance_seen(self.counter.handle, instance,
+                                             now)
+
     def apply(self, kind, peer_id, payload, now):
         """A message another instance published, as ..._store.c applies
         it: 'sent' and 'done' (a request started or ended on peer_id),
@@ -649,7 +669,9 @@ class Instances:
     reaches the others latency seconds later (affinity_store): the request
     itself as load and its end (with metrics), how far the prompt filled
     its peer's modelled cache, a new or moved pin, the prompt's levels, in
-    the order ..._balancer.c publishes them.
+    the order ..._balancer.c publishes them.  A request stays announced
+    in its instance's zone (unheard) until its news is delivered, and each
+    delivery tells the others the sender is routing, as ..._store.c does.
 
     Polls and deliveries are timers of the simulation (next_timer(),
     timer()), taken at their own times between the fleet's events.  The
@@ -674,6 +696,7 @@ class Instances:
         self.store, self.metrics = store, metrics
         self.interval, self.latency = interval, latency
         self.spread = random.Random(seed)
+        self.seeds = [m.counter.info()['seed'] for m in self.members]
         self.next_poll = [interval * i / count for i in range(count)] \
             if metrics else []
         self.pending = []           # (due, seq, origin, kind, peer, payload)
@@ -707,8 +730,14 @@ class Instances:
         pending = self.pending
         while pending and pending[0][0] <= self.now:
             due, _, origin, kind, peer_id, payload = heapq.heappop(pending)
+            if kind == 'sent':
+                # the store took it: the others count it from now
+                self.members[origin].heard(payload)
             for i, member in enumerate(self.members):
                 if i != origin:
+                    if self.metrics:
+                        member.heard_from(self.seeds[origin],
+                                          NOW_ORIGIN + int(due))
                     member.apply(kind, peer_id, payload,
                                  NOW_ORIGIN + int(due))
         for i, member in enumerate(self.members):
@@ -730,7 +759,10 @@ class Instances:
         if self.store:
             peer_id, chars, key, levels = member.taught
             if self.metrics:
-                self._publish(k, 'sent', peer_id, None)
+                # announced until the store takes it (timer())
+                slot = token[0]
+                member.announced(slot)
+                self._publish(k, 'sent', peer_id, slot)
             if chars:
                 self._publish(k, 'filled', peer_id, chars)
             if key is not None:

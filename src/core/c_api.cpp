@@ -193,6 +193,7 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     // figure before or after a reply changed it.
     stats->learned_tokens = atomic_load(&s.learned)
                             / AFFINITY_CHARS_PER_TOKEN;
+    stats->unheard = std::max<int64_t>(atomic_load(&s.unheard), 0);
 }
 
 int affinity_engine_metrics(const char *text, size_t len,
@@ -222,6 +223,7 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
     atomic_store<int64_t>(&s.engine_others, 0);
+    atomic_store<int64_t>(&s.unheard, 0);
     if ((load->found & AFFINITY_ENGINE_CAPACITY)
         && load->cache_tokens >= 1 && load->cache_tokens <= kMaxCacheTokens)
     {
@@ -265,6 +267,66 @@ void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
                                         uint64_t peer_id) noexcept
 {
     count_elsewhere(zone, peer_id, -1);
+}
+
+void affinity_zone_peer_announced(affinity_zone_t *zone,
+                                  uint32_t slot) noexcept
+{
+    if (slot < kPeerSlots) {
+        atomic_add<int64_t>(&zone_of(zone).peer_slots()[slot].unheard, 1);
+    }
+}
+
+void affinity_zone_peer_heard(affinity_zone_t *zone, uint32_t slot) noexcept
+{
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    // Never below zero: an engine's report may have cleared the count
+    // while the store's answer was on its way.
+    int64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
+    int64_t n = atomic_load(unheard);
+
+    while (n > 0
+           && !__atomic_compare_exchange_n(unheard, &n, n - 1, true,
+                                           __ATOMIC_RELAXED,
+                                           __ATOMIC_RELAXED))
+    {
+    }
+}
+
+void affinity_zone_instance_seen(affinity_zone_t *zone, uint64_t instance,
+                                 uint32_t now) noexcept
+{
+    ZoneHeader &h = zone_of(zone).header();
+
+    if (instance == 0 || instance == h.seed) {
+        return;
+    }
+
+    // Its own entry, else a free one or the one heard from longest ago.
+    InstanceSeen *slot = &h.instances[0];
+
+    for (InstanceSeen &seen : h.instances) {
+        if (seen.id == instance) {
+            slot = &seen;
+            break;
+        }
+
+        if (slot->id != 0 && (seen.id == 0 || seen.seen < slot->seen)) {
+            slot = &seen;
+        }
+    }
+
+    slot->id = instance;
+    slot->seen = now;
+}
+
+uint32_t affinity_zone_instances(const affinity_zone_t *zone,
+                                 uint32_t now) noexcept
+{
+    return zone_of(zone).instances(now);
 }
 
 int affinity_zone_poll_due(affinity_zone_t *zone, uint64_t now_ms,

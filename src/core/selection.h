@@ -40,7 +40,9 @@ public:
     // Whether peer i may take one more request without passing its bound:
     // inflight + 1 <= max(factor * share, share + slack), where share is the
     // peer's weighted part of all in-flight requests plus this one; with
-    // extra, that many requests above the bound.
+    // extra, that many requests above the bound.  With other instances
+    // (affinity_store), counting what they may be sending it unseen
+    // (fits()).
     bool accepts(size_t i, int64_t extra = 0) const noexcept;
 
     // The usable peer with the least in-flight per weight, other than skip;
@@ -61,8 +63,12 @@ public:
 
     // Whether peer i may take one more request and stay within the
     // bound's slack (plus extra) of its share: the bound without its
-    // factor, inflight + 1 <= share + slack + extra.
+    // factor, inflight + 1 <= share + slack + extra (and fits()).
     bool within_slack(size_t i, int64_t extra) const noexcept;
+
+    // The instances that route to these peers, this one among them
+    // (affinity_zone_instance_seen()).
+    uint32_t instances() const noexcept { return instances_; }
 
     int index_of(uint64_t peer_id) const noexcept;
 
@@ -90,12 +96,19 @@ public:
     }
 
 private:
+    // Whether one more request on peer i stays within limit, with the
+    // requests the other instances may be sending it unseen (see
+    // selection.cpp).
+    bool fits(size_t i, double limit) const noexcept;
+
     const affinity_peer_t *peers_;
     const uint8_t *states_;
     size_t npeers_;
     int64_t inflight_[kMaxPeers];
     uint32_t slots_[kMaxPeers];
     uint64_t cache_tokens_[kMaxPeers];
+    int64_t unheard_[kMaxPeers];
+    uint32_t instances_ = 1;
     double share_per_weight_;
     double factor_;
     double slack_;

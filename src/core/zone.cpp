@@ -244,6 +244,7 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     // old peer's.
     atomic_store<uint64_t>(&slot.engine_time, 0);
     atomic_store<int64_t>(&slot.engine_others, 0);
+    atomic_store<int64_t>(&slot.unheard, 0);
     atomic_store<uint64_t>(&slot.cache_fill, 0);
     atomic_store<uint64_t>(&slot.cache_tokens, 0);
     slot.engine_mark = 0;
@@ -343,6 +344,19 @@ void Zone::add_pins(uint64_t peer_id, int64_t delta) noexcept
     if (slot != kNoSlot) {
         peer_slots()[slot].pins += delta;
     }
+}
+
+uint32_t Zone::instances(uint64_t now) const noexcept
+{
+    uint32_t n = 1;
+
+    for (const InstanceSeen &seen : header_->instances) {
+        if (seen.id != 0 && now <= seen.seen + kInstanceMemory) {
+            n++;
+        }
+    }
+
+    return n;
 }
 
 uint64_t Zone::key_hash(const void *key, size_t len) const noexcept

@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 7;
+constexpr uint32_t kLayoutVersion = 8;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -34,6 +34,19 @@ constexpr uint32_t kNoRow = AFFINITY_NO_ROW;
 // take it (with nothing in flight): a configured peer that is merely idle
 // keeps its counters, one that left frees its slot within this time.
 constexpr uint64_t kSlotReclaimIdle = 60;
+
+// Other nginx instances this one has heard from through the store
+// (affinity_store): those that may be sending a peer requests it cannot
+// count yet (LoadBound in selection.h).  As many as one upstream's
+// instances are likely to be, each for kInstanceMemory seconds after its
+// last message.
+constexpr size_t kInstanceSlots = 16;
+constexpr uint64_t kInstanceMemory = 10;
+
+struct InstanceSeen {
+    uint64_t id;                // the instance's zone seed; 0: free
+    uint64_t seen;              // seconds, its last message read
+};
 
 // A slot per peer an upstream may have.
 static_assert(kPeerSlots >= AFFINITY_MAX_PEERS, "a slot for every peer");
@@ -74,6 +87,8 @@ struct alignas(64) ZoneHeader {
     uint64_t last_reap;             // atomic: seconds, last look for dead
     uint64_t last_poll;             // atomic: ms, last poll of the engines
     uint64_t fallbacks[AFFINITY_FALLBACKS]; // atomic: by affinity_fallback_e
+    // Written under the zone lock, read by routing (which holds it too).
+    InstanceSeen instances[kInstanceSlots];
 };
 
 constexpr size_t kRoutes = AFFINITY_ROUTES;
@@ -113,6 +128,11 @@ struct alignas(64) PeerSlot {
     // peer since its engine last reported, less those they said ended: its
     // figure does not show them yet.  Below zero when more ended.
     int64_t engine_others;      // atomic
+    // Requests this instance sent the peer whose news (a SENT message) the
+    // store has not yet taken: the other instances cannot count them yet.
+    // Atomic; cleared when the engine reports, so that a worker that died
+    // waiting for the store's answer leaves nothing behind for long.
+    int64_t unheard;
     // Characters of prompts sent the peer that its cache was not presumed
     // to hold (cache_model.h): the clock of its cache's modelled LRU.  In
     // the prefix zone, under its lock.
@@ -248,6 +268,10 @@ public:
     void release(uint32_t row, uint32_t slot) noexcept;
 
     void add_pins(uint64_t peer_id, int64_t delta) noexcept;
+
+    // The nginx instances routing to these peers as of now (seconds): this
+    // one and those heard from in the last kInstanceMemory seconds.
+    uint32_t instances(uint64_t now) const noexcept;
 
     void hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept;
 

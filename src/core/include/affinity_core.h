@@ -232,6 +232,9 @@ typedef struct {
                                    prefix lasts in its cache, as its replies
                                    taught (affinity_prefixes_replied()), 0
                                    if they taught none */
+    int64_t     unheard;        /* requests announced to the store that it
+                                   has not yet taken
+                                   (affinity_zone_peer_announced()) */
 } affinity_peer_stats_t;
 
 /* Lock-free; counters are read atomically one by one. */
@@ -783,6 +786,35 @@ AFFINITY_API void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
  * reports again (caller holds the zone lock). */
 AFFINITY_API void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
     uint64_t peer_id) AFFINITY_NOEXCEPT;
+
+/*
+ * Lock-free: this instance told the store it sent the peer of slot a
+ * request (an AFFINITY_STORE_SENT message on its way), and the store has
+ * not yet taken it (announced) or now has (heard).  Until then the other
+ * instances cannot count it, nor this one the requests they send the peer
+ * meanwhile: routing counts the peer as if each other instance had as many
+ * of those as this one (affinity_zone_instance_seen()).  Call heard once
+ * per announced, when the store answers or the connection goes; an
+ * engine's report clears what is left (affinity_zone_peer_polled()).
+ */
+AFFINITY_API void affinity_zone_peer_announced(affinity_zone_t *zone,
+    uint32_t slot) AFFINITY_NOEXCEPT;
+AFFINITY_API void affinity_zone_peer_heard(affinity_zone_t *zone,
+    uint32_t slot) AFFINITY_NOEXCEPT;
+
+/*
+ * A message of another nginx instance was read from the store at now
+ * (seconds): the instances heard from in the last ten seconds are those
+ * routing to the same peers (caller holds the zone lock; instance is the
+ * other's zone seed, affinity_zone_info()).
+ */
+AFFINITY_API void affinity_zone_instance_seen(affinity_zone_t *zone,
+    uint64_t instance, uint32_t now) AFFINITY_NOEXCEPT;
+
+/* The instances routing as of now: this one and those heard from in the
+ * last ten seconds (exact with the zone lock held). */
+AFFINITY_API uint32_t affinity_zone_instances(const affinity_zone_t *zone,
+    uint32_t now) AFFINITY_NOEXCEPT;
 
 /* Lock-free: whether it is the caller's turn to poll the engines; true for
  * at most one caller per interval (milliseconds, now too). */
