@@ -602,8 +602,7 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
      */
 
     if (ap->conf->engine_ttl) {
-        m.kind = AFFINITY_STORE_SENT;
-        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
+        ngx_http_upstream_affinity_store_announce(ap->conf, m.peer, ap->slot);
         ap->announced = m.peer;
     }
 

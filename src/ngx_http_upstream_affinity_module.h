@@ -308,6 +308,9 @@ void ngx_http_upstream_affinity_store_exit(ngx_cycle_t *cycle);
 void ngx_http_upstream_affinity_store_publish(
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     affinity_store_message_t *message);
+void ngx_http_upstream_affinity_store_announce(
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer,
+    uint32_t slot);
 
 /* ngx_http_upstream_affinity_status.c: affinity_status */
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -323,9 +323,11 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
     json_t                                        *root, *all, *u, *list, *p;
     json_t                                        *routes, *totals, *zones;
     json_t                                        *fallbacks;
+    uint32_t                                       instances;
     ngx_buf_t                                     *b;
     affinity_zone_info_t                           info;
     ngx_uint_t                                     i, j, k;
+    ngx_http_upstream_affinity_shctx_t            *shctx;
     ngx_http_upstream_affinity_peer_status_t      *ps;
     ngx_http_upstream_affinity_upstream_status_t  *us;
 
@@ -350,13 +352,20 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
         totals = json_object();
         zones = json_object();
 
+        /* this instance and the others it heard from (affinity_store) */
+
+        shctx = us[i].conf->counter_zone->data;
+        instances = affinity_zone_instances(shctx->zone,
+                                            (uint32_t) ngx_time());
+
         if (u == NULL || list == NULL || totals == NULL || zones == NULL
             || json_object_setn_new(all, (char *) us[i].name.data,
                                     us[i].name.len, u)
             || json_object_set_new(u, "balance",
-                   json_pack("{s:f,s:i}",
+                   json_pack("{s:f,s:i,s:i}",
                              "factor", (double) us[i].conf->factor / 1000,
-                             "slack", (json_int_t) us[i].conf->slack))
+                             "slack", (json_int_t) us[i].conf->slack,
+                             "instances", (json_int_t) instances))
             || json_object_set_new(u, "zones", zones)
             || json_object_set_new(u, "peers", list)
             || json_object_set_new(u, "routes", totals))
@@ -456,7 +465,7 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
 
             if (ps[j].stats.engine_load >= 0
                 && json_object_set_new(p, "engine",
-                       json_pack("{s:I,s:f,s:I,s:I,s:I}",
+                       json_pack("{s:I,s:f,s:I,s:I,s:I,s:I}",
                                  "load", (json_int_t) ps[j].stats.engine_load,
                                  "cache_usage", ps[j].stats.cache_usage,
                                  "cache_tokens",
@@ -464,7 +473,9 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
                                  "age", (json_int_t) (ngx_time()
                                               - ps[j].stats.engine_time),
                                  "elsewhere",
-                                 (json_int_t) ps[j].stats.engine_elsewhere)))
+                                 (json_int_t) ps[j].stats.engine_elsewhere,
+                                 "unheard",
+                                 (json_int_t) ps[j].stats.unheard)))
             {
                 goto failed;
             }

@@ -51,6 +51,12 @@
     ((kind) == AFFINITY_STORE_SENT || (kind) == AFFINITY_STORE_FILLED         \
      || (kind) == AFFINITY_STORE_DONE)
 
+/*
+ * The other instances this worker heard from, each told to the counter
+ * zone at most once a second (affinity_zone_instance_seen()).
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD     8
+
 /* output not yet written to the store beyond which messages are dropped */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
 
@@ -60,6 +66,13 @@ typedef struct {
     size_t                                  len;
     u_char                                  data[AFFINITY_STORE_MESSAGE_MAX];
 } ngx_http_upstream_affinity_backlog_t;
+
+
+/* another instance, and when this worker last read a message of it */
+typedef struct {
+    uint64_t                                instance;
+    time_t                                  time;
+} ngx_http_upstream_affinity_heard_t;
 
 
 /* the store of one upstream, in one worker */
@@ -79,6 +92,9 @@ struct ngx_http_upstream_affinity_store_s {
     ngx_http_upstream_affinity_backlog_t   *backlog;
     ngx_uint_t                              first;
     ngx_uint_t                              queued;
+
+    ngx_http_upstream_affinity_heard_t
+                              heard[NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD];
 
     ngx_uint_t                              dropped;
     unsigned                                up:1;       /* both connected */
@@ -105,11 +121,17 @@ static void ngx_http_upstream_affinity_store_lost(
     ngx_http_upstream_affinity_store_t *store, const char *why);
 static void ngx_http_upstream_affinity_store_retry(ngx_event_t *ev);
 static void ngx_http_upstream_affinity_store_timeout(ngx_event_t *ev);
-static void ngx_http_upstream_affinity_store_send(
-    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len);
+static size_t ngx_http_upstream_affinity_store_encode(
+    ngx_http_upstream_affinity_store_t *store,
+    affinity_store_message_t *message, u_char *buf);
+static ngx_int_t ngx_http_upstream_affinity_store_send(
+    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
+    redisCallbackFn *callback, void *privdata);
 static void ngx_http_upstream_affinity_store_flush(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac,
+    void *reply, void *data);
+static void ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac,
     void *reply, void *data);
 static void ngx_http_upstream_affinity_store_read(
     ngx_http_upstream_affinity_store_t *store);
@@ -117,6 +139,9 @@ static void ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac,
     void *reply, void *data);
 static void ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields);
+static void ngx_http_upstream_affinity_store_heard_from(
+    ngx_http_upstream_affinity_store_t *store, uint64_t instance,
+    time_t now);
 
 static ngx_int_t ngx_http_upstream_affinity_store_attach(
     redisAsyncContext *ac, ngx_log_t *log);
@@ -129,11 +154,24 @@ static void ngx_http_upstream_affinity_store_readable(ngx_event_t *ev);
 static void ngx_http_upstream_affinity_store_writable(ngx_event_t *ev);
 
 
+/*
+ * The counter slot of a request announced to the store, for the answer's
+ * callback: one constant per slot, so that a pointer to it says which.
+ */
+static uint32_t  ngx_http_upstream_affinity_store_slots[AFFINITY_PEER_SLOTS];
+
+
 /* each worker opens the stores of the upstreams that have one */
 
 void
 ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle)
 {
+    uint32_t  i;
+
+    for (i = 0; i < AFFINITY_PEER_SLOTS; i++) {
+        ngx_http_upstream_affinity_store_slots[i] = i;
+    }
+
     ngx_http_upstream_affinity_each_upstream(cycle,
                               ngx_http_upstream_affinity_store_open_upstream);
 }
@@ -453,17 +491,16 @@ ngx_http_upstream_affinity_store_publish(
         return;
     }
 
-    message->instance = store->instance;
-    message->time = (uint32_t) ngx_time();
-
-    len = affinity_store_encode(message, buf, sizeof(buf));
+    len = ngx_http_upstream_affinity_store_encode(store, message, buf);
 
     if (len == 0) {
         return;
     }
 
     if (store->up && store->queued == 0) {
-        ngx_http_upstream_affinity_store_send(store, buf, len);
+        (void) ngx_http_upstream_affinity_store_send(store, buf, len,
+                                   ngx_http_upstream_affinity_store_sent,
+                                   store);
         return;
     }
 
@@ -488,9 +525,84 @@ ngx_http_upstream_affinity_store_publish(
 }
 
 
-static void
+/*
+ * A request this instance sends a peer, with affinity_metrics: the others
+ * count it on the peer's load once they read it.  Until the store has
+ * taken it, it is announced in the counter zone, and routing here counts
+ * the peer as if each other instance were sending it as many unseen
+ * (affinity_zone_peer_announced()).  Not kept while the store is away
+ * (..._STORE_FRESH).
+ */
+
+void
+ngx_http_upstream_affinity_store_announce(
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer, uint32_t slot)
+{
+    size_t                               len;
+    uint32_t                            *token;
+    affinity_store_message_t             m;
+    ngx_http_upstream_affinity_store_t  *store;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+    u_char                               buf[AFFINITY_STORE_MESSAGE_MAX];
+
+    store = ascf->store;
+
+    if (store == NULL || !store->up || store->queued) {
+        return;
+    }
+
+    ngx_memzero(&m, sizeof(affinity_store_message_t));
+    m.kind = AFFINITY_STORE_SENT;
+    m.peer = peer;
+
+    len = ngx_http_upstream_affinity_store_encode(store, &m, buf);
+
+    if (len == 0) {
+        return;
+    }
+
+    if (slot >= AFFINITY_PEER_SLOTS) {
+        (void) ngx_http_upstream_affinity_store_send(store, buf, len,
+                                   ngx_http_upstream_affinity_store_sent,
+                                   store);
+        return;
+    }
+
+    /* announced before it is sent: the answer may not come before this */
+
+    shctx = ascf->counter_zone->data;
+    affinity_zone_peer_announced(shctx->zone, slot);
+
+    token = &ngx_http_upstream_affinity_store_slots[slot];
+
+    if (ngx_http_upstream_affinity_store_send(store, buf, len,
+                                   ngx_http_upstream_affinity_store_heard,
+                                   token)
+        != NGX_OK)
+    {
+        affinity_zone_peer_heard(shctx->zone, slot);
+    }
+}
+
+
+static size_t
+ngx_http_upstream_affinity_store_encode(
+    ngx_http_upstream_affinity_store_t *store,
+    affinity_store_message_t *message, u_char *buf)
+{
+    message->instance = store->instance;
+    message->time = (uint32_t) ngx_time();
+
+    return affinity_store_encode(message, buf, AFFINITY_STORE_MESSAGE_MAX);
+}
+
+
+/* NGX_OK when the command is on its way: its callback will be called */
+
+static ngx_int_t
 ngx_http_upstream_affinity_store_send(
-    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len)
+    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
+    redisCallbackFn *callback, void *privdata)
 {
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
@@ -502,14 +614,19 @@ ngx_http_upstream_affinity_store_send(
         > NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING)
     {
         store->dropped++;
-        return;
+        return NGX_DECLINED;
     }
 
-    (void) redisAsyncCommand(store->writer,
-                             ngx_http_upstream_affinity_store_sent, store,
-                             "XADD %s MAXLEN ~ %lu * m %b",
-                             scf->stream.data, (unsigned long) scf->maxlen,
-                             data, len);
+    if (redisAsyncCommand(store->writer, callback, privdata,
+                          "XADD %s MAXLEN ~ %lu * m %b",
+                          scf->stream.data, (unsigned long) scf->maxlen,
+                          data, len)
+        != REDIS_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
 }
 
 
@@ -524,7 +641,9 @@ ngx_http_upstream_affinity_store_flush(
 
     while (store->queued && store->writer) {
         b = &store->backlog[store->first];
-        ngx_http_upstream_affinity_store_send(store, b->data, b->len);
+        (void) ngx_http_upstream_affinity_store_send(store, b->data, b->len,
+                                       ngx_http_upstream_affinity_store_sent,
+                                       store);
         store->first = (store->first + 1) % n;
         store->queued--;
     }
@@ -547,6 +666,27 @@ ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
                       (size_t) r->len, r->str);
         warned = 1;
     }
+}
+
+
+/*
+ * The store's answer to an announced request (or none: the connection
+ * went, and hiredis calls back without one): the others can count it now,
+ * or never will.
+ */
+
+static void
+ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac, void *reply,
+    void *data)
+{
+    uint32_t                             *slot = data;
+    ngx_http_upstream_affinity_store_t   *store = ac->data;
+    ngx_http_upstream_affinity_shctx_t   *shctx;
+
+    shctx = store->conf->counter_zone->data;
+    affinity_zone_peer_heard(shctx->zone, *slot);
+
+    ngx_http_upstream_affinity_store_sent(ac, reply, store);
 }
 
 
@@ -679,6 +819,19 @@ ngx_http_upstream_affinity_store_apply(
             continue;
         }
 
+        /*
+         * With affinity_metrics, the instances that route now (their news
+         * is fresh): each may be sending a peer requests this one cannot
+         * count yet (affinity_zone_instance_seen()).
+         */
+
+        if (ascf->engine_ttl
+            && now - m.time <= NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)
+        {
+            ngx_http_upstream_affinity_store_heard_from(store, m.instance,
+                                                        now);
+        }
+
         /* news counted by the first worker, while fresh (..._STORE_FRESH) */
 
         if (ngx_http_upstream_affinity_store_news(m.kind)
@@ -794,6 +947,45 @@ ngx_http_upstream_affinity_store_apply(
             break;
         }
     }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_heard_from(
+    ngx_http_upstream_affinity_store_t *store, uint64_t instance, time_t now)
+{
+    ngx_uint_t                           i, oldest;
+    ngx_http_upstream_affinity_heard_t  *heard;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    heard = store->heard;
+    oldest = 0;
+
+    for (i = 0; i < NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD; i++) {
+        if (heard[i].instance == instance) {
+            break;
+        }
+
+        if (heard[i].time < heard[oldest].time) {
+            oldest = i;
+        }
+    }
+
+    if (i == NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD) {
+        i = oldest;
+        heard[i].instance = instance;
+
+    } else if (heard[i].time == now) {
+        return;
+    }
+
+    heard[i].time = now;
+
+    shctx = store->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    affinity_zone_instance_seen(shctx->zone, instance, (uint32_t) now);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
 }
 
 

@@ -1,0 +1,155 @@
+#!/usr/bin/env perl
+
+# With affinity_store and affinity_metrics, each nginx instance announces
+# every request it sends, and the others count it once they read it.  Until
+# the store has taken the announcement, they cannot count it, nor this
+# instance theirs: an agent's sibling requests, reaching several instances
+# at once, would each fill the same room under a peer's load bound.  So
+# while this instance has requests on a peer that the store has not taken,
+# it counts the peer as if each other instance heard from lately had as
+# many.  Here the store pauses writes (CLIENT PAUSE WRITE): A's
+# announcements wait, and a session's second sibling in flight spills
+# where, once they are taken, it stays.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use IO::Socket::INET;
+use JSON::PP;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use AffinityTest;
+use AffinityConf qw(proxy_conf servers chat eventually engine_figures);
+
+plan skip_all => 'redis-server not installed'
+    unless AffinityTest::redis_server();
+
+my $a = AffinityTest->new(workers => 1);
+my $b = AffinityTest->new(workers => 1);
+my @replicas = $a->start_mock_replicas(4, '--decode-ms-per-token', 20);
+my $redis = $a->port;
+my $stream = "affinity-unheard-$$";
+my $status = $a->port;
+
+$a->start_redis($redis);
+
+my $upstream = "        session_affinity header=X-Session-ID zone=%s:1m;\n"
+    . "        affinity_store 127.0.0.1:$redis stream=$stream;\n"
+    . "        affinity_metrics interval=10s timeout=1s;\n";
+
+$a->write_conf(proxy_conf($a, servers(\@replicas) . sprintf($upstream, 'a'),
+    http => "    server {\n        listen 127.0.0.1:$status;\n"
+          . "        location / { affinity_status; }\n    }\n"));
+$b->write_conf(proxy_conf($b, servers(\@replicas) . sprintf($upstream, 'b')));
+$a->start_nginx;
+$b->start_nginx;
+
+my $json = JSON::PP->new;
+
+sub state_of_a {
+    return $json->decode($a->http(GET => '/', port => $status)->{body})
+        ->{upstreams}{llm};
+}
+
+sub unheard {
+    my $s = state_of_a();
+    return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine}{unheard} }
+             @{ $s->{peers} } };
+}
+
+sub redis_command {
+    my @args = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                  PeerPort => $redis) or die "redis: $!";
+    print {$s} '*' . @args . "\r\n"
+        . join('', map { '$' . length($_) . "\r\n$_\r\n" } @args);
+    my $reply = <$s>;
+    close $s;
+    return $reply // '';
+}
+
+# A sibling that stays in flight: its request on a socket of its own, and
+# the replica that took it, from the response's headers.
+sub sibling_in_flight {
+    my ($session) = @_;
+    my $body = $json->encode({ model => 'm', stream => JSON::PP::true,
+        max_tokens => 150, messages => [ { role => 'user',
+                                          content => "plan for $session" } ] });
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                  PeerPort => $a->listen_port)
+        or die "connect: $!";
+    print {$s} "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        . "X-Session-ID: $session\r\nContent-Type: application/json\r\n"
+        . "Content-Length: " . length($body) . "\r\n\r\n$body";
+    my $port;
+    while (my $line = <$s>) {
+        last if $line =~ /^\r?\n$/;
+        $port = $1 if $line =~ /^X-Replica-Port:\s*(\d+)/i;
+    }
+    return ($s, $port // 'none');
+}
+
+sub sibling {
+    my ($session) = @_;
+    my $res = $a->http(POST => '/v1/chat/completions',
+        headers => { 'Content-Type' => 'application/json',
+                     'X-Session-ID' => $session },
+        body => chat([ user => "look up for $session" ])
+                    =~ s/"max_tokens":64/"max_tokens":1/r);
+    return $res->{headers}{'x-replica-port'} // "status $res->{status}";
+}
+
+# A's engine figures freshly polled (the next poll, which clears what is
+# left unheard, is seconds away), and B heard from: B announces a request.
+ok eventually(sub {
+        my $e = engine_figures($a, $status, 'llm');
+        4 == grep { defined $e->{$_} && $e->{$_}{age} <= 1 } @replicas;
+    }, 15), 'A knows every replica\'s own load, freshly polled';
+is state_of_a()->{balance}{instances}, 1, 'A has heard from no one yet';
+is $b->http(POST => '/v1/chat/completions',
+            headers => { 'Content-Type' => 'application/json',
+                         'X-Session-ID' => 'from-b' },
+            body => chat([ user => 'hello' ]))->{status}, 200,
+    'B sends a request';
+ok eventually(sub { state_of_a()->{balance}{instances} == 2 }, 3),
+    'A counts two instances once it reads B\'s news';
+
+# ---- the store takes nothing for 3 s ---------------------------------------
+
+like redis_command(qw(CLIENT PAUSE 3000 WRITE)), qr/^\+OK/,
+    'the store pauses writes';
+my $paused = time;
+
+my ($first, $pinned) = sibling_in_flight('agent-1');
+ok eventually(sub { (unheard()->{$pinned} // 0) == 1 }, 1),
+    'the first sibling is unheard while the store takes nothing';
+my $spilled = sibling('agent-1');
+my $during = time - $paused;
+note sprintf 'agent-1: first on %s, second on %s, %.1f s into the pause',
+    $pinned, $spilled, $during;
+SKIP: {
+    skip 'the pause ended before the second sibling', 1 if $during >= 2.5;
+    isnt $spilled, $pinned,
+        'the second sibling spills: B may be sending the peer one too';
+}
+
+ok eventually(sub { !grep { $_ } values %{ unheard() } }, 5),
+    'once the store takes the news again, nothing is left unheard';
+close $first;
+
+# ---- the store takes news at once: the siblings stay -----------------------
+
+my ($again, $pinned2) = sibling_in_flight('agent-2');
+ok eventually(sub { !grep { $_ } values %{ unheard() } }, 2),
+    'the first sibling is heard at once';
+is sibling('agent-2'), $pinned2, 'the second sibling stays with the first';
+close $again;
+
+is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
+is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
+
+done_testing;
