@@ -71,7 +71,8 @@ ok $u, 'the upstream is listed';
 ok exists $s->{upstreams}{'odd"name'}, 'every affinity upstream is listed';
 
 subtest 'JSON counters after known traffic' => sub {
-    is_deeply $u->{balance}, { factor => 1.25, slack => 2 }, 'balance parameters';
+    is_deeply $u->{balance}, { factor => 1.25, slack => 2, instances => 1 },
+        'balance parameters: no other instance heard from';
     my @peers = @{ $u->{peers} };
     is scalar(@peers), 3, 'three peers';
     is_deeply [ map { $_->{backup} ? 1 : 0 } @peers ], [ 0, 0, 1 ], 'the backup is marked';
