@@ -97,17 +97,23 @@ bool LoadBound::within_slack(size_t i, int64_t extra) const noexcept
 // that the store has not yet taken.  Such requests reach the instances at
 // random, so while this one has some, each other instance likely has as
 // many: the peer is counted with that many more per other instance.
-// Alone, or with nothing unheard, nothing changes.  Measured offline
-// (bench/sim/instances_offline.py, four instances, tight profile,
-// full-size agent sessions, three seeds, medians with and without session
-// ids): peak in-flight over one instance's +1 / +1 from +2 / +2 with the
-// store 10 ms of the workload's time away, +0 / +0 from +1 / +1 at
-// 0.5 ms, the hits and TTFT p50 within 1 % of one instance's.  Dealing
-// the room out to the instances in turns instead (each places no more
-// requests the others cannot count than its turns) held the peak alike
-// but cost 6 % of the hits and 1.7 times the TTFT: with room for fewer
-// requests than instances, most instances could place none there even
-// when no other was sending.
+// Alone, or with nothing unheard, nothing changes.
+//
+// Measured offline (bench/sim/instances_offline.py, four instances, tight
+// profile, full size, three seeds, medians with and without session ids;
+// bench/results/instances-offline-unheard): agent sessions peak over one
+// instance's by + 1 / + 1 from + 2 / + 2 with the store 10 ms of the
+// workload's time away, + 0 / + 0 from + 1 / + 1 at 0.5 ms, the hits and
+// TTFT p50 within 1 % of one instance's.  Bursts of many sessions at once
+// spill more: the conversation trace replayed at its own times (up to 28
+// requests in a millisecond) kept 0.80 of one instance's hits where 0.88
+// before, peaking at + 3 or + 4 from + 4 or + 5; spread over their 3-s
+// ticks, conversations, chat and shared documents measured as before.
+// Dealing the room out to the instances in turns instead (each placing no
+// more requests the others cannot count than its turns) held the peak
+// alike but cost 6 % of the hits and 1.7 times the TTFT: with room for
+// fewer requests than instances, most instances could place none there
+// even when no other was sending.
 bool LoadBound::fits(size_t i, double limit) const noexcept
 {
     int64_t presumed = int64_t(instances_ - 1) * unheard_[i];
