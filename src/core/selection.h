@@ -66,10 +66,6 @@ public:
     // factor, inflight + 1 <= share + slack + extra (and fits()).
     bool within_slack(size_t i, int64_t extra) const noexcept;
 
-    // The instances that route to these peers, this one among them
-    // (affinity_zone_instance_seen()).
-    uint32_t instances() const noexcept { return instances_; }
-
     int index_of(uint64_t peer_id) const noexcept;
 
     // Index of the peer whose id has these low 32 bits (prefix entries
@@ -107,8 +103,8 @@ private:
     int64_t inflight_[kMaxPeers];
     uint32_t slots_[kMaxPeers];
     uint64_t cache_tokens_[kMaxPeers];
-    int64_t unheard_[kMaxPeers];
-    uint32_t instances_ = 1;
+    int64_t unheard_[kMaxPeers];   // this instance's, not yet in the store
+    uint32_t instances_ = 1;        // routing to these peers, this one too
     double share_per_weight_;
     double factor_;
     double slack_;
