@@ -190,20 +190,6 @@ TEST(EngineMetrics, JunkGivesNothing)
     }
 }
 
-// The n-th session key whose ring peer, among four equal peers, is 0.
-std::string key_on_peer0(int n)
-{
-    TestZone scratch;
-    Upstream other(scratch.get(), {1, 1, 1, 1});
-    Router r(scratch.get(), other);
-    for (int i = 0;; i++) {
-        std::string k = key_name(size_t(i));
-        if (r.route_key_released(k).decision.peer == 0 && n-- == 0) {
-            return k;
-        }
-    }
-}
-
 // Peer 0 is busy with another instance's requests: its engine says 10 in
 // flight where this instance counts none.
 TEST(EngineLoad, OtherInstancesRequestsCount)

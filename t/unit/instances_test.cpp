@@ -13,20 +13,6 @@ using namespace affinity_test;
 
 namespace {
 
-// The n-th session key whose ring peer, among four equal peers, is 0.
-std::string key_on_peer0(int n)
-{
-    TestZone scratch;
-    Upstream other(scratch.get(), {1, 1, 1, 1});
-    Router r(scratch.get(), other);
-    for (int i = 0;; i++) {
-        std::string k = key_name(size_t(i));
-        if (r.route_key_released(k).decision.peer == 0 && n-- == 0) {
-            return k;
-        }
-    }
-}
-
 // An agent's sibling requests reach several instances at once.  While one
 // this instance sent peer 0 is unheard, each other instance heard from
 // lately may be sending peer 0 one too: the peer is counted with it.

@@ -429,6 +429,20 @@ inline std::string key_name(size_t i)
     return "session-" + std::to_string(i);
 }
 
+// The n-th session key whose ring peer, among four equal peers, is 0.
+inline std::string key_on_peer0(int n)
+{
+    TestZone scratch;
+    Upstream other(scratch.get(), {1, 1, 1, 1});
+    Router r(scratch.get(), other);
+    for (int i = 0;; i++) {
+        std::string k = key_name(size_t(i));
+        if (r.route_key_released(k).decision.peer == 0 && n-- == 0) {
+            return k;
+        }
+    }
+}
+
 // ---- prompt prefixes ---------------------------------------------------
 
 // The level schedule of the nginx module's defaults: 100, 500 and 1000
