@@ -154,24 +154,11 @@ static void ngx_http_upstream_affinity_store_readable(ngx_event_t *ev);
 static void ngx_http_upstream_affinity_store_writable(ngx_event_t *ev);
 
 
-/*
- * The counter slot of a request announced to the store, for the answer's
- * callback: one constant per slot, so that a pointer to it says which.
- */
-static uint32_t  ngx_http_upstream_affinity_store_slots[AFFINITY_PEER_SLOTS];
-
-
 /* each worker opens the stores of the upstreams that have one */
 
 void
 ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle)
 {
-    uint32_t  i;
-
-    for (i = 0; i < AFFINITY_PEER_SLOTS; i++) {
-        ngx_http_upstream_affinity_store_slots[i] = i;
-    }
-
     ngx_http_upstream_affinity_each_upstream(cycle,
                               ngx_http_upstream_affinity_store_open_upstream);
 }
@@ -539,7 +526,7 @@ ngx_http_upstream_affinity_store_announce(
     ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer, uint32_t slot)
 {
     size_t                               len;
-    uint32_t                            *token;
+    uintptr_t                            ticket;
     affinity_store_message_t             m;
     ngx_http_upstream_affinity_store_t  *store;
     ngx_http_upstream_affinity_shctx_t  *shctx;
@@ -571,16 +558,14 @@ ngx_http_upstream_affinity_store_announce(
     /* announced before it is sent: the answer may not come before this */
 
     shctx = ascf->counter_zone->data;
-    affinity_zone_peer_announced(shctx->zone, slot);
-
-    token = &ngx_http_upstream_affinity_store_slots[slot];
+    ticket = affinity_zone_peer_announced(shctx->zone, slot);
 
     if (ngx_http_upstream_affinity_store_send(store, buf, len,
                                    ngx_http_upstream_affinity_store_heard,
-                                   token)
+                                   (void *) ticket)
         != NGX_OK)
     {
-        affinity_zone_peer_heard(shctx->zone, slot);
+        affinity_zone_peer_heard(shctx->zone, ticket);
     }
 }
 
@@ -679,12 +664,13 @@ static void
 ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac, void *reply,
     void *data)
 {
-    uint32_t                             *slot = data;
     ngx_http_upstream_affinity_store_t   *store = ac->data;
     ngx_http_upstream_affinity_shctx_t   *shctx;
 
+    /* the ticket affinity_zone_peer_announced() gave */
+
     shctx = store->conf->counter_zone->data;
-    affinity_zone_peer_heard(shctx->zone, *slot);
+    affinity_zone_peer_heard(shctx->zone, (uintptr_t) data);
 
     ngx_http_upstream_affinity_store_sent(ac, reply, store);
 }

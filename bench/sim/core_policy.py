@@ -225,8 +225,9 @@ SIGNATURES = {
     # affinity_store: what the other instances announce
     'affinity_zone_peer_sent_elsewhere': (None, [ctypes.c_void_p, c_u64]),
     'affinity_zone_peer_ended_elsewhere': (None, [ctypes.c_void_p, c_u64]),
-    'affinity_zone_peer_announced': (None, [ctypes.c_void_p, c_u32]),
-    'affinity_zone_peer_heard': (None, [ctypes.c_void_p, c_u32]),
+    'affinity_zone_peer_announced': (ctypes.c_size_t,
+                                     [ctypes.c_void_p, c_u32]),
+    'affinity_zone_peer_heard': (None, [ctypes.c_void_p, ctypes.c_size_t]),
     'affinity_zone_instance_seen': (None, [ctypes.c_void_p, c_u64, c_u32]),
     'affinity_sessions_pin': (None, [ctypes.c_void_p, c_u64, c_u64, c_u32,
                                      c_u32]),
@@ -587,14 +588,13 @@ class ModulePolicy:
 
     def announced(self, slot):
         """This instance told the store of a request on slot (as
-        ..._store.c writes a SENT message)."""
-        if slot != NO_SLOT:
-            self.lib.affinity_zone_peer_announced(self.counter.handle, slot)
+        ..._store.c writes a SENT message): the ticket for heard()."""
+        return self.lib.affinity_zone_peer_announced(self.counter.handle,
+                                                     slot)
 
-    def heard(self, slot):
-        """The store took the SENT message of a request on slot."""
-        if slot != NO_SLOT:
-            self.lib.affinity_zone_peer_heard(self.counter.handle, slot)
+    def heard(self, ticket):
+        """The store took the SENT message announced with ticket."""
+        self.lib.affinity_zone_peer_heard(self.counter.handle, ticket)
 
     def heard_from(self, instance, now):
         """A message of another instance (its zone's seed) was read."""
@@ -760,9 +760,8 @@ class Instances:
             peer_id, chars, key, levels = member.taught
             if self.metrics:
                 # announced until the store takes it (timer())
-                slot = token[0]
-                member.announced(slot)
-                self._publish(k, 'sent', peer_id, slot)
+                ticket = member.announced(token[0])
+                self._publish(k, 'sent', peer_id, ticket)
             if chars:
                 self._publish(k, 'filled', peer_id, chars)
             if key is not None:

@@ -193,7 +193,7 @@ void affinity_zone_peer_stats(const affinity_zone_t *zone, uint32_t slot,
     // figure before or after a reply changed it.
     stats->learned_tokens = atomic_load(&s.learned)
                             / AFFINITY_CHARS_PER_TOKEN;
-    stats->unheard = std::max<int64_t>(atomic_load(&s.unheard), 0);
+    stats->unheard = unheard_count(atomic_load(&s.unheard));
 }
 
 int affinity_engine_metrics(const char *text, size_t len,
@@ -223,7 +223,7 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
     atomic_store<int64_t>(&s.engine_others, 0);
-    atomic_store<int64_t>(&s.unheard, 0);
+    clear_unheard(&s.unheard);
     if ((load->found & AFFINITY_ENGINE_CAPACITY)
         && load->cache_tokens >= 1 && load->cache_tokens <= kMaxCacheTokens)
     {
@@ -269,27 +269,59 @@ void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
     count_elsewhere(zone, peer_id, -1);
 }
 
-void affinity_zone_peer_announced(affinity_zone_t *zone,
-                                  uint32_t slot) noexcept
+namespace {
+
+// A ticket names a slot and the epoch of the count a request was added to
+// (PeerSlot::unheard), in a pointer-sized integer the caller hands back
+// with the store's answer (hiredis' privdata): the slot + 1 in its low
+// bits, so that 0 names none, the epoch's low bits that fit above.  An
+// epoch comes round again in the same bits after 2^23 clears at the
+// least, long after any answer.
+constexpr unsigned kTicketSlotBits = 9;
+constexpr uintptr_t kTicketSlots = (uintptr_t{1} << kTicketSlotBits) - 1;
+static_assert(kPeerSlots < kTicketSlots, "a slot + 1 fits a ticket");
+
+uintptr_t ticket_of(uint32_t slot, uint64_t word) noexcept
 {
-    if (slot < kPeerSlots) {
-        atomic_add<int64_t>(&zone_of(zone).peer_slots()[slot].unheard, 1);
-    }
+    return (uintptr_t(word / kUnheardEpoch) << kTicketSlotBits)
+           | uintptr_t(slot + 1);
 }
 
-void affinity_zone_peer_heard(affinity_zone_t *zone, uint32_t slot) noexcept
+}  // namespace
+
+uintptr_t affinity_zone_peer_announced(affinity_zone_t *zone,
+                                       uint32_t slot) noexcept
 {
     if (slot >= kPeerSlots) {
+        return 0;
+    }
+
+    // A count that reached 2^32 (never) would carry into a new epoch: one
+    // clear more.
+    uint64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
+    uint64_t word = __atomic_fetch_add(unheard, 1, __ATOMIC_RELAXED);
+
+    return ticket_of(slot, word);
+}
+
+void affinity_zone_peer_heard(affinity_zone_t *zone, uintptr_t ticket)
+    noexcept
+{
+    uint32_t slot = uint32_t(ticket & kTicketSlots) - 1;
+
+    if (ticket == 0 || slot >= kPeerSlots) {
         return;
     }
 
-    // Never below zero: an engine's report may have cleared the count
-    // while the store's answer was on its way.
-    int64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
-    int64_t n = atomic_load(unheard);
+    // Only in the epoch it was counted in: an engine's report (or the
+    // slot's hand-over to another peer) may have cleared the count while
+    // the store's answer was on its way, and requests counted since are
+    // still unheard.  Never below zero.
+    uint64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
+    uint64_t word = atomic_load(unheard);
 
-    while (n > 0
-           && !__atomic_compare_exchange_n(unheard, &n, n - 1, true,
+    while (ticket_of(slot, word) == ticket && unheard_count(word) > 0
+           && !__atomic_compare_exchange_n(unheard, &word, word - 1, true,
                                            __ATOMIC_RELAXED,
                                            __ATOMIC_RELAXED))
     {

@@ -50,12 +50,17 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                 int64_t others = atomic_load(&s.engine_others);
                 n = std::max<int64_t>(
                     n, atomic_load(&s.engine_load) + here + others);
+
+                // This instance's requests that the others cannot count
+                // yet (fits()): only beside the figure the others' are
+                // counted in, which also clears them when a worker died
+                // before the store answered; never more than in flight.
+                unheard = std::min(unheard_count(atomic_load(&s.unheard)),
+                                   n);
             }
 
             // On the engine figures' cache line: read with them.
             tokens = atomic_load(&s.cache_tokens);
-            unheard = std::min(std::max<int64_t>(atomic_load(&s.unheard), 0),
-                               n);
         }
 
         slots_[i] = slot;

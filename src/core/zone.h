@@ -87,7 +87,7 @@ struct alignas(64) ZoneHeader {
     uint64_t last_reap;             // atomic: seconds, last look for dead
     uint64_t last_poll;             // atomic: ms, last poll of the engines
     uint64_t fallbacks[AFFINITY_FALLBACKS]; // atomic: by affinity_fallback_e
-    // Written under the zone lock, read by routing (which holds it too).
+    // Under the zone lock (routing and the status hold it to read).
     InstanceSeen instances[kInstanceSlots];
 };
 
@@ -130,9 +130,14 @@ struct alignas(64) PeerSlot {
     int64_t engine_others;      // atomic
     // Requests this instance sent the peer whose news (a SENT message) the
     // store has not yet taken: the other instances cannot count them yet.
-    // Atomic; cleared when the engine reports, so that a worker that died
-    // waiting for the store's answer leaves nothing behind for long.
-    int64_t unheard;
+    // One atomic word: the count in the low 32 bits, in the high ones how
+    // many times it was cleared (unheard_count(), clear_unheard()).
+    // Cleared when the engine reports, so that a worker that died waiting
+    // for the store's answer leaves nothing behind for long; an answer to
+    // a request counted before a clear takes nothing off after it
+    // (affinity_zone_peer_heard()).  A zone of layout version 8 before this
+    // held the count alone, never above 2^32: it reads the same.
+    uint64_t unheard;
     // Characters of prompts sent the peer that its cache was not presumed
     // to hold (cache_model.h): the clock of its cache's modelled LRU.  In
     // the prefix zone, under its lock.
@@ -191,6 +196,28 @@ template <typename T>
 inline void atomic_add(T *v, T delta) noexcept
 {
     __atomic_fetch_add(v, delta, __ATOMIC_RELAXED);
+}
+
+// PeerSlot::unheard: the count, and one clear (the count's epoch).
+constexpr uint64_t kUnheardCount = 0xffffffffu;
+constexpr uint64_t kUnheardEpoch = kUnheardCount + 1;
+
+inline int64_t unheard_count(uint64_t word) noexcept
+{
+    return int64_t(word & kUnheardCount);
+}
+
+// Sets the count to zero in a new epoch.
+inline void clear_unheard(uint64_t *word) noexcept
+{
+    uint64_t w = atomic_load(word);
+
+    while (!__atomic_compare_exchange_n(word, &w,
+                                        (w & ~kUnheardCount) + kUnheardEpoch,
+                                        true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+    {
+    }
 }
 
 class Zone {
@@ -269,8 +296,9 @@ public:
 
     void add_pins(uint64_t peer_id, int64_t delta) noexcept;
 
-    // The nginx instances routing to these peers as of now (seconds): this
-    // one and those heard from in the last kInstanceMemory seconds.
+    // The nginx instances routing to this zone's peers as of now (seconds):
+    // this one and those heard from in the last kInstanceMemory seconds,
+    // through the store of any upstream that counts in the zone.
     uint32_t instances(uint64_t now) const noexcept;
 
     void hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept;

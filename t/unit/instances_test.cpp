@@ -13,6 +13,17 @@ using namespace affinity_test;
 
 namespace {
 
+// What routing reads beside the engines' figures (engine_ttl 3 s), and
+// an engine's report of peer 0 at now: nothing running there.
+const affinity_balance_t kWithEngines{1.25, 2.0, 3, 0};
+
+void report_idle(affinity_zone_t *zone, Upstream &up, uint32_t now)
+{
+    affinity_engine_load_t load{};
+    load.found = AFFINITY_ENGINE_RUNNING;
+    affinity_zone_peer_polled(zone, up.peer(0).slot, &load, now);
+}
+
 // An agent's sibling requests reach several instances at once.  While one
 // this instance sent peer 0 is unheard, each other instance heard from
 // lately may be sending peer 0 one too: the peer is counted with it.
@@ -20,11 +31,13 @@ TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up);     // factor 1.25, slack 2
+    Router router(z.get(), up, kWithEngines);   // factor 1.25, slack 2
     uint32_t slot = up.peer(0).slot;
 
+    report_idle(z.get(), up, 1000);
     up.acquire(0);
-    affinity_zone_peer_announced(z.get(), slot);
+    uintptr_t first = affinity_zone_peer_announced(z.get(), slot);
+    EXPECT_NE(first, 0u);
     EXPECT_EQ(up.stats(0).unheard, 1);
 
     // Alone: 1 + 1 <= max(1.25 x 0.5, 0.5 + 2).
@@ -39,7 +52,7 @@ TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
 
     // The store took the news: the other instance counts the request
     // itself, nothing is presumed.
-    affinity_zone_peer_heard(z.get(), slot);
+    affinity_zone_peer_heard(z.get(), first);
     EXPECT_EQ(up.stats(0).unheard, 0);
     EXPECT_EQ(router.route_key_released(key_on_peer0(2)).decision.peer, 0);
 
@@ -47,14 +60,16 @@ TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
     // 1 + 2 x 0 + 1 fits once they are heard.
     affinity_zone_instance_seen(z.get(), 43, 1000);
     affinity_zone_instance_seen(z.get(), 44, 1000);
-    affinity_zone_peer_announced(z.get(), slot);
+    uintptr_t second = affinity_zone_peer_announced(z.get(), slot);
     EXPECT_GE(router.route_key_released(key_on_peer0(3)).decision.peer, 1);
-    affinity_zone_peer_heard(z.get(), slot);
+    affinity_zone_peer_heard(z.get(), second);
     EXPECT_EQ(router.route_key_released(key_on_peer0(4)).decision.peer, 0);
 
     // Unheard again, but the others were last heard from 11 s ago: alone.
-    affinity_zone_peer_announced(z.get(), slot);
     router.now = 1011;
+    report_idle(z.get(), up, 1011);
+    affinity_zone_peer_announced(z.get(), slot);
+    EXPECT_EQ(up.stats(0).unheard, 1);
     EXPECT_EQ(affinity_zone_instances(z.get(), 1011), 1u);
     EXPECT_EQ(router.route_key_released(key_on_peer0(5)).decision.peer, 0);
 }
@@ -65,10 +80,11 @@ TEST(Instances, PinnedSiblingsSpillWhileUnheard)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up);
+    Router router(z.get(), up, kWithEngines);
     uint32_t slot = up.peer(0).slot;
     std::string key = key_on_peer0(0);
 
+    report_idle(z.get(), up, 1000);
     affinity_zone_instance_seen(z.get(), 42, 1000);
     EXPECT_EQ(router.route_key(key).decision.peer, 0);
     EXPECT_EQ(router.route_key(key).decision.route,
@@ -82,37 +98,80 @@ TEST(Instances, PinnedSiblingsSpillWhileUnheard)
     EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
 }
 
+// The others' requests are counted through the engine's figure; without
+// one (never reported, or older than engine_ttl: its metrics fail) this
+// instance counts its own requests alone, and presumes none unheard,
+// which a worker killed before the store answered may have left.
+TEST(Instances, UnheardCountOnlyBesideAFreshEngineFigure)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, kWithEngines);
+    uint32_t slot = up.peer(0).slot;
+
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    up.acquire(0);
+    affinity_zone_peer_announced(z.get(), slot);
+    EXPECT_EQ(router.route_key_released(key_on_peer0(0)).decision.peer, 0)
+        << "never reported";
+
+    report_idle(z.get(), up, 1000);
+    affinity_zone_peer_announced(z.get(), slot);
+    EXPECT_GE(router.route_key_released(key_on_peer0(1)).decision.peer, 1)
+        << "reported: 1 + 1 + 1 > 2.5";
+
+    router.now = 1004;
+    affinity_zone_instance_seen(z.get(), 42, 1004);
+    EXPECT_EQ(up.stats(0).unheard, 1);
+    EXPECT_EQ(router.route_key_released(key_on_peer0(2)).decision.peer, 0)
+        << "the report is older than engine_ttl";
+}
+
 TEST(Instances, UnheardNeverBelowZeroAndClearedByTheEngine)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1});
     uint32_t slot = up.peer(0).slot;
+    uintptr_t tickets[3];
 
-    affinity_zone_peer_heard(z.get(), slot);
-    EXPECT_EQ(up.stats(0).unheard, 0);
-
-    for (int i = 0; i < 3; i++) {
-        affinity_zone_peer_announced(z.get(), slot);
+    for (uintptr_t &ticket : tickets) {
+        ticket = affinity_zone_peer_announced(z.get(), slot);
     }
-    affinity_zone_peer_heard(z.get(), slot);
+    affinity_zone_peer_heard(z.get(), tickets[0]);
     EXPECT_EQ(up.stats(0).unheard, 2);
     EXPECT_EQ(up.stats(1).unheard, 0);
 
     // A worker that died before the store answered leaves its count until
     // the engine's next report.
-    affinity_engine_load_t load{};
-    load.found = AFFINITY_ENGINE_RUNNING;
-    affinity_zone_peer_polled(z.get(), slot, &load, 1000);
+    report_idle(z.get(), up, 1000);
     EXPECT_EQ(up.stats(0).unheard, 0);
 
-    // An answer that comes after the report takes nothing off.
-    affinity_zone_peer_heard(z.get(), slot);
+    // An answer to a request counted before the report takes nothing off,
+    // neither at zero nor from a request counted after it.
+    affinity_zone_peer_heard(z.get(), tickets[1]);
+    EXPECT_EQ(up.stats(0).unheard, 0);
+    uintptr_t after = affinity_zone_peer_announced(z.get(), slot);
+    EXPECT_NE(after, tickets[2]);
+    affinity_zone_peer_heard(z.get(), tickets[2]);
+    EXPECT_EQ(up.stats(0).unheard, 1);
+    affinity_zone_peer_heard(z.get(), after);
+    EXPECT_EQ(up.stats(0).unheard, 0);
+
+    // Many reports later, the same.
+    uintptr_t old = affinity_zone_peer_announced(z.get(), slot);
+    for (uint32_t t = 1001; t < 1300; t++) {
+        report_idle(z.get(), up, t);
+    }
     affinity_zone_peer_announced(z.get(), slot);
+    affinity_zone_peer_heard(z.get(), old);
     EXPECT_EQ(up.stats(0).unheard, 1);
 
-    // Slots out of range change nothing.
-    affinity_zone_peer_announced(z.get(), AFFINITY_NO_SLOT);
-    affinity_zone_peer_heard(z.get(), AFFINITY_PEER_SLOTS);
+    // No ticket, or one of no slot, changes nothing.
+    EXPECT_EQ(affinity_zone_peer_announced(z.get(), AFFINITY_NO_SLOT), 0u);
+    EXPECT_EQ(affinity_zone_peer_announced(z.get(), AFFINITY_PEER_SLOTS),
+              0u);
+    affinity_zone_peer_heard(z.get(), 0);
+    affinity_zone_peer_heard(z.get(), ~uintptr_t{0});
     EXPECT_EQ(up.stats(0).unheard, 1);
 }
 
