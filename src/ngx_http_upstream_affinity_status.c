@@ -352,11 +352,17 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
         totals = json_object();
         zones = json_object();
 
-        /* this instance and the others it heard from (affinity_store) */
+        /*
+         * this instance and the others it heard from (affinity_store),
+         * under the lock their table is written under
+         */
 
         shctx = us[i].conf->counter_zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
         instances = affinity_zone_instances(shctx->zone,
                                             (uint32_t) ngx_time());
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
 
         if (u == NULL || list == NULL || totals == NULL || zones == NULL
             || json_object_setn_new(all, (char *) us[i].name.data,
