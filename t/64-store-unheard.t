@@ -9,7 +9,10 @@
 # it counts the peer as if each other instance heard from lately had as
 # many.  Here the store pauses writes (CLIENT PAUSE WRITE): A's
 # announcements wait, and a session's second sibling in flight spills
-# where, once they are taken, it stays.
+# where, once they are taken, it stays.  An announcement whose connection
+# goes is no longer unheard either.  The engines are polled every 30 s,
+# and each poll clears what is left unheard: every check here comes
+# before the next one.
 
 use strict;
 use warnings;
@@ -39,7 +42,7 @@ $a->start_redis($redis);
 
 my $upstream = "        session_affinity header=X-Session-ID zone=%s:1m;\n"
     . "        affinity_store 127.0.0.1:$redis stream=$stream;\n"
-    . "        affinity_metrics interval=10s timeout=1s;\n";
+    . "        affinity_metrics interval=30s timeout=1s;\n";
 
 $a->write_conf(proxy_conf($a, servers(\@replicas) . sprintf($upstream, 'a'),
     http => "    server {\n        listen 127.0.0.1:$status;\n"
@@ -59,6 +62,18 @@ sub unheard {
     my $s = state_of_a();
     return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine}{unheard} }
              @{ $s->{peers} } };
+}
+
+# Nothing unheard on any replica (each with its figure in the status).
+sub none_unheard {
+    my $u = unheard();
+    return 4 == grep { defined $_ && $_ == 0 } values %$u;
+}
+
+# Seconds since A last polled the engines (the replica's figure).
+sub polled_ago {
+    my ($port) = @_;
+    return engine_figures($a, $status, 'llm')->{$port}{age} // -1;
 }
 
 sub redis_command {
@@ -103,11 +118,11 @@ sub sibling {
     return $res->{headers}{'x-replica-port'} // "status $res->{status}";
 }
 
-# A's engine figures freshly polled (the next poll, which clears what is
-# left unheard, is seconds away), and B heard from: B announces a request.
+# A's engine figures polled (the next poll, which clears what is left
+# unheard, is 25 s away or more), and B heard from: B announces a request.
 ok eventually(sub {
         my $e = engine_figures($a, $status, 'llm');
-        4 == grep { defined $e->{$_} && $e->{$_}{age} <= 1 } @replicas;
+        4 == grep { defined $e->{$_} && $e->{$_}{age} <= 5 } @replicas;
     }, 15), 'A knows every replica\'s own load, freshly polled';
 is state_of_a()->{balance}{instances}, 1, 'A has heard from no one yet';
 is $b->http(POST => '/v1/chat/completions',
@@ -118,11 +133,12 @@ is $b->http(POST => '/v1/chat/completions',
 ok eventually(sub { state_of_a()->{balance}{instances} == 2 }, 3),
     'A counts two instances once it reads B\'s news';
 
-# ---- the store takes nothing for 3 s ---------------------------------------
+# ---- the store takes nothing for 4 s ---------------------------------------
 
-like redis_command(qw(CLIENT PAUSE 3000 WRITE)), qr/^\+OK/,
+like redis_command(qw(CLIENT PAUSE 4000 WRITE)), qr/^\+OK/,
     'the store pauses writes';
 my $paused = time;
+my $since;
 
 my ($first, $pinned) = sibling_in_flight('agent-1');
 ok eventually(sub { (unheard()->{$pinned} // 0) == 1 }, 1),
@@ -132,22 +148,44 @@ my $during = time - $paused;
 note sprintf 'agent-1: first on %s, second on %s, %.1f s into the pause',
     $pinned, $spilled, $during;
 SKIP: {
-    skip 'the pause ended before the second sibling', 1 if $during >= 2.5;
+    skip 'the pause ended before the second sibling', 1 if $during >= 3.5;
     isnt $spilled, $pinned,
         'the second sibling spills: B may be sending the peer one too';
 }
 
-ok eventually(sub { !grep { $_ } values %{ unheard() } }, 5),
+ok eventually(\&none_unheard, 6),
     'once the store takes the news again, nothing is left unheard';
+$since = time - $paused;
+cmp_ok polled_ago($pinned) + 1, '>', $since,
+    'and no poll of the engines cleared it';
 close $first;
 
 # ---- the store takes news at once: the siblings stay -----------------------
 
 my ($again, $pinned2) = sibling_in_flight('agent-2');
-ok eventually(sub { !grep { $_ } values %{ unheard() } }, 2),
-    'the first sibling is heard at once';
+ok eventually(\&none_unheard, 2), 'the first sibling is heard at once';
 is sibling('agent-2'), $pinned2, 'the second sibling stays with the first';
 close $again;
+
+# ---- the connection goes while the store takes nothing ---------------------
+
+# hiredis answers every command waiting on a connection that goes, without
+# a reply: the request is no more unheard, with no poll to clear it.
+like redis_command(qw(CLIENT PAUSE 4000 WRITE)), qr/^\+OK/,
+    'the store pauses writes again';
+$paused = time;
+my ($third, $pinned3) = sibling_in_flight('agent-3');
+ok eventually(sub { (unheard()->{$pinned3} // 0) == 1 }, 1),
+    'the next sibling is unheard';
+like redis_command(qw(CLIENT KILL TYPE normal)), qr/^:[1-9]/,
+    'the store drops its clients';
+ok eventually(\&none_unheard, 2),
+    'its announcement is no longer unheard once its connection went';
+$since = time - $paused;
+cmp_ok polled_ago($pinned3) + 1, '>', $since,
+    'and no poll of the engines cleared it';
+close $third;
+like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/, 'the store takes writes';
 
 is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
 is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
