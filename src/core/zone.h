@@ -135,8 +135,7 @@ struct alignas(64) PeerSlot {
     // Cleared when the engine reports, so that a worker that died waiting
     // for the store's answer leaves nothing behind for long; an answer to
     // a request counted before a clear takes nothing off after it
-    // (affinity_zone_peer_heard()).  A zone of layout version 8 before this
-    // held the count alone, never above 2^32: it reads the same.
+    // (affinity_zone_peer_heard()).
     uint64_t unheard;
     // Characters of prompts sent the peer that its cache was not presumed
     // to hold (cache_model.h): the clock of its cache's modelled LRU.  In
