@@ -548,14 +548,10 @@ ngx_http_upstream_affinity_store_announce(
         return;
     }
 
-    if (slot >= AFFINITY_PEER_SLOTS) {
-        (void) ngx_http_upstream_affinity_store_send(store, buf, len,
-                                   ngx_http_upstream_affinity_store_sent,
-                                   store);
-        return;
-    }
-
-    /* announced before it is sent: the answer may not come before this */
+    /*
+     * announced before it is sent: the answer may not come before this
+     * (a peer without a counter slot gets ticket 0, which counts nothing)
+     */
 
     shctx = ascf->counter_zone->data;
     ticket = affinity_zone_peer_announced(shctx->zone, slot);

@@ -307,9 +307,10 @@ uintptr_t affinity_zone_peer_announced(affinity_zone_t *zone,
 void affinity_zone_peer_heard(affinity_zone_t *zone, uintptr_t ticket)
     noexcept
 {
+    // Ticket 0 (none) names slot UINT32_MAX.
     uint32_t slot = uint32_t(ticket & kTicketSlots) - 1;
 
-    if (ticket == 0 || slot >= kPeerSlots) {
+    if (slot >= kPeerSlots) {
         return;
     }
 
