@@ -59,9 +59,8 @@ sub state_of_a {
 }
 
 sub unheard {
-    my $s = state_of_a();
-    return { map { ($_->{name} =~ /:(\d+)$/)[0] => $_->{engine}{unheard} }
-             @{ $s->{peers} } };
+    my $e = engine_figures($a, $status, 'llm');
+    return { map { $_ => $e->{$_}{unheard} } keys %$e };
 }
 
 # Nothing unheard on any replica (each with its figure in the status).
