@@ -88,6 +88,13 @@ struct ngx_http_upstream_affinity_store_s {
     /* the id of the last stream entry read */
     char                                    last[64];
 
+    /*
+     * When this worker began to read the stream, from its beginning: this
+     * instance's announcements sent before were heard by the worker it
+     * replaced, if any.
+     */
+    time_t                                  started;
+
     /* messages learned while the store was away: a ring */
     ngx_http_upstream_affinity_backlog_t   *backlog;
     ngx_uint_t                              first;
@@ -126,7 +133,7 @@ static size_t ngx_http_upstream_affinity_store_encode(
     affinity_store_message_t *message, u_char *buf);
 static ngx_int_t ngx_http_upstream_affinity_store_send(
     ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    redisCallbackFn *callback, void *privdata);
+    uintptr_t ticket, redisCallbackFn *callback, void *privdata);
 static void ngx_http_upstream_affinity_store_flush(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac,
@@ -214,6 +221,7 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     /* entries still in the stream are applied if not expired */
     ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
                 sizeof(store->last));
+    store->started = ngx_time();
 
     store->retry.handler = ngx_http_upstream_affinity_store_retry;
     store->retry.data = store;
@@ -485,7 +493,7 @@ ngx_http_upstream_affinity_store_publish(
     }
 
     if (store->up && store->queued == 0) {
-        (void) ngx_http_upstream_affinity_store_send(store, buf, len,
+        (void) ngx_http_upstream_affinity_store_send(store, buf, len, 0,
                                    ngx_http_upstream_affinity_store_sent,
                                    store);
         return;
@@ -514,11 +522,12 @@ ngx_http_upstream_affinity_store_publish(
 
 /*
  * A request this instance sends a peer, with affinity_metrics: the others
- * count it on the peer's load once they read it.  Until the store has
- * taken it, it is announced in the counter zone, and routing here counts
- * the peer as if each other instance were sending it as many unseen
- * (affinity_zone_peer_announced()).  Not kept while the store is away
- * (..._STORE_FRESH).
+ * count it on the peer's load once they read it.  Until this instance
+ * reads it back from the stream, as they do, it is announced in the
+ * counter zone, and routing here counts the peer as if each other instance
+ * were sending it as many unseen (affinity_zone_peer_announced()).  The
+ * ticket of the announcement goes with the message, for the reader.  Not
+ * kept while the store is away (..._STORE_FRESH).
  */
 
 void
@@ -556,7 +565,7 @@ ngx_http_upstream_affinity_store_announce(
     shctx = ascf->counter_zone->data;
     ticket = affinity_zone_peer_announced(shctx->zone, slot);
 
-    if (ngx_http_upstream_affinity_store_send(store, buf, len,
+    if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket,
                                    ngx_http_upstream_affinity_store_heard,
                                    (void *) ticket)
         != NGX_OK)
@@ -578,13 +587,18 @@ ngx_http_upstream_affinity_store_encode(
 }
 
 
-/* NGX_OK when the command is on its way: its callback will be called */
+/*
+ * A message as a stream entry's field "m", with an announcement's ticket
+ * (if not 0) as its field "t", which other instances skip.  NGX_OK when
+ * the command is on its way: its callback will be called.
+ */
 
 static ngx_int_t
 ngx_http_upstream_affinity_store_send(
     ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    redisCallbackFn *callback, void *privdata)
+    uintptr_t ticket, redisCallbackFn *callback, void *privdata)
 {
+    int                                       rc;
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
     scf = store->conf->store_conf;
@@ -598,16 +612,20 @@ ngx_http_upstream_affinity_store_send(
         return NGX_DECLINED;
     }
 
-    if (redisAsyncCommand(store->writer, callback, privdata,
-                          "XADD %s MAXLEN ~ %lu * m %b",
-                          scf->stream.data, (unsigned long) scf->maxlen,
-                          data, len)
-        != REDIS_OK)
-    {
-        return NGX_ERROR;
+    if (ticket) {
+        rc = redisAsyncCommand(store->writer, callback, privdata,
+                               "XADD %s MAXLEN ~ %lu * m %b t %lu",
+                               scf->stream.data, (unsigned long) scf->maxlen,
+                               data, len, (unsigned long) ticket);
+
+    } else {
+        rc = redisAsyncCommand(store->writer, callback, privdata,
+                               "XADD %s MAXLEN ~ %lu * m %b",
+                               scf->stream.data, (unsigned long) scf->maxlen,
+                               data, len);
     }
 
-    return NGX_OK;
+    return rc == REDIS_OK ? NGX_OK : NGX_ERROR;
 }
 
 
@@ -623,7 +641,7 @@ ngx_http_upstream_affinity_store_flush(
     while (store->queued && store->writer) {
         b = &store->backlog[store->first];
         (void) ngx_http_upstream_affinity_store_send(store, b->data, b->len,
-                                       ngx_http_upstream_affinity_store_sent,
+                                       0, ngx_http_upstream_affinity_store_sent,
                                        store);
         store->first = (store->first + 1) % n;
         store->queued--;
@@ -651,22 +669,28 @@ ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
 
 
 /*
- * The store's answer to an announced request (or none: the connection
- * went, and hiredis calls back without one): the others can count it now,
- * or never will.
+ * The store's answer to an announced request.  Taken, the request is heard
+ * when this instance reads it back (..._store_apply()): the others read it
+ * about then, which on a busy host may be milliseconds after this answer.
+ * Refused, or without an answer (the connection went, and hiredis calls
+ * back without one), it will not be read: heard now.
  */
 
 static void
 ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac, void *reply,
     void *data)
 {
+    redisReply                           *r = reply;
     ngx_http_upstream_affinity_store_t   *store = ac->data;
     ngx_http_upstream_affinity_shctx_t   *shctx;
 
-    /* the ticket affinity_zone_peer_announced() gave */
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
 
-    shctx = store->conf->counter_zone->data;
-    affinity_zone_peer_heard(shctx->zone, (uintptr_t) data);
+        /* the ticket affinity_zone_peer_announced() gave */
+
+        shctx = store->conf->counter_zone->data;
+        affinity_zone_peer_heard(shctx->zone, (uintptr_t) data);
+    }
 
     ngx_http_upstream_affinity_store_sent(ac, reply, store);
 }
@@ -770,10 +794,12 @@ static void
 ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields)
 {
+    off_t                                   ticket;
     time_t                                  now;
     uint64_t                                hash;
     uint64_t                                levels[AFFINITY_MAX_LEVELS];
     ngx_uint_t                              i;
+    redisReply                             *name, *value;
     ngx_shm_zone_t                         *zone;
     affinity_store_message_t                m;
     ngx_http_upstream_affinity_shctx_t     *shctx;
@@ -781,6 +807,21 @@ ngx_http_upstream_affinity_store_apply(
 
     ascf = store->conf;
     now = ngx_time();
+
+    /* an announcement's ticket (..._store_send()), if any */
+
+    ticket = NGX_ERROR;
+
+    for (i = 0; i + 1 < fields->elements; i += 2) {
+        name = fields->element[i];
+        value = fields->element[i + 1];
+
+        if (name->type == REDIS_REPLY_STRING && name->len == 1
+            && name->str[0] == 't' && value->type == REDIS_REPLY_STRING)
+        {
+            ticket = ngx_atoof((u_char *) value->str, value->len);
+        }
+    }
 
     for (i = 0; i + 1 < fields->elements; i += 2) {
 
@@ -795,9 +836,30 @@ ngx_http_upstream_affinity_store_apply(
         if (affinity_store_decode(fields->element[i + 1]->str,
                                   fields->element[i + 1]->len, &m, levels,
                                   AFFINITY_MAX_LEVELS)
-            != 0
-            || m.instance == store->instance)
+            != 0)
         {
+            continue;
+        }
+
+        if (m.instance == store->instance) {
+
+            /*
+             * This instance's own announcement, read back as the others
+             * read it: they count the request from about now, so it is
+             * no longer unheard here.  Once per instance, by its first
+             * worker, and only if sent since this worker began to read:
+             * one sent before was heard by the worker it replaced, if
+             * any, or is cleared by the engine's next report.
+             */
+
+            if (m.kind == AFFINITY_STORE_SENT && ticket > 0
+                && ngx_worker == 0 && (time_t) m.time > store->started
+                && ascf->counter_zone)
+            {
+                shctx = ascf->counter_zone->data;
+                affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
+            }
+
             continue;
         }
 

@@ -10,9 +10,12 @@
 # many.  Here the store pauses writes (CLIENT PAUSE WRITE): A's
 # announcements wait, and a session's second sibling in flight spills
 # where, once they are taken, it stays.  An announcement whose connection
-# goes is no longer unheard either.  The engines are polled every 30 s,
-# and each poll clears what is left unheard: every check here comes
-# before the next one.
+# goes is no longer unheard either.  The others read an announcement some
+# time after the store answers its sender, on a loaded host milliseconds
+# later: it stays unheard until A reads it back as well, which a relay
+# between A and the store delays here (t/store-relay.pl).  The engines are
+# polled every 30 s, and each poll clears what is left unheard: every check
+# here comes before the next one.
 
 use strict;
 use warnings;
@@ -35,19 +38,25 @@ my $a = AffinityTest->new(workers => 1);
 my $b = AffinityTest->new(workers => 1);
 my @replicas = $a->start_mock_replicas(4, '--decode-ms-per-token', 20);
 my $redis = $a->port;
+my $relay = $a->port;
 my $stream = "affinity-unheard-$$";
 my $status = $a->port;
 
 $a->start_redis($redis);
+my $relay_pid = $a->start_service(relay => $relay, $^X,
+    "$FindBin::Bin/store-relay.pl", '--port', $relay, '--to', $redis);
 
+# A reaches the store through the relay
 my $upstream = "        session_affinity header=X-Session-ID zone=%s:1m;\n"
-    . "        affinity_store 127.0.0.1:$redis stream=$stream;\n"
+    . "        affinity_store 127.0.0.1:%d stream=$stream;\n"
     . "        affinity_metrics interval=30s timeout=1s;\n";
 
-$a->write_conf(proxy_conf($a, servers(\@replicas) . sprintf($upstream, 'a'),
+$a->write_conf(proxy_conf($a, servers(\@replicas)
+                                  . sprintf($upstream, 'a', $relay),
     http => "    server {\n        listen 127.0.0.1:$status;\n"
           . "        location / { affinity_status; }\n    }\n"));
-$b->write_conf(proxy_conf($b, servers(\@replicas) . sprintf($upstream, 'b')));
+$b->write_conf(proxy_conf($b, servers(\@replicas)
+                                  . sprintf($upstream, 'b', $redis)));
 $a->start_nginx;
 $b->start_nginx;
 
@@ -87,6 +96,10 @@ sub redis_command {
     my $reply = <$s>;
     close $s;
     return $reply // '';
+}
+
+sub stream_length {
+    return redis_command('XLEN', $stream) =~ /^:(\d+)/ ? $1 : -1;
 }
 
 # A sibling that stays in flight: its request on a socket of its own, and
@@ -172,6 +185,24 @@ my ($again, $pinned2) = sibling_in_flight('agent-2');
 ok eventually(\&none_unheard, 2), 'the first sibling is heard at once';
 is sibling('agent-2'), $pinned2, 'the second sibling stays with the first';
 close $again;
+
+# ---- the store takes the news, A reads it back late ------------------------
+
+# The relay holds what the store tells A's readers: the store takes and
+# answers A's announcement, which B reads at once, but A does not read it.
+kill 'USR1', $relay_pid or die "relay: $!";
+my $held = time;
+my $length = stream_length();
+my ($fourth, $pinned4) = sibling_in_flight('agent-4');
+ok eventually(sub { stream_length() > $length }, 2),
+    'agent-4: the store took the first sibling\'s announcement';
+sleep 0.5;      # its answer reached A long ago
+is unheard()->{$pinned4}, 1,
+    'agent-4: it is still unheard while A has not read it back';
+kill 'USR2', $relay_pid or die "relay: $!";
+ok eventually(\&none_unheard, 2), 'agent-4: heard once A reads it';
+ok polled_before($pinned4, $held), 'and no poll of the engines cleared it';
+close $fourth;
 
 # ---- the connection goes while the store takes nothing ---------------------
 

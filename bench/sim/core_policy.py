@@ -670,8 +670,9 @@ class Instances:
     itself as load and its end (with metrics), how far the prompt filled
     its peer's modelled cache, a new or moved pin, the prompt's levels, in
     the order ..._balancer.c publishes them.  A request stays announced
-    in its instance's zone (unheard) until its news is delivered, and each
-    delivery tells the others the sender is routing, as ..._store.c does.
+    in its instance's zone (unheard) until its news is delivered, which
+    is when its sender reads it back too, and each delivery tells the
+    others the sender is routing, as ..._store.c does.
 
     Polls and deliveries are timers of the simulation (next_timer(),
     timer()), taken at their own times between the fleet's events.  The
@@ -731,7 +732,7 @@ class Instances:
         while pending and pending[0][0] <= self.now:
             due, _, origin, kind, peer_id, payload = heapq.heappop(pending)
             if kind == 'sent':
-                # the store took it: the others count it from now
+                # read back by its sender as the others read it
                 self.members[origin].heard(payload)
             for i, member in enumerate(self.members):
                 if i != origin:
