@@ -663,9 +663,11 @@ NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
 
 
 def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
-                points=RING_POINTS, store_latency=0.0, poll_interval=2.0):
+                points=RING_POINTS, store_latency=0.0, poll_interval=2.0,
+                read_lag=0.0):
     """A fresh policy object (policies keep state, such as pins).
-    store_latency and poll_interval: the several instances' (module_x*)."""
+    store_latency, poll_interval and read_lag: the several instances'
+    (module_x*)."""
     if name == 'oracle':
         return PrefixOracle(replicas, factor, slack)
     if name == 'round_robin':
@@ -682,7 +684,7 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
         from bench.sim import core_policy
         return core_policy.make(name, replicas, factor, slack,
                                 latency=store_latency,
-                                interval=poll_interval)
+                                interval=poll_interval, read_lag=read_lag)
     raise ValueError('unknown policy %r' % name)
 
 
@@ -693,7 +695,7 @@ def simulate(requests, policy_name, replicas=4, params=None,
              **instances):
     """Serves requests on a fresh fleet with a fresh policy; returns
     (summary dict, jobs).  Deterministic: same inputs, same result.
-    instances: make_policy()'s store_latency and poll_interval."""
+    instances: make_policy()'s store_latency, poll_interval, read_lag."""
     params = params or model.ReplicaParams()
     policy = make_policy(policy_name, replicas, factor, slack, points,
                          **instances)
@@ -761,6 +763,11 @@ def parse_args(argv=None):
     p.add_argument('--store-latency', type=float, default=0.0,
                    help='module_x*: seconds (profile time) before what one '
                         'instance publishes reaches the others (default '
+                        '%(default)s)')
+    p.add_argument('--read-lag', type=float, default=0.0,
+                   help='module_x*: each instance reads each message up '
+                        'to twice this many seconds (profile time) after '
+                        'the store took it, at random (default '
                         '%(default)s)')
     p.add_argument('--poll-interval', type=float, default=2.0,
                    help='module_x*: seconds (profile time) between two '
@@ -831,6 +838,7 @@ def compute(args):
         'slack': args.slack,
         'store_latency': args.store_latency,
         'poll_interval': args.poll_interval,
+        'read_lag': args.read_lag,
         'profile': described,
         'params': asdict(params),
         'offered_load': offered_load(requests, profile, params),
@@ -856,7 +864,8 @@ def compute(args):
                                   params, args.factor, args.slack,
                                   args.ring_points,
                                   store_latency=args.store_latency,
-                                  poll_interval=args.poll_interval)
+                                  poll_interval=args.poll_interval,
+                                  read_lag=args.read_lag)
             results[name] = summary
             if name == 'oracle':
                 # Where the oracle sent each request, by its index in the

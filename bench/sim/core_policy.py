@@ -17,7 +17,8 @@ real-time replay.
                            session_affinity; prefix_affinity turns=0;
 
 and several instances of session_affinity; prefix_affinity; behind a
-random spreader (Instances; bounds.py's --store-latency, --poll-interval):
+random spreader (Instances; bounds.py's --store-latency, --read-lag,
+--poll-interval):
 
     module_x1_metrics      one instance, affinity_metrics
     module_x2_shared       two instances, affinity_store + affinity_metrics
@@ -645,7 +646,8 @@ class ModulePolicy:
             out.append({'inflight': stats.inflight,
                         'requests': stats.requests, 'pins': stats.pins,
                         'engine_load': stats.engine_load,
-                        'elsewhere': stats.engine_elsewhere})
+                        'elsewhere': stats.engine_elsewhere,
+                        'unheard': stats.unheard})
         return out
 
     def stats(self):
@@ -666,13 +668,15 @@ class Instances:
     with zones of its own (a ModulePolicy); with metrics, each polls every
     engine every interval seconds (affinity_metrics), the instances taking
     turns at evenly spread phases; with store, what each decision teaches
-    reaches the others latency seconds later (affinity_store): the request
+    reaches the instances' readers latency seconds later, and each reader
+    up to 2 * read_lag seconds more (at random: a loaded host runs it
+    late), its sender's reader too (affinity_store): the request
     itself as load and its end (with metrics), how far the prompt filled
     its peer's modelled cache, a new or moved pin, the prompt's levels, in
     the order ..._balancer.c publishes them.  A request stays announced
-    in its instance's zone (unheard) until its news is delivered, which
-    is when its sender reads it back too, and each delivery tells the
-    others the sender is routing, as ..._store.c does.
+    in its instance's zone (unheard) until its sender reads it back, and
+    each delivery tells the others the sender is routing, as ..._store.c
+    does.
 
     Polls and deliveries are timers of the simulation (next_timer(),
     timer()), taken at their own times between the fleet's events.  The
@@ -683,7 +687,7 @@ class Instances:
     def __init__(self, replicas, count, store=True, metrics=True,
                  interval=2.0, latency=0.0, factor=FACTOR, slack=SLACK,
                  base_port=BASE_PORT, seed=1, lib=None, cache=False,
-                 name=None):
+                 name=None, read_lag=0.0):
         lib = lib or library()
         # affinity_metrics: figures live three intervals, at least 2 s
         ttl = max(2, int(3 * interval + 0.999)) if metrics else 0
@@ -696,11 +700,14 @@ class Instances:
             (True, False): '_store', (False, False): ''}[store, metrics])
         self.store, self.metrics = store, metrics
         self.interval, self.latency = interval, latency
+        self.read_lag = read_lag
         self.spread = random.Random(seed)
+        self.lag = random.Random(seed + 1)
         self.seeds = [m.counter.info()['seed'] for m in self.members]
         self.next_poll = [interval * i / count for i in range(count)] \
             if metrics else []
-        self.pending = []           # (due, seq, origin, kind, peer, payload)
+        # (due, seq, reader, origin, kind, peer, payload)
+        self.pending = []
         self.seq = 0
         self.now = 0.0
         self.fleet = None
@@ -714,9 +721,15 @@ class Instances:
                     member._capacity = fleet.params.cache_tokens
 
     def _publish(self, origin, kind, peer_id, payload):
-        self.seq += 1
-        heapq.heappush(self.pending, (self.now + self.latency, self.seq,
-                                      origin, kind, peer_id, payload))
+        """A message for every instance's reader, its sender's too."""
+        taken = self.now + self.latency
+        for reader in range(len(self.members)):
+            due = taken
+            if self.read_lag:
+                due += self.lag.uniform(0, 2 * self.read_lag)
+            self.seq += 1
+            heapq.heappush(self.pending, (due, self.seq, reader, origin,
+                                          kind, peer_id, payload))
 
     def next_timer(self):
         """When the next message is due or the next poll is, or inf."""
@@ -730,17 +743,17 @@ class Instances:
         self.now = max(self.now, now)
         pending = self.pending
         while pending and pending[0][0] <= self.now:
-            due, _, origin, kind, peer_id, payload = heapq.heappop(pending)
-            if kind == 'sent':
-                # read back by its sender as the others read it
-                self.members[origin].heard(payload)
-            for i, member in enumerate(self.members):
-                if i != origin:
-                    if self.metrics:
-                        member.heard_from(self.seeds[origin],
-                                          NOW_ORIGIN + int(due))
-                    member.apply(kind, peer_id, payload,
-                                 NOW_ORIGIN + int(due))
+            due, _, reader, origin, kind, peer_id, payload = \
+                heapq.heappop(pending)
+            member = self.members[reader]
+            if reader == origin:
+                if kind == 'sent':
+                    # read back: the others read it about now
+                    member.heard(payload)
+                continue
+            if self.metrics:
+                member.heard_from(self.seeds[origin], NOW_ORIGIN + int(due))
+            member.apply(kind, peer_id, payload, NOW_ORIGIN + int(due))
         for i, member in enumerate(self.members):
             if self.next_poll and self.next_poll[i] <= self.now:
                 member.polled(fleet, NOW_ORIGIN + int(self.now))
@@ -829,12 +842,12 @@ INSTANCE_POLICIES = {
 
 
 def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
-         latency=0.0, interval=2.0):
-    """The policy of this name; latency and interval: Instances'."""
+         latency=0.0, interval=2.0, read_lag=0.0):
+    """The policy of this name; latency, interval, read_lag: Instances'."""
     if name in INSTANCE_POLICIES:
         count, store, metrics = INSTANCE_POLICIES[name]
         return Instances(replicas, count, store, metrics, interval, latency,
                          factor=factor, slack=slack, base_port=base_port,
-                         name=name)
+                         name=name, read_lag=read_lag)
     return ModulePolicy(replicas, factor=factor, slack=slack,
                         base_port=base_port, **POLICIES[name])

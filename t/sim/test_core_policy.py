@@ -248,6 +248,40 @@ class ModulePolicyTest(unittest.TestCase):
         self.assertEqual([s['inflight'] for s in policy.peer_stats()],
                          [0, 0, 0, 0])
 
+    def test_unheard_until_its_sender_reads_it_back(self):
+        # The store takes a request's news at 1.501; the other instance
+        # reads it at once, its sender 10 ms later (read_lag), and counts
+        # it unheard until then.
+        from bench.sim.fleet import Fleet
+
+        class Lags:
+            def __init__(self, lags):
+                self.lags = list(lags)
+
+            def uniform(self, low, high):
+                return self.lags.pop(0)
+
+        policy = core_policy.Instances(4, 2, latency=0.001, read_lag=0.01)
+        policy.spread = type('To', (), {'randrange': lambda self, n: 0})()
+        policy.lag = Lags([0.01, 0.0] * 4)
+        fleet = Fleet(light_params(), 4)
+        advance(policy, 1.5, fleet)
+        req = bounds.with_sessions(self.requests, False)[0]
+        peer, _ = policy.choose(dataclasses.replace(req, arrival=1.5),
+                                req.chain(), fleet)
+        sender, other = policy.members
+
+        def figures(member, name):
+            return [s[name] for s in member.peer_stats()]
+
+        one = [int(p == peer) for p in range(4)]
+        self.assertEqual(figures(sender, 'unheard'), one)
+        advance(policy, 1.502, fleet)
+        self.assertEqual(figures(other, 'elsewhere'), one)
+        self.assertEqual(figures(sender, 'unheard'), one)
+        advance(policy, 1.512, fleet)
+        self.assertEqual(figures(sender, 'unheard'), [0, 0, 0, 0])
+
     def test_a_burst_within_the_stores_latency(self):
         # 24 requests for one shared document at the same moment, spread
         # over two or four instances.  With no latency each counts the
