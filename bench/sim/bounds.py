@@ -664,10 +664,10 @@ NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
 
 def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
                 points=RING_POINTS, store_latency=0.0, poll_interval=2.0,
-                read_lag=0.0):
+                read_lag=0.0, poll_lag=0.0):
     """A fresh policy object (policies keep state, such as pins).
-    store_latency, poll_interval and read_lag: the several instances'
-    (module_x*)."""
+    store_latency, poll_interval, read_lag and poll_lag: the several
+    instances' (module_x*)."""
     if name == 'oracle':
         return PrefixOracle(replicas, factor, slack)
     if name == 'round_robin':
@@ -684,7 +684,8 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
         from bench.sim import core_policy
         return core_policy.make(name, replicas, factor, slack,
                                 latency=store_latency,
-                                interval=poll_interval, read_lag=read_lag)
+                                interval=poll_interval, read_lag=read_lag,
+                                poll_lag=poll_lag)
     raise ValueError('unknown policy %r' % name)
 
 
@@ -695,7 +696,8 @@ def simulate(requests, policy_name, replicas=4, params=None,
              **instances):
     """Serves requests on a fresh fleet with a fresh policy; returns
     (summary dict, jobs).  Deterministic: same inputs, same result.
-    instances: make_policy()'s store_latency, poll_interval, read_lag."""
+    instances: make_policy()'s store_latency, poll_interval, read_lag,
+    poll_lag."""
     params = params or model.ReplicaParams()
     policy = make_policy(policy_name, replicas, factor, slack, points,
                          **instances)
@@ -769,6 +771,10 @@ def parse_args(argv=None):
                         'to twice this many seconds (profile time) after '
                         'the store took it, at random (default '
                         '%(default)s)')
+    p.add_argument('--poll-lag', type=float, default=0.0,
+                   help='module_x*: seconds (profile time) from an '
+                        'engine\'s report to its instance applying it '
+                        '(default %(default)s)')
     p.add_argument('--poll-interval', type=float, default=2.0,
                    help='module_x*: seconds (profile time) between two '
                         'polls of the engines by one instance (default '
@@ -839,6 +845,7 @@ def compute(args):
         'store_latency': args.store_latency,
         'poll_interval': args.poll_interval,
         'read_lag': args.read_lag,
+        'poll_lag': args.poll_lag,
         'profile': described,
         'params': asdict(params),
         'offered_load': offered_load(requests, profile, params),
@@ -865,7 +872,8 @@ def compute(args):
                                   args.ring_points,
                                   store_latency=args.store_latency,
                                   poll_interval=args.poll_interval,
-                                  read_lag=args.read_lag)
+                                  read_lag=args.read_lag,
+                                  poll_lag=args.poll_lag)
             results[name] = summary
             if name == 'oracle':
                 # Where the oracle sent each request, by its index in the

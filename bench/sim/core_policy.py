@@ -412,6 +412,27 @@ class PromptLevels:
 
 # --- the policy -----------------------------------------------------------------
 
+def engine_reports(fleet):
+    """What every replica's engine reports now (EngineLoad each): its
+    running and waiting requests, its KV cache's size and the prompt
+    tokens it computed (queried less cached)."""
+    reports = []
+    for rep in fleet.replicas:
+        figures = rep.stats()
+        load = EngineLoad()
+        load.running = figures['running']
+        load.waiting = figures['waiting']
+        load.cache_usage = min(1.0, figures['cache_blocks']
+                               / rep.params.cache_blocks)
+        load.cache_tokens = fleet.params.cache_tokens
+        load.queried_tokens = figures['queried_tokens_total']
+        load.hit_tokens = figures['cached_tokens_total']
+        load.found = (ENGINE_RUNNING | ENGINE_WAITING | ENGINE_CACHE
+                      | ENGINE_CAPACITY | ENGINE_COMPUTED)
+        reports.append(load)
+    return reports
+
+
 class ModulePolicy:
     """A bounds.py policy routing with the module's core; see the module
     docstring.  session and prefix say which directives the upstream has."""
@@ -565,20 +586,13 @@ class ModulePolicy:
         reply: its running and waiting requests, its KV cache's size and
         the prompt tokens it computed (queried less cached), at now
         (seconds of the core's clock)."""
+        self.apply_reports(engine_reports(fleet), now)
+
+    def apply_reports(self, reports, now):
+        """The engines' reports (engine_reports()), applied at now."""
         lib = self.lib
-        load = EngineLoad()
-        capacity = fleet.params.cache_tokens if self.cache else 0
-        for r, rep in enumerate(fleet.replicas):
-            figures = rep.stats()
-            load.running = figures['running']
-            load.waiting = figures['waiting']
-            load.cache_usage = min(1.0, figures['cache_blocks']
-                                   / rep.params.cache_blocks)
-            load.cache_tokens = fleet.params.cache_tokens
-            load.queried_tokens = figures['queried_tokens_total']
-            load.hit_tokens = figures['cached_tokens_total']
-            load.found = (ENGINE_RUNNING | ENGINE_WAITING | ENGINE_CACHE
-                          | ENGINE_CAPACITY | ENGINE_COMPUTED)
+        for r, load in enumerate(reports):
+            capacity = load.cache_tokens if self.cache else 0
             lib.affinity_zone_peer_polled(self.counter.handle,
                                           self.peers[r].slot,
                                           ctypes.byref(load), now)
@@ -679,15 +693,15 @@ class Instances:
     does.
 
     Polls and deliveries are timers of the simulation (next_timer(),
-    timer()), taken at their own times between the fleet's events.  The
-    real stack adds what this leaves out: a poll's figures are some
-    milliseconds old when they are applied, and in a replay faster than
-    real time those milliseconds are many more of the workload's."""
+    timer()), taken at their own times between the fleet's events.  In the
+    real stack a poll's figures are some milliseconds old when they are
+    applied, and in a replay faster than real time those milliseconds are
+    many more of the workload's: poll_lag seconds here."""
 
     def __init__(self, replicas, count, store=True, metrics=True,
                  interval=2.0, latency=0.0, factor=FACTOR, slack=SLACK,
                  base_port=BASE_PORT, seed=1, lib=None, cache=False,
-                 name=None, read_lag=0.0):
+                 name=None, read_lag=0.0, poll_lag=0.0):
         lib = lib or library()
         # affinity_metrics: figures live three intervals, at least 2 s
         ttl = max(2, int(3 * interval + 0.999)) if metrics else 0
@@ -700,7 +714,7 @@ class Instances:
             (True, False): '_store', (False, False): ''}[store, metrics])
         self.store, self.metrics = store, metrics
         self.interval, self.latency = interval, latency
-        self.read_lag = read_lag
+        self.read_lag, self.poll_lag = read_lag, poll_lag
         self.spread = random.Random(seed)
         self.lag = random.Random(seed + 1)
         self.seeds = [m.counter.info()['seed'] for m in self.members]
@@ -746,6 +760,10 @@ class Instances:
             due, _, reader, origin, kind, peer_id, payload = \
                 heapq.heappop(pending)
             member = self.members[reader]
+            if kind == 'polled':
+                # the engines' reports, poll_lag after they were made
+                member.apply_reports(payload, NOW_ORIGIN + int(due))
+                continue
             if reader == origin:
                 if kind == 'sent':
                     # read back: the others read it about now
@@ -756,7 +774,13 @@ class Instances:
             member.apply(kind, peer_id, payload, NOW_ORIGIN + int(due))
         for i, member in enumerate(self.members):
             if self.next_poll and self.next_poll[i] <= self.now:
-                member.polled(fleet, NOW_ORIGIN + int(self.now))
+                if self.poll_lag:
+                    self.seq += 1
+                    heapq.heappush(pending, (self.now + self.poll_lag,
+                                             self.seq, i, i, 'polled', None,
+                                             engine_reports(fleet)))
+                else:
+                    member.polled(fleet, NOW_ORIGIN + int(self.now))
                 while self.next_poll[i] <= self.now:
                     self.next_poll[i] += self.interval
 
@@ -842,12 +866,13 @@ INSTANCE_POLICIES = {
 
 
 def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
-         latency=0.0, interval=2.0, read_lag=0.0):
-    """The policy of this name; latency, interval, read_lag: Instances'."""
+         latency=0.0, interval=2.0, read_lag=0.0, poll_lag=0.0):
+    """The policy of this name; latency, interval, read_lag, poll_lag:
+    Instances'."""
     if name in INSTANCE_POLICIES:
         count, store, metrics = INSTANCE_POLICIES[name]
         return Instances(replicas, count, store, metrics, interval, latency,
                          factor=factor, slack=slack, base_port=base_port,
-                         name=name, read_lag=read_lag)
+                         name=name, read_lag=read_lag, poll_lag=poll_lag)
     return ModulePolicy(replicas, factor=factor, slack=slack,
                         base_port=base_port, **POLICIES[name])
