@@ -282,6 +282,22 @@ class ModulePolicyTest(unittest.TestCase):
         advance(policy, 1.512, fleet)
         self.assertEqual(figures(sender, 'unheard'), [0, 0, 0, 0])
 
+    def test_engine_reports_applied_poll_lag_later(self):
+        # A poll's figures are those of the moment it was made, applied
+        # poll_lag later: what changed meanwhile is not in them.
+        from bench.sim.fleet import Fleet
+        fleet = Fleet(light_params(), 4)
+        running = fleet.replicas[0].admission
+        policy = core_policy.Instances(4, 1, interval=2.0, poll_lag=0.5)
+        member = policy.members[0]
+        running.in_use = 3
+        advance(policy, 0.0, fleet)           # the engines report: 3
+        running.in_use = 7
+        advance(policy, 0.4, fleet)
+        self.assertEqual(member.peer_stats()[0]['engine_load'], -1)  # none
+        advance(policy, 0.5, fleet)
+        self.assertEqual(member.peer_stats()[0]['engine_load'], 3)
+
     def test_a_burst_within_the_stores_latency(self):
         # 24 requests for one shared document at the same moment, spread
         # over two or four instances.  With no latency each counts the
