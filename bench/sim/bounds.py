@@ -377,16 +377,20 @@ class Job:
 
 
 # Event kinds, in the order they are handled at equal times.
-_PREFILL_END, _FINISH = 0, 1
+_PREFILL_END, _FINISH, _ARRIVE = 0, 1, 2
 
 
 class Simulation:
     """A discrete-event simulation of a fleet (fleet.Fleet: its rules, see
     the module docstring) fed by a routing policy."""
 
-    def __init__(self, fleet, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK):
+    def __init__(self, fleet, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
+                 transit=0.0):
         self.fleet = fleet
         self.factor, self.slack = factor, slack     # the load bound's
+        # from routing to the replica counting the request in: an engine
+        # reads and tokenizes a prompt before its scheduler counts it
+        self.transit = transit
         self.events = []
         self.seq = 0
         self.policy = None
@@ -414,7 +418,10 @@ class Simulation:
             last[req.session] = r
             job = Job(req, chain, r, token, could_stay)
             jobs.append(job)
-            self._arrive(job, req.arrival)
+            if self.transit:
+                self._push(req.arrival + self.transit, _ARRIVE, job)
+            else:
+                self._arrive(job, req.arrival)
         # the last requests end; a policy's timers have nothing left to do
         self._advance(float('inf'), timers=False)
         for job in jobs:
@@ -444,6 +451,8 @@ class Simulation:
             time, kind, _, job = heapq.heappop(events)
             if kind == _PREFILL_END:
                 self._prefill_end(job, time)
+            elif kind == _ARRIVE:
+                self._arrive(job, time)
             else:
                 self._finish(job, time)
 
@@ -693,16 +702,16 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
 
 def simulate(requests, policy_name, replicas=4, params=None,
              factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK, points=RING_POINTS,
-             **instances):
+             transit=0.0, **instances):
     """Serves requests on a fresh fleet with a fresh policy; returns
     (summary dict, jobs).  Deterministic: same inputs, same result.
-    instances: make_policy()'s store_latency, poll_interval, read_lag,
-    poll_lag."""
+    transit: Simulation's; instances: make_policy()'s store_latency,
+    poll_interval, read_lag, poll_lag."""
     params = params or model.ReplicaParams()
     policy = make_policy(policy_name, replicas, factor, slack, points,
                          **instances)
     fleet = Fleet(params, replicas)
-    jobs = Simulation(fleet, factor, slack).run(requests, policy)
+    jobs = Simulation(fleet, factor, slack, transit).run(requests, policy)
     summary = summarize(jobs, fleet)
     summary.update(policy.stats())
     return summary, jobs
@@ -770,6 +779,11 @@ def parse_args(argv=None):
                    help='module_x*: each instance reads each message up '
                         'to twice this many seconds (profile time) after '
                         'the store took it, at random (default '
+                        '%(default)s)')
+    p.add_argument('--transit', type=float, default=0.0,
+                   help='seconds (profile time) from routing a request to '
+                        'its replica counting it in, as an engine reads '
+                        'and tokenizes a prompt first (default '
                         '%(default)s)')
     p.add_argument('--poll-lag', type=float, default=0.0,
                    help='module_x*: seconds (profile time) from an '
@@ -846,6 +860,7 @@ def compute(args):
         'poll_interval': args.poll_interval,
         'read_lag': args.read_lag,
         'poll_lag': args.poll_lag,
+        'transit': args.transit,
         'profile': described,
         'params': asdict(params),
         'offered_load': offered_load(requests, profile, params),
@@ -872,6 +887,7 @@ def compute(args):
                                   args.ring_points,
                                   store_latency=args.store_latency,
                                   poll_interval=args.poll_interval,
+                                  transit=args.transit,
                                   read_lag=args.read_lag,
                                   poll_lag=args.poll_lag)
             results[name] = summary
