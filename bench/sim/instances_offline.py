@@ -9,10 +9,13 @@ loses, deterministically, in minutes.
 
     /usr/bin/python3 bench/sim/instances_offline.py [--workloads conversation]
         [--seeds 3] [--latencies 0,0.01,0.1] [--name instances-offline]
+        [--read-lag 0] [--poll-lag 0] [--transit 0]
 
 writes bench/results/<name>/results.json and results.md.  Latencies are in
 seconds of profile time: the replay of bench.py runs 20 times faster than
-real time, so 0.01 s stands for a store 0.5 ms away.
+real time, so 0.01 s stands for a store 0.5 ms away.  --read-lag,
+--poll-lag and --transit are bounds.py's, the last two for one instance
+too.
 """
 
 import argparse
@@ -32,14 +35,14 @@ ONE = 'module_x1_metrics'
 SHARED = 'module_x4_shared'
 
 
-def simulate(requests, params, replicas, name, latency):
+def simulate(requests, params, replicas, name, latency, lags):
     s, _ = bounds.simulate(requests, name, replicas, params,
-                           store_latency=latency)
+                           store_latency=latency, **lags)
     return {'hit_ratio': s['hit_ratio'], 'ttft_p50': s['ttft_s']['p50'],
             'peak_inflight': s['peak_inflight_max']}
 
 
-def case(workload, seed, arrivals, latencies):
+def case(workload, seed, arrivals, latencies, lags):
     """Every figure of one workload slice: {sessions: {label: figures}}."""
     argv = ['--workload', workload, '--seed', str(seed), '--size', 'full',
             '--profile', 'tight']
@@ -54,10 +57,12 @@ def case(workload, seed, arrivals, latencies):
     for sessions in ('on', 'off'):
         sent = requests if sessions == 'on' \
             else bounds.with_sessions(requests, False)
-        figures = {'one': simulate(sent, params, profile.replicas, ONE, 0)}
+        alone = dict(lags, read_lag=0.0)       # it reads no store
+        figures = {'one': simulate(sent, params, profile.replicas, ONE, 0,
+                                   alone)}
         for latency in latencies:
             figures['four@%g' % latency] = simulate(
-                sent, params, profile.replicas, SHARED, latency)
+                sent, params, profile.replicas, SHARED, latency, lags)
         out[sessions] = figures
     return out
 
@@ -79,6 +84,17 @@ def signed_cell(values):
     return text
 
 
+def lags_text(doc):
+    """The lags of the run, as a sentence, if any."""
+    lags = doc.get('lags', {})
+    given = ['%s %g' % (name.replace('_', '-'), value)
+             for name, value in sorted(lags.items()) if value]
+    if not given:
+        return ''
+    return ('  bounds.py\'s --%s (seconds of profile time; one instance '
+            'with the same but --read-lag).' % ', --'.join(given))
+
+
 def report(doc):
     lines = ['# ' + doc['name'], '',
              'Offline (bench/sim/instances_offline.py), tight profile, '
@@ -90,8 +106,8 @@ def report(doc):
              'instance publishes reaches the others (0.01: a store 0.5 ms '
              'away, replayed 20 times faster than real time).  Arrivals: '
              "the trace's times, in ticks of 3 s, or each request at a "
-             'random moment of its tick.' % ', '.join(
-                 str(s) for s in doc['seeds']), '',
+             'random moment of its tick.%s' % (', '.join(
+                 str(s) for s in doc['seeds']), lags_text(doc)), '',
              '| workload | arrivals | sessions | latency | four ÷ one |',
              '|---|---|---|---:|---|']
     for workload, by_arrivals in doc['results'].items():
@@ -122,7 +138,12 @@ def main(argv=None):
     p.add_argument('--latencies', default='0,0.01,0.1',
                    help='comma-separated seconds of profile time')
     p.add_argument('--name', default='instances-offline')
+    for lag in ('read-lag', 'poll-lag', 'transit'):
+        p.add_argument('--' + lag, type=float, default=0.0,
+                       help="bounds.py's (default %(default)s)")
     args = p.parse_args(argv)
+    lags = {'read_lag': args.read_lag, 'poll_lag': args.poll_lag,
+            'transit': args.transit}
     latencies = [float(x) for x in args.latencies.split(',')]
     names = args.workloads.split(',')
     for name in names:
@@ -137,10 +158,10 @@ def main(argv=None):
             results[name][a] = {}
             for seed in range(1, args.seeds + 1):
                 results[name][a][str(seed)] = case(name, seed, a,
-                                                   latencies)
+                                                   latencies, lags)
                 print('%s/%s/%d done' % (name, a, seed), flush=True)
     doc = {'name': args.name, 'seeds': list(range(1, args.seeds + 1)),
-           'latencies': latencies, 'results': results,
+           'latencies': latencies, 'lags': lags, 'results': results,
            'elapsed_s': round(time.time() - started, 1)}
     outdir = REPO / 'bench' / 'results' / args.name
     outdir.mkdir(parents=True, exist_ok=True)
