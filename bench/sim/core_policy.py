@@ -684,7 +684,8 @@ class Instances:
     turns at evenly spread phases; with store, what each decision teaches
     reaches the instances' readers latency seconds later, and each reader
     up to 2 * read_lag seconds more (at random: a loaded host runs it
-    late), its sender's reader too (affinity_store): the request
+    late), its sender's reader too, each reading the messages in the
+    order the store took them (affinity_store): the request
     itself as load and its end (with metrics), how far the prompt filled
     its peer's modelled cache, a new or moved pin, the prompt's levels, in
     the order ..._balancer.c publishes them.  A request stays announced
@@ -717,6 +718,7 @@ class Instances:
         self.read_lag, self.poll_lag = read_lag, poll_lag
         self.spread = random.Random(seed)
         self.lag = random.Random(seed + 1)
+        self.read_at = [0.0] * count    # when each reader read its last
         self.seeds = [m.counter.info()['seed'] for m in self.members]
         self.next_poll = [interval * i / count for i in range(count)] \
             if metrics else []
@@ -740,7 +742,10 @@ class Instances:
         for reader in range(len(self.members)):
             due = taken
             if self.read_lag:
-                due += self.lag.uniform(0, 2 * self.read_lag)
+                # a stream is read in order
+                due = max(due + self.lag.uniform(0, 2 * self.read_lag),
+                          self.read_at[reader])
+                self.read_at[reader] = due
             self.seq += 1
             heapq.heappush(self.pending, (due, self.seq, reader, origin,
                                           kind, peer_id, payload))
