@@ -54,7 +54,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                 // This instance's requests that the others cannot count
                 // yet (fits()): only beside the figure the others' are
                 // counted in, which also clears them when a worker died
-                // before the store answered; never more than in flight.
+                // before they were read back; never more than in flight.
                 unheard = std::min(unheard_count(atomic_load(&s.unheard)),
                                    n);
             }
@@ -99,7 +99,8 @@ bool LoadBound::within_slack(size_t i, int64_t extra) const noexcept
 // the other instances can count them: each saw the same room under the
 // peer's bound, and each filled it.  This instance cannot see the others'
 // requests of that moment, but it knows its own: those it sent the peer
-// that the store has not yet taken.  Such requests reach the instances at
+// whose news it has not yet read back from the store, as the others read
+// it.  Such requests reach the instances at
 // random, so while this one has some, each other instance likely has as
 // many: the peer is counted with that many more per other instance.
 // Alone, or with nothing unheard, nothing changes.

@@ -128,13 +128,14 @@ struct alignas(64) PeerSlot {
     // peer since its engine last reported, less those they said ended: its
     // figure does not show them yet.  Below zero when more ended.
     int64_t engine_others;      // atomic
-    // Requests this instance sent the peer whose news (a SENT message) the
-    // store has not yet taken: the other instances cannot count them yet.
+    // Requests this instance sent the peer whose news (a SENT message) it
+    // has not yet read back from the store: the other instances may not
+    // have read it either, and cannot count them yet.
     // One atomic word: the count in the low 32 bits, in the high ones how
     // many times it was cleared (unheard_count(), clear_unheard()).
-    // Cleared when the engine reports, so that a worker that died waiting
-    // for the store's answer leaves nothing behind for long; an answer to
-    // a request counted before a clear takes nothing off after it
+    // Cleared when the engine reports, so that a worker that died before
+    // its news was read leaves nothing behind for long; the news of a
+    // request counted before a clear takes nothing off after it
     // (affinity_zone_peer_heard()).
     uint64_t unheard;
     // Characters of prompts sent the peer that its cache was not presumed

@@ -789,16 +789,18 @@ AFFINITY_API void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
 
 /*
  * Lock-free: this instance told the store it sent the peer of slot a
- * request (an AFFINITY_STORE_SENT message on its way), and the store has
- * not yet taken it (announced) or now has (heard).  Until then the other
- * instances cannot count it, nor this one the requests they send the peer
- * meanwhile: routing counts the peer as if each other instance had as many
- * of those as this one (affinity_zone_instance_seen()), while its engine's
- * figure counts (affinity_balance_t.engine_ttl).  announced returns a
- * ticket (0: nothing counted, slot out of range) to pass to heard once,
- * when the store answers or the connection goes.  An engine's report
- * clears what is left (affinity_zone_peer_polled()), and the tickets of
- * the requests counted before it then take nothing off.
+ * request (an AFFINITY_STORE_SENT message on its way), and has not yet
+ * read it back from the store (announced) or now has (heard).  Until then
+ * the other instances may not have read it either, and cannot count it,
+ * nor this one the requests they send the peer meanwhile: routing counts
+ * the peer as if each other instance had as many of those as this one
+ * (affinity_zone_instance_seen()), while its engine's figure counts
+ * (affinity_balance_t.engine_ttl).  announced returns a ticket (0:
+ * nothing counted, slot out of range) to pass to heard once: when this
+ * instance reads the message back, or when the store refuses it or the
+ * connection goes.  An engine's report clears what is left
+ * (affinity_zone_peer_polled()), and the tickets of the requests counted
+ * before it then take nothing off.
  */
 AFFINITY_API uintptr_t affinity_zone_peer_announced(affinity_zone_t *zone,
     uint32_t slot) AFFINITY_NOEXCEPT;
