@@ -18,7 +18,7 @@ real-time replay.
 
 and several instances of session_affinity; prefix_affinity; behind a
 random spreader (Instances; bounds.py's --store-latency, --read-lag,
---poll-interval):
+--poll-lag, --poll-interval):
 
     module_x1_metrics      one instance, affinity_metrics
     module_x2_shared       two instances, affinity_store + affinity_metrics
