@@ -88,13 +88,6 @@ struct ngx_http_upstream_affinity_store_s {
     /* the id of the last stream entry read */
     char                                    last[64];
 
-    /*
-     * When this worker began to read the stream, from its beginning: this
-     * instance's announcements sent before were heard by the worker it
-     * replaced, if any.
-     */
-    time_t                                  started;
-
     /* messages learned while the store was away: a ring */
     ngx_http_upstream_affinity_backlog_t   *backlog;
     ngx_uint_t                              first;
@@ -221,7 +214,6 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     /* entries still in the stream are applied if not expired */
     ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
                 sizeof(store->last));
-    store->started = ngx_time();
 
     store->retry.handler = ngx_http_upstream_affinity_store_retry;
     store->retry.data = store;
@@ -526,8 +518,8 @@ ngx_http_upstream_affinity_store_publish(
  * reads it back from the stream, as they do, it is announced in the
  * counter zone, and routing here counts the peer as if each other instance
  * were sending it as many unseen (affinity_zone_peer_announced()).  The
- * ticket of the announcement goes with the message, for the reader.  Not
- * kept while the store is away (..._STORE_FRESH).
+ * ticket of the announcement goes with the message, for this worker's
+ * reader.  Not kept while the store is away (..._STORE_FRESH).
  */
 
 void
@@ -589,8 +581,9 @@ ngx_http_upstream_affinity_store_encode(
 
 /*
  * A message as a stream entry's field "m", with an announcement's ticket
- * (if not 0) as its field "t", which other instances skip.  NGX_OK when
- * the command is on its way: its callback will be called.
+ * (if not 0) as its field "t" and the worker's pid as "p", which other
+ * instances skip.  NGX_OK when the command is on its way: its callback
+ * will be called.
  */
 
 static ngx_int_t
@@ -614,9 +607,10 @@ ngx_http_upstream_affinity_store_send(
 
     if (ticket) {
         rc = redisAsyncCommand(store->writer, callback, privdata,
-                               "XADD %s MAXLEN ~ %lu * m %b t %lu",
+                               "XADD %s MAXLEN ~ %lu * m %b t %lu p %ld",
                                scf->stream.data, (unsigned long) scf->maxlen,
-                               data, len, (unsigned long) ticket);
+                               data, len, (unsigned long) ticket,
+                               (long) ngx_pid);
 
     } else {
         rc = redisAsyncCommand(store->writer, callback, privdata,
@@ -670,10 +664,14 @@ ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
 
 /*
  * The store's answer to an announced request.  Taken, the request is heard
- * when this instance reads it back (..._store_apply()): the others read it
+ * when this worker reads it back (..._store_apply()): the others read it
  * about then, which on a busy host may be milliseconds after this answer.
- * Refused, or without an answer (the connection went, and hiredis calls
- * back without one), it will not be read: heard now.
+ * Refused, it will not be read: heard now.  Without an answer (the
+ * connection went, and hiredis calls back without one) it is heard now
+ * too, although the store may have taken it just before: read back after
+ * the store returns, it then takes off one request more, until the
+ * engine's next report (which changes the ticket's epoch) clears the
+ * count.
  */
 
 static void
@@ -788,13 +786,16 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
 }
 
 
-/* what another instance learned, into this instance's zones */
+/*
+ * What another instance learned, into this instance's zones; and this
+ * instance's own announcements, read back.
+ */
 
 static void
 ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields)
 {
-    off_t                                   ticket;
+    off_t                                   ticket, pid;
     time_t                                  now;
     uint64_t                                hash;
     uint64_t                                levels[AFFINITY_MAX_LEVELS];
@@ -808,18 +809,26 @@ ngx_http_upstream_affinity_store_apply(
     ascf = store->conf;
     now = ngx_time();
 
-    /* an announcement's ticket (..._store_send()), if any */
+    /* an announcement's ticket and worker (..._store_send()), if any */
 
     ticket = NGX_ERROR;
+    pid = NGX_ERROR;
 
     for (i = 0; i + 1 < fields->elements; i += 2) {
         name = fields->element[i];
         value = fields->element[i + 1];
 
-        if (name->type == REDIS_REPLY_STRING && name->len == 1
-            && name->str[0] == 't' && value->type == REDIS_REPLY_STRING)
+        if (name->type != REDIS_REPLY_STRING || name->len != 1
+            || value->type != REDIS_REPLY_STRING)
         {
+            continue;
+        }
+
+        if (name->str[0] == 't') {
             ticket = ngx_atoof((u_char *) value->str, value->len);
+
+        } else if (name->str[0] == 'p') {
+            pid = ngx_atoof((u_char *) value->str, value->len);
         }
     }
 
@@ -846,18 +855,20 @@ ngx_http_upstream_affinity_store_apply(
             /*
              * This instance's own announcement, read back as the others
              * read it: they count the request from about now, so it is
-             * no longer unheard here.  Once per instance, by its first
-             * worker, and only if sent since this worker began to read:
-             * one sent before was heard by the worker it replaced, if
-             * any, or is cleared by the engine's next report.
+             * no longer unheard here.  Once, by the worker that sent it
+             * (every worker reads every entry, and one that starts reads
+             * the stream from its beginning).  Those of a worker that
+             * exits or dies before reading them back are cleared by the
+             * engine's next report.
              */
 
-            if (m.kind == AFFINITY_STORE_SENT && ticket > 0
-                && ngx_worker == 0 && (time_t) m.time > store->started
+            if (m.kind == AFFINITY_STORE_SENT && pid == (off_t) ngx_pid
+                && ticket > 0 && (uint64_t) ticket <= UINTPTR_MAX
                 && ascf->counter_zone)
             {
                 shctx = ascf->counter_zone->data;
                 affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
+                ticket = NGX_ERROR;
             }
 
             continue;

@@ -23,6 +23,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use IO::Select;
 use IO::Socket::INET;
 use JSON::PP;
 use Test::More;
@@ -98,8 +99,20 @@ sub redis_command {
     return $reply // '';
 }
 
-sub stream_length {
-    return redis_command('XLEN', $stream) =~ /^:(\d+)/ ? $1 : -1;
+# The announcements (entries with a ticket, field "t") in the stream.
+sub announcements {
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                  PeerPort => $redis) or die "redis: $!";
+    print {$s} "*4\r\n\$9\r\nXREVRANGE\r\n\$" . length($stream)
+        . "\r\n$stream\r\n\$1\r\n+\r\n\$1\r\n-\r\n";
+    my ($reply, $more) = ('', '');
+    my $select = IO::Select->new($s);
+    while ($select->can_read(0.2) && sysread($s, $more, 65536)) {
+        $reply .= $more;
+    }
+    close $s;
+    my $n = () = $reply =~ /\r\n\$1\r\nt\r\n/g;
+    return $n;
 }
 
 # A sibling that stays in flight: its request on a socket of its own, and
@@ -192,9 +205,9 @@ close $again;
 # answers A's announcement, which B reads at once, but A does not read it.
 kill 'USR1', $relay_pid or die "relay: $!";
 my $held = time;
-my $length = stream_length();
+my $announced = announcements();
 my ($fourth, $pinned4) = sibling_in_flight('agent-4');
-ok eventually(sub { stream_length() > $length }, 2),
+ok eventually(sub { announcements() > $announced }, 2),
     'agent-4: the store took the first sibling\'s announcement';
 sleep 0.5;      # its answer reached A long ago
 is unheard()->{$pinned4}, 1,

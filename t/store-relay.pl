@@ -39,6 +39,7 @@ my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
     or die "listen on $port: $!\n";
 
 my $hold = 0;
+$SIG{PIPE} = 'IGNORE';      # an end that went is dropped, not fatal
 $SIG{USR1} = sub { $hold = 1 };
 $SIG{USR2} = sub { $hold = 0 };
 $SIG{TERM} = sub { exit 0 };

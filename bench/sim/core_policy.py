@@ -802,7 +802,7 @@ class Instances:
         if self.store:
             peer_id, chars, key, levels = member.taught
             if self.metrics:
-                # announced until the store takes it (timer())
+                # announced until its sender reads it back (timer())
                 ticket = member.announced(token[0])
                 self._publish(k, 'sent', peer_id, ticket)
             if chars:

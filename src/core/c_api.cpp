@@ -273,10 +273,11 @@ namespace {
 
 // A ticket names a slot and the epoch of the count a request was added to
 // (PeerSlot::unheard), in a pointer-sized integer the caller hands back
-// with the store's answer (hiredis' privdata): the slot + 1 in its low
+// when the request is heard (it travels with the announcement, and as
+// hiredis' privdata for a refused or lost one): the slot + 1 in its low
 // bits, so that 0 names none, the epoch's low bits that fit above.  An
 // epoch comes round again in the same bits after 2^23 clears at the
-// least, long after any answer.
+// least, long after any announcement is read.
 constexpr unsigned kTicketSlotBits = 9;
 constexpr uintptr_t kTicketSlots = (uintptr_t{1} << kTicketSlotBits) - 1;
 static_assert(kPeerSlots < kTicketSlots, "a slot + 1 fits a ticket");
@@ -316,7 +317,7 @@ void affinity_zone_peer_heard(affinity_zone_t *zone, uintptr_t ticket)
 
     // Only in the epoch it was counted in: an engine's report (or the
     // slot's hand-over to another peer) may have cleared the count while
-    // the store's answer was on its way, and requests counted since are
+    // the announcement was on its way, and requests counted since are
     // still unheard.  Never below zero.
     uint64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
     uint64_t word = atomic_load(unheard);

@@ -232,8 +232,8 @@ typedef struct {
                                    prefix lasts in its cache, as its replies
                                    taught (affinity_prefixes_replied()), 0
                                    if they taught none */
-    int64_t     unheard;        /* requests announced to the store that it
-                                   has not yet taken
+    int64_t     unheard;        /* requests announced to the store that
+                                   this instance has not yet read back
                                    (affinity_zone_peer_announced()) */
 } affinity_peer_stats_t;
 
