@@ -139,6 +139,8 @@ static void ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac,
     void *reply, void *data);
 static void ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields);
+static off_t ngx_http_upstream_affinity_store_number(redisReply *fields,
+    u_char name);
 static void ngx_http_upstream_affinity_store_heard_from(
     ngx_http_upstream_affinity_store_t *store, uint64_t instance,
     time_t now);
@@ -795,12 +797,11 @@ static void
 ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields)
 {
-    off_t                                   ticket, pid;
+    off_t                                   ticket;
     time_t                                  now;
     uint64_t                                hash;
     uint64_t                                levels[AFFINITY_MAX_LEVELS];
-    ngx_uint_t                              i;
-    redisReply                             *name, *value;
+    ngx_uint_t                              i, heard;
     ngx_shm_zone_t                         *zone;
     affinity_store_message_t                m;
     ngx_http_upstream_affinity_shctx_t     *shctx;
@@ -809,28 +810,7 @@ ngx_http_upstream_affinity_store_apply(
     ascf = store->conf;
     now = ngx_time();
 
-    /* an announcement's ticket and worker (..._store_send()), if any */
-
-    ticket = NGX_ERROR;
-    pid = NGX_ERROR;
-
-    for (i = 0; i + 1 < fields->elements; i += 2) {
-        name = fields->element[i];
-        value = fields->element[i + 1];
-
-        if (name->type != REDIS_REPLY_STRING || name->len != 1
-            || value->type != REDIS_REPLY_STRING)
-        {
-            continue;
-        }
-
-        if (name->str[0] == 't') {
-            ticket = ngx_atoof((u_char *) value->str, value->len);
-
-        } else if (name->str[0] == 'p') {
-            pid = ngx_atoof((u_char *) value->str, value->len);
-        }
-    }
+    heard = 0;
 
     for (i = 0; i + 1 < fields->elements; i += 2) {
 
@@ -862,15 +842,24 @@ ngx_http_upstream_affinity_store_apply(
              * engine's next report.
              */
 
-            if (m.kind == AFFINITY_STORE_SENT && pid == (off_t) ngx_pid
-                && ticket > 0 && (uint64_t) ticket <= UINTPTR_MAX
-                && ascf->counter_zone)
+            if (m.kind != AFFINITY_STORE_SENT || heard
+                || ascf->counter_zone == NULL
+                || ngx_http_upstream_affinity_store_number(fields, 'p')
+                   != (off_t) ngx_pid)
             {
-                shctx = ascf->counter_zone->data;
-                affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
-                ticket = NGX_ERROR;
+                continue;
             }
 
+            /* the ticket affinity_zone_peer_announced() gave (..._send()) */
+
+            ticket = ngx_http_upstream_affinity_store_number(fields, 't');
+
+            if (ticket > 0 && (uint64_t) ticket <= UINTPTR_MAX) {
+                shctx = ascf->counter_zone->data;
+                affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
+            }
+
+            heard = 1;
             continue;
         }
 
@@ -1002,6 +991,30 @@ ngx_http_upstream_affinity_store_apply(
             break;
         }
     }
+}
+
+
+/* the number in a stream entry's one-letter field, NGX_ERROR if none */
+
+static off_t
+ngx_http_upstream_affinity_store_number(redisReply *fields, u_char name)
+{
+    ngx_uint_t   i;
+    redisReply  *field, *value;
+
+    for (i = 0; i + 1 < fields->elements; i += 2) {
+        field = fields->element[i];
+        value = fields->element[i + 1];
+
+        if (field->type == REDIS_REPLY_STRING && field->len == 1
+            && (u_char) field->str[0] == name
+            && value->type == REDIS_REPLY_STRING)
+        {
+            return ngx_atoof((u_char *) value->str, value->len);
+        }
+    }
+
+    return NGX_ERROR;
 }
 
 

@@ -88,12 +88,19 @@ sub polled_before {
     return $age + 1 > $elapsed;
 }
 
-sub redis_command {
+# A connection to the store that sent it a command.
+sub redis_sent {
     my @args = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
                                   PeerPort => $redis) or die "redis: $!";
     print {$s} '*' . @args . "\r\n"
         . join('', map { '$' . length($_) . "\r\n$_\r\n" } @args);
+    return $s;
+}
+
+# The first line of the store's reply.
+sub redis_command {
+    my $s = redis_sent(@_);
     my $reply = <$s>;
     close $s;
     return $reply // '';
@@ -101,10 +108,7 @@ sub redis_command {
 
 # The announcements (entries with a ticket, field "t") in the stream.
 sub announcements {
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
-                                  PeerPort => $redis) or die "redis: $!";
-    print {$s} "*4\r\n\$9\r\nXREVRANGE\r\n\$" . length($stream)
-        . "\r\n$stream\r\n\$1\r\n+\r\n\$1\r\n-\r\n";
+    my $s = redis_sent('XREVRANGE', $stream, '+', '-');
     my ($reply, $more) = ('', '');
     my $select = IO::Select->new($s);
     while ($select->can_read(0.2) && sysread($s, $more, 65536)) {

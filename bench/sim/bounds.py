@@ -778,8 +778,8 @@ def parse_args(argv=None):
     p.add_argument('--read-lag', type=float, default=0.0,
                    help='module_x*: each instance reads each message up '
                         'to twice this many seconds (profile time) after '
-                        'the store took it, at random (default '
-                        '%(default)s)')
+                        'the store took it, at random, in the order it '
+                        'took them (default %(default)s)')
     p.add_argument('--transit', type=float, default=0.0,
                    help='seconds (profile time) from routing a request to '
                         'its replica counting it in, as an engine reads '
