@@ -163,13 +163,19 @@ INSTANCES = {'x1': (1, False, False), 'x1_metrics': (1, False, True),
              'x2_metrics': (2, False, True),
              'x1_cache': (1, False, False), 'x2_store_cache': (2, True, False),
              'x4_store_cache': (4, True, False),
-             'x4_shared_one': (4, True, True)}
+             'x4_shared_one': (4, True, True),
+             'x4_shared_client': (4, True, True)}
 # A control: four instances run and poll the engines, but the spreader
 # sends every request to the first one, which routes as one instance with
 # the engines' figures does.  What its time to first token loses against
 # x1_metrics is what running four instances costs the machine (their
 # polls of the mock replicas, their workers, the store), not routing.
 THROUGH_FIRST = ('x4_shared_one',)
+# A spreader that sends every request of a session (a client) to the same
+# instance, as a front that hashes the client's address or its session
+# header does: a session's sibling requests then meet in one instance,
+# which places them one after another.
+BY_CLIENT = ('x4_shared_client',)
 for _name, (_n, _store, _metrics) in INSTANCES.items():
     _how = ' + '.join(d for d, on in (('affinity_store', _store),
                                       ('affinity_metrics', _metrics)) if on)
@@ -180,7 +186,8 @@ for _name, (_n, _store, _metrics) in INSTANCES.items():
         f'x{_n} instances'
         + (f', {_how}' if _how else (', on their own' if _n > 1 else ''))
         + (', every request through the first'
-           if _name in THROUGH_FIRST else ''),
+           if _name in THROUGH_FIRST else '')
+        + (', each client through one' if _name in BY_CLIENT else ''),
         SESSION_ZONE + '\n        '
         + (PREFIX_CACHE_ZONE if _cache else PREFIX_ZONE), False)
 # x1_metrics: one instance reading the engines' figures, as the shared
@@ -493,6 +500,7 @@ def run_policy(case, name, mode, fleet, workdir):
            '--rate-multiplier', str(case.profile.rate_multiplier),
            '--sessions', mode, '--stats-urls', ','.join(fleet.stats_urls()),
            '--timeout', str(args.timeout), '--label', name,
+           '--spread', 'client' if name in BY_CLIENT else 'request',
            '--output', out] + case.workload_args()
     if name == ORACLE_REPLAY:
         routes = os.path.join(workdir, 'oracle-routes.json')

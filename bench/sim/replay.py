@@ -44,6 +44,7 @@ import json
 import math
 import resource
 import sys
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -207,11 +208,15 @@ class ReplayOptions:
     """What every request of a replay shares."""
 
     def __init__(self, url, speed=1.0, session_header=False, timeout=120.0,
-                 model='mock-llm', rate_multiplier=1.0, routes=None):
+                 model='mock-llm', rate_multiplier=1.0, routes=None,
+                 spread='request'):
         # Several URLs: several balancer instances behind a spreader that
         # sends each request to one of them at random (as a cloud load
-        # balancer in front of ingress pods does), reproducibly.
+        # balancer in front of ingress pods does), reproducibly; or, with
+        # spread='client', each session's requests to the same one, as a
+        # front that hashes the client's address or its session header.
         self.targets = [http1.split_url(u) for u in url.split(',') if u]
+        self.spread = spread
         self.target = self.targets[0]
         self.speed = speed
         self.rate_multiplier = rate_multiplier
@@ -223,10 +228,16 @@ class ReplayOptions:
 
     def target_of(self, request):
         """The instance a request goes to: one at random, the same for a
-        request index in every run."""
+        request index in every run; with spread='client', the same for
+        every request of a session."""
         if len(self.targets) == 1:
             return self.target
-        pick = (request.index * 0x9E3779B97F4A7C15 + 12345) % (1 << 64)
+        if self.spread == 'client':
+            # crc32, not hash(): the same in every process.
+            key = zlib.crc32(request.session.encode())
+        else:
+            key = request.index
+        pick = (key * 0x9E3779B97F4A7C15 + 12345) % (1 << 64)
         return self.targets[(pick >> 33) % len(self.targets)]
 
 
@@ -449,7 +460,13 @@ def parse_args(argv=None):
                    help='chat completions URL, e.g. '
                         'http://127.0.0.1:8080/v1/chat/completions; '
                         'several, comma-separated: each request goes to one '
-                        'of them at random')
+                        'of them at random (--spread)')
+    p.add_argument('--spread', choices=('request', 'client'),
+                   default='request',
+                   help='with several URLs: each request to one at random '
+                        '(request, the default), or every request of a '
+                        'session to the same one, as a front that hashes '
+                        'the client (client)')
     trace.add_trace_arguments(p, 'replay')
     workloads.add_workload_arguments(p)
     p.add_argument('--rate-multiplier', type=float, default=1.0,
@@ -505,14 +522,14 @@ async def run(args):
         else args.session_header
     options = ReplayOptions(args.url, args.speed, session_header,
                             args.timeout, args.model, args.rate_multiplier,
-                            load_routes(args.routes))
+                            load_routes(args.routes), args.spread)
     stats_urls = [u for u in args.stats_urls.split(',') if u]
     if stats_urls and not args.no_reset:
         await reset_stats(stats_urls)
     before = await collect_stats(stats_urls) if stats_urls else {}
     results = await replay(workload.requests, options)
     after = await collect_stats(stats_urls) if stats_urls else {}
-    config = {'url': args.url, 'workload': workload.summary(),
+    config = {'url': args.url, 'spread': args.spread, 'workload': workload.summary(),
               'trace': Path(args.trace).name
               if workload.name == 'conversation' else None,
               'start': args.start, 'limit': args.limit,

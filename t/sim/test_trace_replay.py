@@ -14,7 +14,7 @@ import threading
 import unittest
 from pathlib import Path
 
-from bench.sim import bounds, fleet, model, replay, trace
+from bench.sim import bounds, fleet, model, replay, trace, workloads
 
 
 def record(ids, input_length, output_length=10, timestamp=0):
@@ -410,6 +410,40 @@ class StreamWatcherTest(unittest.TestCase):
         self.assertLess(watcher.first_content_at, stream.index(b'"B"'))
         self.assertEqual((watcher.prompt_tokens, watcher.cached_tokens),
                          (9, 4))
+
+
+class SpreaderTest(unittest.TestCase):
+    """Which instance a request goes to (ReplayOptions.target_of)."""
+
+    URLS = ','.join('http://127.0.0.1:%d/v1/chat/completions' % port
+                    for port in (9001, 9002, 9003, 9004))
+
+    def requests(self):
+        return [workloads.Request(i, 0.0, 'session-%d' % (i % 40), 8)
+                for i in range(400)]
+
+    def test_at_random_a_session_meets_several_instances(self):
+        options = replay.ReplayOptions(self.URLS)
+        by_session = {}
+        for r in self.requests():
+            by_session.setdefault(r.session, set()).add(
+                options.target_of(r))
+        self.assertGreater(min(len(t) for t in by_session.values()), 1)
+        # the same for a request index in every run
+        again = replay.ReplayOptions(self.URLS)
+        self.assertEqual([options.target_of(r) for r in self.requests()],
+                         [again.target_of(r) for r in self.requests()])
+
+    def test_by_client_a_session_stays_on_one_instance(self):
+        options = replay.ReplayOptions(self.URLS, spread='client')
+        by_session = {}
+        for r in self.requests():
+            by_session.setdefault(r.session, set()).add(
+                options.target_of(r))
+        self.assertEqual({len(t) for t in by_session.values()}, {1})
+        # and the sessions are spread over every instance
+        used = set().union(*by_session.values())
+        self.assertEqual(len(used), 4)
 
 
 class ReplayTest(unittest.TestCase):
