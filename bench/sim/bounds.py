@@ -651,7 +651,8 @@ MODULE_POLICIES = ('module_session', 'module_prefix', 'module_session_prefix',
                    'module_prefix_turns0', 'module_session_prefix_turns0')
 # Several instances of the module (core_policy.Instances): named only.
 INSTANCE_POLICIES = ('module_x1_metrics', 'module_x2_shared',
-                     'module_x4_shared', 'module_x4_metrics', 'module_x4')
+                     'module_x4_shared', 'module_x4_metrics', 'module_x4',
+                     'module_x4_shared_client')
 POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
             'chash_session_bounded', 'affinity', 'affinity_follow') \
     + MODULE_POLICIES
@@ -664,7 +665,8 @@ KEYED_POLICIES = ('chash_session', 'chash_session_bounded', 'affinity',
                   'module_session_prefix', 'module_session_prefix_cache',
                   'module_session_prefix_turns0', 'module_x1_metrics',
                   'module_x2_shared', 'module_x4_shared',
-                  'module_x4_metrics', 'module_x4')
+                  'module_x4_metrics', 'module_x4',
+                  'module_x4_shared_client')
 # Keyed policies that mean nothing without a session id (a hash of an
 # absent header sends everything to one replica): not simulated then.
 NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',

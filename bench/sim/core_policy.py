@@ -25,6 +25,8 @@ random spreader (Instances; bounds.py's --store-latency, --read-lag,
     module_x4_shared       four
     module_x4_metrics      four, affinity_metrics, no store
     module_x4              four on their own
+    module_x4_shared_client  four sharing, behind a front that keeps every
+                           request of a session on one instance
 
 What the shim does, and this does too:
 - zones: a session zone and/or a prefix zone, in memory of their own
@@ -61,6 +63,7 @@ import heapq
 import os
 import random
 import subprocess
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -702,7 +705,7 @@ class Instances:
     def __init__(self, replicas, count, store=True, metrics=True,
                  interval=2.0, latency=0.0, factor=FACTOR, slack=SLACK,
                  base_port=BASE_PORT, seed=1, lib=None, cache=False,
-                 name=None, read_lag=0.0, poll_lag=0.0):
+                 name=None, read_lag=0.0, poll_lag=0.0, by_client=False):
         lib = lib or library()
         # affinity_metrics: figures live three intervals, at least 2 s
         ttl = max(2, int(3 * interval + 0.999)) if metrics else 0
@@ -717,6 +720,9 @@ class Instances:
         self.interval, self.latency = interval, latency
         self.read_lag, self.poll_lag = read_lag, poll_lag
         self.spread = random.Random(seed)
+        # bench.py's x4_shared_client: every request of a session through
+        # the same instance, as a front that hashes the client does
+        self.by_client = by_client
         self.lag = random.Random(seed + 1)
         self.read_at = [0.0] * count    # when each reader read its last
         self.seeds = [m.counter.info()['seed'] for m in self.members]
@@ -796,7 +802,10 @@ class Instances:
     def choose(self, req, chain, fleet):
         self._know(fleet)
         self.now = max(self.now, req.arrival)
-        k = self.spread.randrange(len(self.members))
+        if self.by_client:
+            k = zlib.crc32(req.session.encode()) % len(self.members)
+        else:
+            k = self.spread.randrange(len(self.members))
         member = self.members[k]
         peer, token = member.choose(req, chain, fleet)
         if self.store:
@@ -867,7 +876,10 @@ INSTANCE_POLICIES = {
     'module_x4_shared': (4, True, True),
     'module_x4_metrics': (4, False, True),
     'module_x4': (4, False, False),
+    'module_x4_shared_client': (4, True, True),
 }
+# Those behind a front that keeps each session (client) on one instance.
+BY_CLIENT = ('module_x4_shared_client',)
 
 
 def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
@@ -878,6 +890,7 @@ def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
         count, store, metrics = INSTANCE_POLICIES[name]
         return Instances(replicas, count, store, metrics, interval, latency,
                          factor=factor, slack=slack, base_port=base_port,
-                         name=name, read_lag=read_lag, poll_lag=poll_lag)
+                         name=name, read_lag=read_lag, poll_lag=poll_lag,
+                         by_client=name in BY_CLIENT)
     return ModulePolicy(replicas, factor=factor, slack=slack,
                         base_port=base_port, **POLICIES[name])

@@ -42,7 +42,7 @@ def simulate(requests, params, replicas, name, latency, lags):
             'peak_inflight': s['peak_inflight_max']}
 
 
-def case(workload, seed, arrivals, latencies, lags):
+def case(workload, seed, arrivals, latencies, lags, shared=SHARED):
     """Every figure of one workload slice: {sessions: {label: figures}}."""
     argv = ['--workload', workload, '--seed', str(seed), '--size', 'full',
             '--profile', 'tight']
@@ -62,7 +62,7 @@ def case(workload, seed, arrivals, latencies, lags):
                                    alone)}
         for latency in latencies:
             figures['four@%g' % latency] = simulate(
-                sent, params, profile.replicas, SHARED, latency, lags)
+                sent, params, profile.replicas, shared, latency, lags)
         out[sessions] = figures
     return out
 
@@ -99,7 +99,7 @@ def report(doc):
     lines = ['# ' + doc['name'], '',
              'Offline (bench/sim/instances_offline.py), tight profile, '
              'full size, seeds %s: four instances sharing a store and the '
-             "engines' figures (module_x4_shared) against one with the "
+             "engines' figures (%s) against one with the "
              "engines' figures (module_x1_metrics), seed by seed: hits ÷ "
              "one's / TTFT p50 ÷ one's / peak in-flight − one's, median "
              '[min–max].  Latency: seconds of profile time before what one '
@@ -107,7 +107,8 @@ def report(doc):
              'away, replayed 20 times faster than real time).  Arrivals: '
              "the trace's times, in ticks of 3 s, or each request at a "
              'random moment of its tick.%s' % (', '.join(
-                 str(s) for s in doc['seeds']), lags_text(doc)), '',
+                 str(s) for s in doc['seeds']),
+                 doc.get('policy', SHARED), lags_text(doc)), '',
              '| workload | arrivals | sessions | latency | four ÷ one |',
              '|---|---|---|---:|---|']
     for workload, by_arrivals in doc['results'].items():
@@ -138,6 +139,11 @@ def main(argv=None):
     p.add_argument('--latencies', default='0,0.01,0.1',
                    help='comma-separated seconds of profile time')
     p.add_argument('--name', default='instances-offline')
+    p.add_argument('--spread', choices=('request', 'client'),
+                   default='request',
+                   help='the four instances behind a front that sends each '
+                        'request to one at random (default), or every '
+                        'request of a session to the same one')
     for lag in ('read-lag', 'poll-lag', 'transit'):
         p.add_argument('--' + lag, type=float, default=0.0,
                        help="bounds.py's (default %(default)s)")
@@ -149,6 +155,7 @@ def main(argv=None):
     for name in names:
         if name not in workloads.NAMES:
             p.error('unknown workload %r' % name)
+    shared = SHARED + ('_client' if args.spread == 'client' else '')
     started = time.time()
     results = {}
     for name in names:
@@ -158,9 +165,10 @@ def main(argv=None):
             results[name][a] = {}
             for seed in range(1, args.seeds + 1):
                 results[name][a][str(seed)] = case(name, seed, a,
-                                                   latencies, lags)
+                                                   latencies, lags, shared)
                 print('%s/%s/%d done' % (name, a, seed), flush=True)
-    doc = {'name': args.name, 'seeds': list(range(1, args.seeds + 1)),
+    doc = {'name': args.name, 'policy': shared,
+           'seeds': list(range(1, args.seeds + 1)),
            'latencies': latencies, 'lags': lags, 'results': results,
            'elapsed_s': round(time.time() - started, 1)}
     outdir = REPO / 'bench' / 'results' / args.name

@@ -282,6 +282,31 @@ class ModulePolicyTest(unittest.TestCase):
         advance(policy, 1.512, fleet)
         self.assertEqual(figures(sender, 'unheard'), [0, 0, 0, 0])
 
+    def test_by_client_every_request_of_a_session_meets_one_instance(self):
+        # bench.py's x4_shared_client: the front keeps each session on an
+        # instance; at random, a session's requests meet several.
+        from bench.sim.fleet import Fleet
+
+        def instances_by_session(by_client):
+            policy = core_policy.Instances(4, 4, by_client=by_client)
+            met = defaultdict(set)
+            for k, member in enumerate(policy.members):
+                def choose(req, chain, fleet, k=k, routed=member.choose):
+                    met[req.session].add(k)
+                    return routed(req, chain, fleet)
+                member.choose = choose
+            fleet = Fleet(light_params(), 4)
+            for req in self.requests:
+                advance(policy, req.arrival, fleet)
+                policy.choose(req, req.chain(), fleet)
+            return met
+
+        kept = instances_by_session(True)
+        self.assertEqual({len(k) for k in kept.values()}, {1})
+        self.assertEqual(len(set().union(*kept.values())), 4)
+        spread = instances_by_session(False)
+        self.assertGreater(max(len(k) for k in spread.values()), 1)
+
     def test_engine_reports_applied_poll_lag_later(self):
         # A poll's figures are those of the moment it was made, applied
         # poll_lag later: what changed meanwhile is not in them.
