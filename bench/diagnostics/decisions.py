@@ -53,13 +53,14 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def quantiles(values, unit=1000.0, suffix='ms'):
+def quantiles(values):
+    """p10, p50, p90 and p99 of seconds, in milliseconds."""
     values = sorted(values)
     if not values:
         return 'none'
     n = len(values)
-    return ' '.join('p%d %.2f %s' % (p, values[min(n - 1, n * p // 100)]
-                                     * unit, suffix)
+    return ' '.join('p%d %.2f ms' % (p, values[min(n - 1, n * p // 100)]
+                                     * 1000)
                     for p in (10, 50, 90, 99))
 
 
@@ -80,8 +81,7 @@ class Run:
         for index in self.ends:
             self.ends[index].sort()
 
-        # decisions[index]: (time, instance, load, unheard, instances,
-        # route, every peer's fields)
+        # decisions[index]: (time, instance, load, unheard, route)
         self.decisions = collections.defaultdict(list)
         self.slot_index = {}            # (instance, slot) -> index
         events = []
@@ -128,8 +128,7 @@ class Run:
             self.slot_index[(instance, int(slot))] = int(index)
         load, unheard = peers[chosen][0], peers[chosen][1]
         self.decisions[chosen].append(
-            (float(f[1]), instance, load, unheard, int(f[5][2:]),
-             int(f[4][2:]), peers[chosen]))
+            (float(f[1]), instance, load, unheard, int(f[4][2:])))
 
     def pair_news(self):
         """When each instance heard each decision: another's news comes in
@@ -170,15 +169,14 @@ class Run:
                                   - bisect.bisect_left(arrived, polls[k]))
                 yield {'index': index, 'arrived': when, 'inflight': inflight,
                        'decided': decided, 'instance': instance,
-                       'load': d[2], 'unheard': d[3], 'instances': d[4],
-                       'route': d[5], 'fields': d[6], 'routed': routed,
+                       'load': d[2], 'route': d[4], 'routed': routed,
                        'unknown': unknown, 'on_the_way': max(on_the_way, 0)}
 
     def timeline(self, r, before=0.06):
         index, start = r['index'], r['decided'] - before
         end = r['arrived'] + 0.001
         rows = [(d[0], 'routed by instance %d, counted %d, unheard %d, %s'
-                 % (d[1], d[2], d[3], ROUTES[d[5]]))
+                 % (d[1], d[2], d[3], ROUTES[d[4]]))
                 for d in self.decisions[index] if start <= d[0] <= end]
         rows += [(t, '  arrived, %d in flight' % n)
                  for t, n in self.arrivals[index] if start <= t <= end]

@@ -663,10 +663,7 @@ KNOWN_POLICIES = POLICIES + INSTANCE_POLICIES
 KEYED_POLICIES = ('chash_session', 'chash_session_bounded', 'affinity',
                   'affinity_follow', 'module_session',
                   'module_session_prefix', 'module_session_prefix_cache',
-                  'module_session_prefix_turns0', 'module_x1_metrics',
-                  'module_x2_shared', 'module_x4_shared',
-                  'module_x4_metrics', 'module_x4',
-                  'module_x4_shared_client')
+                  'module_session_prefix_turns0') + INSTANCE_POLICIES
 # Keyed policies that mean nothing without a session id (a hash of an
 # absent header sends everything to one replica): not simulated then.
 NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',

@@ -529,7 +529,8 @@ async def run(args):
     before = await collect_stats(stats_urls) if stats_urls else {}
     results = await replay(workload.requests, options)
     after = await collect_stats(stats_urls) if stats_urls else {}
-    config = {'url': args.url, 'spread': args.spread, 'workload': workload.summary(),
+    config = {'url': args.url, 'spread': args.spread,
+              'workload': workload.summary(),
               'trace': Path(args.trace).name
               if workload.name == 'conversation' else None,
               'start': args.start, 'limit': args.limit,
