@@ -61,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO                  # for bench.sim, not this directory
@@ -81,6 +82,7 @@ PREFIX_CACHE_ZONE = 'prefix_affinity cache={cache} zone=bench_prefixes:32m;'
 # The engines are polled as often as the module allows: the replay runs
 # its workload faster than real time.
 METRICS_LINE = 'affinity_metrics interval=100ms timeout=1s;'
+STATUS_PATH = '/affinity-status'    # each instance's, beside the replay's
 
 # Each policy: (kind, label, balancer lines, hashes the session id).
 # nginx policies go into an upstream block, HAProxy ones into a backend
@@ -313,6 +315,10 @@ class Proxy:
             target = 'fleet'
         # The oracle's replay runs nginx without the module.
         load = '' if routed else f'load_module {module};'
+        status = '' if routed else f'''
+        location = {STATUS_PATH} {{
+            affinity_status;
+        }}'''
         return f'''{load}
 worker_processes 2;
 error_log {d}/error.log warn;
@@ -335,7 +341,7 @@ http {{
             proxy_http_version 1.1;
             proxy_buffering off;
             proxy_read_timeout 900s;
-        }}
+        }}{status}
     }}
 }}
 '''
@@ -486,6 +492,16 @@ def start_proxies(case, name, fleet, workdir):
     return proxies, redis
 
 
+def instance_balance(proxy):
+    """The status' balance of the fleet upstream, {} if unreadable."""
+    url = f'http://127.0.0.1:{proxy.port}{STATUS_PATH}'
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)['upstreams']['fleet']['balance']
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def run_policy(case, name, mode, fleet, workdir):
     """One replay through one policy; its figures (summary())."""
     args = case.args
@@ -508,8 +524,11 @@ def run_policy(case, name, mode, fleet, workdir):
             json.dump(case.bounds['oracle_routes'], f)
         cmd += ['--routes', routes]
     started = time.time()
+    balances = []
     try:
         subprocess.run(cmd, check=True)
+        if redis:
+            balances = [instance_balance(p) for p in proxies]
     finally:
         for proxy in proxies:
             proxy.stop()
@@ -531,6 +550,12 @@ def run_policy(case, name, mode, fleet, workdir):
            'error_kinds': s['error_kinds'],
            'send_lag_p99': s['send_lag_wall_s']['p99'],
            'wall_s': round(time.time() - started, 1)}
+    if balances:
+        # what each instance presumed beside its unheard requests at the
+        # end, and the lessons behind it (affinity_store)
+        row['unheard_presumed'] = [b.get('unheard_presumed')
+                                   for b in balances]
+        row['unheard_lessons'] = [b.get('unheard_lessons') for b in balances]
     os.unlink(out)          # per-request records: large, and kept nowhere
     return row
 

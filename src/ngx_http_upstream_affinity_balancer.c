@@ -586,6 +586,7 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
     affinity_decision_t *decision)
 {
     ngx_uint_t                         i;
+    uint64_t                           watched;
     uint64_t                           hashes[AFFINITY_MAX_LEVELS];
     affinity_store_message_t           m;
     ngx_http_upstream_affinity_ctx_t  *ctx;
@@ -602,7 +603,12 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
      */
 
     if (ap->conf->engine_ttl) {
-        ngx_http_upstream_affinity_store_announce(ap->conf, m.peer, ap->slot);
+        watched = decision->watched >= 0
+                  ? ap->view->peers[decision->watched].id : 0;
+
+        ngx_http_upstream_affinity_store_announce(ap->conf, m.peer, ap->slot,
+                                                  watched,
+                                                  decision->watched_unheard);
         ap->announced = m.peer;
     }
 

@@ -310,7 +310,7 @@ void ngx_http_upstream_affinity_store_publish(
     affinity_store_message_t *message);
 void ngx_http_upstream_affinity_store_announce(
     ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer,
-    uint32_t slot);
+    uint32_t slot, uint64_t watched, uint32_t watched_unheard);
 
 /* ngx_http_upstream_affinity_status.c: affinity_status */
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,

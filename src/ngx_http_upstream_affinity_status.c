@@ -323,7 +323,8 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
     json_t                                        *root, *all, *u, *list, *p;
     json_t                                        *routes, *totals, *zones;
     json_t                                        *fallbacks;
-    uint32_t                                       instances;
+    double                                         presumed;
+    uint32_t                                       instances, lessons;
     ngx_buf_t                                     *b;
     affinity_zone_info_t                           info;
     ngx_uint_t                                     i, j, k;
@@ -353,8 +354,9 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
         zones = json_object();
 
         /*
-         * this instance and the others it heard from (affinity_store),
-         * under the lock their table is written under
+         * this instance and the others it heard from (affinity_store), and
+         * what routing presumes they send unseen, under the lock their
+         * table is written under
          */
 
         shctx = us[i].conf->counter_zone->data;
@@ -362,16 +364,21 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
         ngx_shmtx_lock(&shctx->shpool->mutex);
         instances = affinity_zone_instances(shctx->zone,
                                             (uint32_t) ngx_time());
+        presumed = affinity_zone_unheard_presumed(shctx->zone,
+                                                  (uint32_t) ngx_time(),
+                                                  &lessons);
         ngx_shmtx_unlock(&shctx->shpool->mutex);
 
         if (u == NULL || list == NULL || totals == NULL || zones == NULL
             || json_object_setn_new(all, (char *) us[i].name.data,
                                     us[i].name.len, u)
             || json_object_set_new(u, "balance",
-                   json_pack("{s:f,s:i,s:i}",
+                   json_pack("{s:f,s:i,s:i,s:f,s:i}",
                              "factor", (double) us[i].conf->factor / 1000,
                              "slack", (json_int_t) us[i].conf->slack,
-                             "instances", (json_int_t) instances))
+                             "instances", (json_int_t) instances,
+                             "unheard_presumed", presumed,
+                             "unheard_lessons", (json_int_t) lessons))
             || json_object_set_new(u, "zones", zones)
             || json_object_set_new(u, "peers", list)
             || json_object_set_new(u, "routes", totals))

@@ -96,6 +96,9 @@ struct ngx_http_upstream_affinity_store_s {
     ngx_http_upstream_affinity_heard_t
                               heard[NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD];
 
+    /* what this worker's announcements meet before it reads them back */
+    affinity_unheard_watch_t                watch;
+
     ngx_uint_t                              dropped;
     unsigned                                up:1;       /* both connected */
     unsigned                                warned:1;   /* since it left */
@@ -126,7 +129,8 @@ static size_t ngx_http_upstream_affinity_store_encode(
     affinity_store_message_t *message, u_char *buf);
 static ngx_int_t ngx_http_upstream_affinity_store_send(
     ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    uintptr_t ticket, redisCallbackFn *callback, void *privdata);
+    uintptr_t ticket, uint32_t watched, redisCallbackFn *callback,
+    void *privdata);
 static void ngx_http_upstream_affinity_store_flush(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac,
@@ -487,7 +491,7 @@ ngx_http_upstream_affinity_store_publish(
     }
 
     if (store->up && store->queued == 0) {
-        (void) ngx_http_upstream_affinity_store_send(store, buf, len, 0,
+        (void) ngx_http_upstream_affinity_store_send(store, buf, len, 0, 0,
                                    ngx_http_upstream_affinity_store_sent,
                                    store);
         return;
@@ -519,16 +523,22 @@ ngx_http_upstream_affinity_store_publish(
  * count it on the peer's load once they read it.  Until this instance
  * reads it back from the stream, as they do, it is announced in the
  * counter zone, and routing here counts the peer as if each other instance
- * were sending it as many unseen (affinity_zone_peer_announced()).  The
+ * were sending it some unseen (affinity_zone_peer_announced()).  The
  * ticket of the announcement goes with the message, for this worker's
- * reader.  Not kept while the store is away (..._STORE_FRESH).
+ * reader, and, when its decision weighed a peer (watched) where requests
+ * of this instance were unheard, the number the worker's watch gave it:
+ * read back, it tells how many of the other instances' requests those met
+ * (affinity_zone_unheard_met()).  Not kept while the store is away
+ * (..._STORE_FRESH).
  */
 
 void
 ngx_http_upstream_affinity_store_announce(
-    ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer, uint32_t slot)
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer, uint32_t slot,
+    uint64_t watched, uint32_t watched_unheard)
 {
     size_t                               len;
+    uint32_t                             number;
     uintptr_t                            ticket;
     affinity_store_message_t             m;
     ngx_http_upstream_affinity_store_t  *store;
@@ -558,8 +568,12 @@ ngx_http_upstream_affinity_store_announce(
 
     shctx = ascf->counter_zone->data;
     ticket = affinity_zone_peer_announced(shctx->zone, slot);
+    number = ticket ? affinity_watch_announced(&store->watch, watched,
+                                               watched_unheard)
+                    : 0;
 
     if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket,
+                                   number,
                                    ngx_http_upstream_affinity_store_heard,
                                    (void *) ticket)
         != NGX_OK)
@@ -583,15 +597,16 @@ ngx_http_upstream_affinity_store_encode(
 
 /*
  * A message as a stream entry's field "m", with an announcement's ticket
- * (if not 0) as its field "t" and the worker's pid as "p", which other
- * instances skip.  NGX_OK when the command is on its way: its callback
- * will be called.
+ * (if not 0) as its field "t", the worker's pid as "p" and its watch's
+ * number (if not 0) as "w", which other instances skip.  NGX_OK when the
+ * command is on its way: its callback will be called.
  */
 
 static ngx_int_t
 ngx_http_upstream_affinity_store_send(
     ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    uintptr_t ticket, redisCallbackFn *callback, void *privdata)
+    uintptr_t ticket, uint32_t watched, redisCallbackFn *callback,
+    void *privdata)
 {
     int                                       rc;
     ngx_http_upstream_affinity_store_conf_t  *scf;
@@ -607,7 +622,14 @@ ngx_http_upstream_affinity_store_send(
         return NGX_DECLINED;
     }
 
-    if (ticket) {
+    if (ticket && watched) {
+        rc = redisAsyncCommand(store->writer, callback, privdata,
+                               "XADD %s MAXLEN ~ %lu * m %b t %lu p %ld w %u",
+                               scf->stream.data, (unsigned long) scf->maxlen,
+                               data, len, (unsigned long) ticket,
+                               (long) ngx_pid, (unsigned) watched);
+
+    } else if (ticket) {
         rc = redisAsyncCommand(store->writer, callback, privdata,
                                "XADD %s MAXLEN ~ %lu * m %b t %lu p %ld",
                                scf->stream.data, (unsigned long) scf->maxlen,
@@ -637,7 +659,8 @@ ngx_http_upstream_affinity_store_flush(
     while (store->queued && store->writer) {
         b = &store->backlog[store->first];
         (void) ngx_http_upstream_affinity_store_send(store, b->data, b->len,
-                                       0, ngx_http_upstream_affinity_store_sent,
+                                       0, 0,
+                                       ngx_http_upstream_affinity_store_sent,
                                        store);
         store->first = (store->first + 1) % n;
         store->queued--;
@@ -797,8 +820,9 @@ static void
 ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields)
 {
-    off_t                                   ticket;
+    off_t                                   ticket, watched;
     time_t                                  now;
+    uint32_t                                unheard, others;
     uint64_t                                hash;
     uint64_t                                levels[AFFINITY_MAX_LEVELS];
     ngx_uint_t                              i, heard;
@@ -859,8 +883,33 @@ ngx_http_upstream_affinity_store_apply(
                 affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
             }
 
+            /* what the unheard requests beside it met (..._announce()) */
+
+            watched = ngx_http_upstream_affinity_store_number(fields, 'w');
+
+            if (watched > 0 && watched <= UINT32_MAX
+                && affinity_watch_read_back(&store->watch,
+                                            (uint32_t) watched, &unheard,
+                                            &others))
+            {
+                shctx = ascf->counter_zone->data;
+
+                ngx_shmtx_lock(&shctx->shpool->mutex);
+                affinity_zone_unheard_met(shctx->zone, unheard, others);
+                ngx_shmtx_unlock(&shctx->shpool->mutex);
+            }
+
             heard = 1;
             continue;
+        }
+
+        /*
+         * Another instance's request, which this worker's announcements
+         * not yet read back met: every worker watches its own.
+         */
+
+        if (m.kind == AFFINITY_STORE_SENT && ascf->engine_ttl) {
+            affinity_watch_sent_elsewhere(&store->watch, m.peer);
         }
 
         /*

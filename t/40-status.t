@@ -71,8 +71,9 @@ ok $u, 'the upstream is listed';
 ok exists $s->{upstreams}{'odd"name'}, 'every affinity upstream is listed';
 
 subtest 'JSON counters after known traffic' => sub {
-    is_deeply $u->{balance}, { factor => 1.25, slack => 2, instances => 1 },
-        'balance parameters: no other instance heard from';
+    is_deeply $u->{balance}, { factor => 1.25, slack => 2, instances => 1,
+                               unheard_presumed => 0, unheard_lessons => 0 },
+        'balance parameters: no other instance heard from, none presumed';
     my @peers = @{ $u->{peers} };
     is scalar(@peers), 3, 'three peers';
     is_deeply [ map { $_->{backup} ? 1 : 0 } @peers ], [ 0, 0, 1 ], 'the backup is marked';

@@ -15,7 +15,10 @@
 # later: it stays unheard until A reads it back as well, which a relay
 # between A and the store delays here (t/store-relay.pl).  The engines are
 # polled every 30 s, and each poll clears what is left unheard: every check
-# here comes before the next one.
+# here comes before the next one.  Last, what A learns from its read-backs:
+# a session's parallel requests all through A met none of B's, and A then
+# presumes none beside its unheard requests (a front that keeps sessions
+# on one instance); B's requests read before A's own count.
 
 use strict;
 use warnings;
@@ -142,7 +145,12 @@ sub sibling_in_flight {
 
 sub sibling {
     my ($session) = @_;
-    my $res = $a->http(POST => '/v1/chat/completions',
+    return sibling_through($a, $session);
+}
+
+sub sibling_through {
+    my ($nginx, $session) = @_;
+    my $res = $nginx->http(POST => '/v1/chat/completions',
         headers => { 'Content-Type' => 'application/json',
                      'X-Session-ID' => $session },
         body => chat([ user => "look up for $session" ])
@@ -234,6 +242,52 @@ ok polled_before($pinned3, $paused3),
     'and no poll of the engines cleared it';
 close $third;
 like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/, 'the store takes writes';
+
+# ---- what the unheard requests met, learned --------------------------------
+
+# A decision that weighs a replica where A has requests unheard tells,
+# once A reads its own announcement back, how many of B's requests there
+# A read in between: those it could not count.  Behind a front that sends
+# each session to one instance, none: A's reads held, a session's
+# parallel requests all through A, each weighing its replica beside the
+# first.  First A is back on the store it lost above.
+my $before_kept = announcements();
+ok eventually(sub { sibling('probe'); announcements() > $before_kept }, 5),
+    'A announces its requests again';
+ok eventually(\&none_unheard, 2), 'and reads them back';
+kill 'USR1', $relay_pid or die "relay: $!";
+my @kept = map { [ sibling_in_flight('kept') ] } 1 .. 20;
+kill 'USR2', $relay_pid or die "relay: $!";
+ok eventually(sub { state_of_a()->{balance}{unheard_lessons} >= 16 }, 3),
+    'kept: A learns from those it reads back';
+my $balance = state_of_a()->{balance};
+note "kept: $balance->{unheard_lessons} unheard requests learned from";
+is $balance->{unheard_presumed}, 0,
+    'kept: they met none of B\'s: none presumed beside the unheard';
+close $_->[0] for @kept;
+
+# Behind a front that spreads a session's requests: A's first is unheard
+# (A's reads held), B sends three there, then A a second, which weighs
+# the first's replica beside them.
+ok eventually(\&none_unheard, 5), 'nothing left unheard';
+kill 'USR1', $relay_pid or die "relay: $!";
+my ($spread, $spread_port) = sibling_in_flight('spread');
+my $lessons = $balance->{unheard_lessons};
+ok eventually(sub { sibling_through($b, 'spread') eq $spread_port }, 3),
+    'spread: B sends the session where A did once it reads the pin';
+sibling_through($b, 'spread') for 1 .. 2;
+my ($second) = sibling_in_flight('spread');
+kill 'USR2', $relay_pid or die "relay: $!";
+ok eventually(sub {
+        state_of_a()->{balance}{unheard_lessons} > $lessons }, 3),
+    'spread: read back';
+$balance = state_of_a()->{balance};
+note "spread: $balance->{unheard_lessons} learned from, "
+    . "$balance->{unheard_presumed} presumed";
+cmp_ok $balance->{unheard_presumed}, '>=', 3 / $balance->{unheard_lessons},
+    'spread: each of B\'s three counts in the mean';
+close $spread;
+close $second;
 
 is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
 is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';

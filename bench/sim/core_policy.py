@@ -113,6 +113,7 @@ NOW_ORIGIN = 1000000
 # --- the library -------------------------------------------------------------
 
 c_u32, c_u64 = ctypes.c_uint32, ctypes.c_uint64
+WATCHED = 64        # AFFINITY_WATCHED
 
 
 class Peer(ctypes.Structure):
@@ -144,7 +145,8 @@ class Decision(ctypes.Structure):
     _fields_ = [('peer', ctypes.c_int32), ('route', c_u32),
                 ('prefix_len', c_u32), ('slot', c_u32),
                 ('probe_age', c_u32), ('probe_length', c_u32),
-                ('cache_chars', c_u32)]
+                ('cache_chars', c_u32), ('watched', ctypes.c_int32),
+                ('watched_unheard', c_u32)]
 
 
 class EngineLoad(ctypes.Structure):
@@ -167,6 +169,13 @@ class PeerStats(ctypes.Structure):
                 ('engine_elsewhere', ctypes.c_int64),
                 ('cache_tokens', c_u64), ('learned_tokens', c_u64),
                 ('unheard', ctypes.c_int64)]
+
+
+class UnheardWatch(ctypes.Structure):
+    """affinity_unheard_watch_t: one reader's announcements watched."""
+    _fields_ = [('peer', c_u64 * WATCHED), ('number', c_u32 * WATCHED),
+                ('unheard', c_u32 * WATCHED), ('others', c_u32 * WATCHED),
+                ('last', c_u32)]
 
 
 class ZoneInfo(ctypes.Structure):
@@ -232,6 +241,14 @@ SIGNATURES = {
     'affinity_zone_peer_announced': (ctypes.c_size_t,
                                      [ctypes.c_void_p, c_u32]),
     'affinity_zone_peer_heard': (None, [ctypes.c_void_p, ctypes.c_size_t]),
+    'affinity_zone_unheard_met': (None, [ctypes.c_void_p, c_u32, c_u32]),
+    'affinity_zone_unheard_presumed': (ctypes.c_double, [
+        ctypes.c_void_p, c_u32, P(c_u32)]),
+    'affinity_watch_announced': (c_u32, [P(UnheardWatch), c_u64,
+                                         ctypes.c_int64]),
+    'affinity_watch_sent_elsewhere': (None, [P(UnheardWatch), c_u64]),
+    'affinity_watch_read_back': (ctypes.c_int, [P(UnheardWatch), c_u32,
+                                                P(c_u32), P(c_u32)]),
     'affinity_zone_instance_seen': (None, [ctypes.c_void_p, c_u64, c_u32]),
     'affinity_sessions_pin': (None, [ctypes.c_void_p, c_u64, c_u64, c_u32,
                                      c_u32]),
@@ -457,6 +474,8 @@ class ModulePolicy:
         self.prefixes = Zone(lib, ZONE_PREFIXES, PREFIX_ZONE_BYTES) \
             if prefix else None
         self.counter = self.sessions or self.prefixes
+        # its reader's watch over its announcements (affinity_store)
+        self.watch = UnheardWatch()
         now = NOW_ORIGIN
         pid = os.getpid()
         self.row = lib.affinity_zone_worker_claim(
@@ -556,6 +575,10 @@ class ModulePolicy:
                 key if request.has_key and self.sessions is not None
                 and ROUTES[decision.route] != 'session_hit' else None,
                 [lv.hash for lv in levels] if levels is not None else None)
+            # the peer it weighed beside unheard requests, for announced()
+            self.watched = (self.peers[decision.watched].id
+                            if decision.watched >= 0 else 0,
+                            decision.watched_unheard)
         # A probe taken: the reply's cached tokens go back to the core, as
         # the shim reads them from the reply's usage.
         probe = None
@@ -605,14 +628,36 @@ class ModulePolicy:
                                              ctypes.byref(load), capacity)
 
     def announced(self, slot):
-        """This instance told the store of a request on slot (as
-        ..._store.c writes a SENT message): the ticket for heard()."""
-        return self.lib.affinity_zone_peer_announced(self.counter.handle,
-                                                     slot)
+        """This instance told the store of its last request, on slot (as
+        ..._store.c writes a SENT message, its reader watching what the
+        decision weighed): what to pass heard()."""
+        lib = self.lib
+        ticket = lib.affinity_zone_peer_announced(self.counter.handle, slot)
+        number = lib.affinity_watch_announced(ctypes.byref(self.watch),
+                                              *self.watched) \
+            if ticket else 0
+        return ticket, number
 
-    def heard(self, ticket):
-        """The store took the SENT message announced with ticket."""
-        self.lib.affinity_zone_peer_heard(self.counter.handle, ticket)
+    def heard(self, announcement):
+        """This instance read back its SENT message (announced()): heard,
+        and what the unheard beside it met learned."""
+        ticket, number = announcement
+        lib = self.lib
+        lib.affinity_zone_peer_heard(self.counter.handle, ticket)
+        unheard, others = c_u32(), c_u32()
+        if number and lib.affinity_watch_read_back(
+                ctypes.byref(self.watch), number, ctypes.byref(unheard),
+                ctypes.byref(others)):
+            lib.affinity_zone_unheard_met(self.counter.handle, unheard.value,
+                                          others.value)
+
+    def unheard_presumed(self, now):
+        """What routing presumes beside each unheard request, and the
+        lessons behind it (affinity_zone_unheard_presumed())."""
+        lessons = c_u32()
+        presumed = self.lib.affinity_zone_unheard_presumed(
+            self.counter.handle, now, ctypes.byref(lessons))
+        return presumed, lessons.value
 
     def heard_from(self, instance, now):
         """A message of another instance (its zone's seed) was read."""
@@ -629,6 +674,8 @@ class ModulePolicy:
             if self.balance.engine_ttl:
                 lib.affinity_zone_peer_sent_elsewhere(self.counter.handle,
                                                       peer_id)
+                lib.affinity_watch_sent_elsewhere(ctypes.byref(self.watch),
+                                                  peer_id)
         elif kind == 'done':
             if self.balance.engine_ttl:
                 lib.affinity_zone_peer_ended_elsewhere(self.counter.handle,
@@ -692,7 +739,8 @@ class Instances:
     itself as load and its end (with metrics), how far the prompt filled
     its peer's modelled cache, a new or moved pin, the prompt's levels, in
     the order ..._balancer.c publishes them.  A request stays announced
-    in its instance's zone (unheard) until its sender reads it back, and
+    in its instance's zone (unheard) until its sender reads it back, which
+    then learns what the unheard ones beside it met (..._store.c), and
     each delivery tells the others the sender is routing, as ..._store.c
     does.
 
@@ -812,8 +860,7 @@ class Instances:
             peer_id, chars, key, levels = member.taught
             if self.metrics:
                 # announced until its sender reads it back (timer())
-                ticket = member.announced(token[0])
-                self._publish(k, 'sent', peer_id, ticket)
+                self._publish(k, 'sent', peer_id, member.announced(token[0]))
             if chars:
                 self._publish(k, 'filled', peer_id, chars)
             if key is not None:

@@ -19,6 +19,7 @@
 #include "cache_model.h"
 #include "prefix_table.h"
 #include "store_message.h"
+#include "unheard_watch.h"
 #include "usage_scan.h"
 #include "worker_rows.h"
 #include "zone.h"
@@ -328,6 +329,40 @@ void affinity_zone_peer_heard(affinity_zone_t *zone, uintptr_t ticket)
                                            __ATOMIC_RELAXED))
     {
     }
+}
+
+void affinity_zone_unheard_met(affinity_zone_t *zone, uint32_t unheard,
+                               uint32_t others) noexcept
+{
+    zone_of(zone).learn_unheard(unheard, others);
+}
+
+double affinity_zone_unheard_presumed(const affinity_zone_t *zone,
+                                      uint32_t now, uint32_t *lessons)
+    noexcept
+{
+    Zone z = zone_of(zone);
+
+    return z.unheard_presumed(z.instances(now), lessons);
+}
+
+uint32_t affinity_watch_announced(affinity_unheard_watch_t *watch,
+                                  uint64_t peer_id, int64_t unheard) noexcept
+{
+    return UnheardWatch(*watch).announced(peer_id, unheard);
+}
+
+void affinity_watch_sent_elsewhere(affinity_unheard_watch_t *watch,
+                                   uint64_t peer_id) noexcept
+{
+    UnheardWatch(*watch).sent_elsewhere(peer_id);
+}
+
+int affinity_watch_read_back(affinity_unheard_watch_t *watch,
+                             uint32_t number, uint32_t *unheard,
+                             uint32_t *others) noexcept
+{
+    return UnheardWatch(*watch).read_back(number, *unheard, *others) ? 1 : 0;
 }
 
 void affinity_zone_instance_seen(affinity_zone_t *zone, uint64_t instance,

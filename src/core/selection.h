@@ -91,6 +91,11 @@ public:
                < (inflight_[b] + 1) * int64_t(peers_[a].weight);
     }
 
+    // The first peer weighed while this instance had requests unheard
+    // there (-1: none), and their count as routing read it.
+    int watched() const noexcept { return watched_; }
+    int64_t unheard(size_t i) const noexcept { return unheard_[i]; }
+
 private:
     // Whether one more request on peer i stays within limit, with the
     // requests the other instances may be sending it unseen (see
@@ -104,7 +109,10 @@ private:
     uint32_t slots_[kMaxPeers];
     uint64_t cache_tokens_[kMaxPeers];
     int64_t unheard_[kMaxPeers];   // this instance's, not yet in the store
-    uint32_t instances_ = 1;        // routing to these peers, this one too
+    double presumed_ = 0.0;         // the others' beside each unheard
+    // The first peer weighed (fits()) with unheard requests, -1: none.
+    // What the decision consulted, not the bound: set by const checks.
+    mutable int watched_ = -1;
     double share_per_weight_;
     double factor_;
     double slack_;

@@ -359,6 +359,41 @@ uint32_t Zone::instances(uint64_t now) const noexcept
     return n;
 }
 
+void Zone::learn_unheard(uint32_t unheard, uint32_t others) noexcept
+{
+    uint64_t word = atomic_load(&header_->unheard_met);
+    uint64_t met = (word >> 32) + others;
+    uint64_t lessons = (word & 0xffffffffu) + unheard;
+
+    while (lessons >= kLessonsKept) {
+        met /= 2;
+        lessons /= 2;
+    }
+
+    met = std::min<uint64_t>(met, 0xffffffffu);
+    atomic_store(&header_->unheard_met, (met << 32) | lessons);
+}
+
+double Zone::unheard_presumed(uint32_t instances, uint32_t *lessons) const
+    noexcept
+{
+    uint64_t word = atomic_load(&header_->unheard_met);
+    uint32_t n = uint32_t(word & 0xffffffffu);
+    double most = double(std::max<uint32_t>(instances, 1) - 1);
+
+    if (lessons != nullptr) {
+        *lessons = n;
+    }
+
+    if (n < kLessonsTrusted) {
+        return most;
+    }
+
+    double mean = double(word >> 32) / double(n);
+
+    return mean < kKeptFrontBelow * most ? mean : most;
+}
+
 uint64_t Zone::key_hash(const void *key, size_t len) const noexcept
 {
     uint64_t h = hash64(key, len, header_->seed);

@@ -92,10 +92,19 @@ TEST(Instances, PinnedSiblingsSpillWhileUnheard)
         << "nothing unheard: 1 + 1 <= 2.5";
     up.release(0);
 
+    EXPECT_EQ(router.route_key(key).decision.watched, -1)
+        << "nothing unheard: nothing to watch";
+    up.release(0);
+
     affinity_zone_peer_announced(z.get(), slot);
     Routed r = router.route_key(key);
     EXPECT_NE(r.decision.peer, 0);
     EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+
+    // Spilled, the decision still weighed its pinned peer beside the
+    // unheard request: that is what its read-back will teach of.
+    EXPECT_EQ(r.decision.watched, 0);
+    EXPECT_EQ(r.decision.watched_unheard, 1u);
 }
 
 // The others' requests are counted through the engine's figure; without
@@ -173,6 +182,120 @@ TEST(Instances, UnheardNeverBelowZeroAndClearedByTheEngine)
     affinity_zone_peer_heard(z.get(), 0);
     affinity_zone_peer_heard(z.get(), ~uintptr_t{0});
     EXPECT_EQ(up.stats(0).unheard, 1);
+}
+
+// Behind a front that sends each session to one instance, a session's
+// parallel calls all come here, and the unheard ones met none of the
+// others' requests: once enough say so, nothing is presumed beside them,
+// and the siblings stay with their session.
+TEST(Instances, UnheardThatMetNothingPresumeNothing)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1, 1, 1});
+    Router router(z.get(), up, kWithEngines);   // factor 1.25, slack 2
+    uint32_t slot = up.peer(0).slot;
+
+    report_idle(z.get(), up, 1000);
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    affinity_zone_instance_seen(z.get(), 43, 1000);
+    affinity_zone_instance_seen(z.get(), 44, 1000);
+    uint32_t lessons = 99;
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &lessons), 3.0)
+        << "nothing learned: one per other instance";
+    EXPECT_EQ(lessons, 0u);
+
+    up.acquire(0);
+    affinity_zone_peer_announced(z.get(), slot);
+    EXPECT_GE(router.route_key_released(key_on_peer0(0)).decision.peer, 1)
+        << "1 + 3 x 1 + 1 > 2.5";
+
+    // 15 lessons of nothing met: not yet trusted.
+    for (int k = 0; k < 15; k++) {
+        affinity_zone_unheard_met(z.get(), 1, 0);
+    }
+    EXPECT_GE(router.route_key_released(key_on_peer0(1)).decision.peer, 1);
+
+    affinity_zone_unheard_met(z.get(), 1, 0);
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &lessons), 0.0);
+    EXPECT_EQ(lessons, 16u);
+    EXPECT_EQ(router.route_key_released(key_on_peer0(2)).decision.peer, 0)
+        << "1 + 0 x 1 + 1 <= 2.5";
+
+    // A few requests alongside, as if by chance: still next to nothing
+    // (under 0.05 per other instance).
+    affinity_zone_unheard_met(z.get(), 1, 1);
+    double few = affinity_zone_unheard_presumed(z.get(), 1000, nullptr);
+    EXPECT_DOUBLE_EQ(few, 1.0 / 17);
+    EXPECT_EQ(router.route_key_released(key_on_peer0(3)).decision.peer, 0)
+        << "1 + 0.06 x 1 + 1 <= 2.5";
+
+    // The front changes: requests spread at random again.  The later
+    // lessons weigh as the earlier, and a mean that is not next to nothing
+    // understates the bursts: one per other instance.
+    for (int k = 0; k < 16; k++) {
+        affinity_zone_unheard_met(z.get(), 1, 3);
+    }
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &lessons), 3.0)
+        << "49 met in 33 lessons";
+    EXPECT_EQ(lessons, 33u);
+    EXPECT_GE(router.route_key_released(key_on_peer0(4)).decision.peer, 1)
+        << "1 + 3 x 1 + 1 > 2.5";
+
+    // Alone again, the others unheard from for 10 s: none.
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1011, nullptr), 0.0);
+
+    // Forgotten by halves: after 1024 lessons of nothing met, those of
+    // the spread front (49 met) weigh less than 0.05 per other instance.
+    for (int k = 0; k < 1024; k++) {
+        affinity_zone_unheard_met(z.get(), 1, 0);
+    }
+    double mean = affinity_zone_unheard_presumed(z.get(), 1000, &lessons);
+    EXPECT_GT(mean, 0.0);
+    EXPECT_LT(mean, 0.05);
+    EXPECT_LT(lessons, 1024u);
+    EXPECT_GE(lessons, 512u);
+}
+
+// A worker's watch: a request announced while others were unheard counts
+// the other instances' requests on its peer read before it is read back.
+TEST(Instances, WatchCountsTheOthersReadBeforeTheReadBack)
+{
+    affinity_unheard_watch_t watch{};
+    uint32_t unheard = 0, others = 0;
+
+    EXPECT_EQ(affinity_watch_announced(&watch, 11, 0), 0u)
+        << "nothing unheard beside it: nothing to learn";
+    uint32_t first = affinity_watch_announced(&watch, 11, 2);
+    uint32_t second = affinity_watch_announced(&watch, 12, 1);
+    EXPECT_NE(first, 0u);
+    EXPECT_NE(first, second);
+
+    affinity_watch_sent_elsewhere(&watch, 11);
+    affinity_watch_sent_elsewhere(&watch, 13);
+    affinity_watch_sent_elsewhere(&watch, 11);
+    ASSERT_EQ(affinity_watch_read_back(&watch, first, &unheard, &others), 1);
+    EXPECT_EQ(unheard, 2u);
+    EXPECT_EQ(others, 2u);
+    EXPECT_EQ(affinity_watch_read_back(&watch, first, &unheard, &others), 0)
+        << "once";
+
+    affinity_watch_sent_elsewhere(&watch, 12);
+    ASSERT_EQ(affinity_watch_read_back(&watch, second, &unheard, &others), 1);
+    EXPECT_EQ(unheard, 1u);
+    EXPECT_EQ(others, 1u);
+
+    // Numbers it never gave, or given AFFINITY_WATCHED announcements ago.
+    EXPECT_EQ(affinity_watch_read_back(&watch, 0, &unheard, &others), 0);
+    EXPECT_EQ(affinity_watch_read_back(&watch, 999, &unheard, &others), 0);
+    uint32_t old = affinity_watch_announced(&watch, 11, 1);
+    for (int k = 0; k < AFFINITY_WATCHED; k++) {
+        affinity_watch_announced(&watch, 14, 1);
+    }
+    EXPECT_EQ(affinity_watch_read_back(&watch, old, &unheard, &others), 0);
+
+    // The numbers go round without 0.
+    watch.last = UINT32_MAX;
+    EXPECT_EQ(affinity_watch_announced(&watch, 11, 1), 1u);
 }
 
 TEST(Instances, TheOnesHeardFromInTheLastTenSeconds)

@@ -428,6 +428,12 @@ typedef struct {
        advanced (for other instances to count: AFFINITY_STORE_FILLED,
        affinity_prefixes_filled()); 0: none */
     uint32_t    cache_chars;
+    /* with affinity_store and affinity_metrics: the first peer this
+       decision weighed while this instance had requests there not yet
+       heard (index into the peers array, -1 if none), and how many it
+       counted: to watch (affinity_watch_announced()) */
+    int32_t     watched;
+    uint32_t    watched_unheard;
 } affinity_decision_t;
 
 /*
@@ -793,8 +799,8 @@ AFFINITY_API void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
  * read it back from the store (announced) or now has (heard).  Until then
  * the other instances may not have read it either, and cannot count it,
  * nor this one the requests they send the peer meanwhile: routing counts
- * the peer as if each other instance had as many of those as this one
- * (affinity_zone_instance_seen()), while its engine's figure counts
+ * the peer with as many of those as it presumes beside each
+ * (affinity_zone_unheard_presumed()), while its engine's figure counts
  * (affinity_balance_t.engine_ttl).  announced returns a ticket (0:
  * nothing counted, slot out of range) to pass to heard once: when this
  * instance reads the message back, or when the store refuses it or the
@@ -806,6 +812,64 @@ AFFINITY_API uintptr_t affinity_zone_peer_announced(affinity_zone_t *zone,
     uint32_t slot) AFFINITY_NOEXCEPT;
 AFFINITY_API void affinity_zone_peer_heard(affinity_zone_t *zone,
     uintptr_t ticket) AFFINITY_NOEXCEPT;
+
+/*
+ * How many requests the other instances send a peer, unseen, beside each
+ * of this instance's unheard requests there.  Each other instance as many
+ * when they reach the instances at random; none when a front sends all of
+ * a session's requests (an agent's parallel calls) to one instance.  So it
+ * is learned: a decision that weighed a peer while unheard of this
+ * instance's requests were there (affinity_decision_t.watched), placed
+ * there or not, tells once its own announcement is read back how many of
+ * the other instances' requests on that peer were read first: others,
+ * which it could not count, beside unheard (caller holds the zone lock).
+ * The lessons are pooled over the peers, the oldest forgotten by halves.
+ *
+ * unheard_presumed returns what routing presumes (lock-free): one per
+ * other instance routing (affinity_zone_instances()), or, once there are
+ * enough lessons, their mean when it is next to nothing (the front keeps
+ * sessions on instances; spread, the mean would understate the bursts);
+ * *lessons, if not NULL, is set to the requests they count.
+ */
+AFFINITY_API void affinity_zone_unheard_met(affinity_zone_t *zone,
+    uint32_t unheard, uint32_t others) AFFINITY_NOEXCEPT;
+AFFINITY_API double affinity_zone_unheard_presumed(
+    const affinity_zone_t *zone, uint32_t now, uint32_t *lessons)
+    AFFINITY_NOEXCEPT;
+
+/*
+ * One worker's watch over its own announcements, for those lessons: it
+ * reads every message of the stream, the others' and its own, in the
+ * store's order.  Caller-owned, zeroed before first use; its fields are
+ * the core's.
+ *
+ * watch_announced: a request is announced whose decision weighed peer_id
+ * with unheard requests of this instance there (the decision's watched
+ * and watched_unheard); returns a number to send with the message and to
+ * pass to watch_read_back when it is read back (0: nothing to learn, as
+ * without unheard ones).  watch_sent_elsewhere: another instance's request
+ * on peer_id was read.  watch_read_back: returns 1 and the lesson
+ * (unheard, others) for affinity_zone_unheard_met(), or 0 when there is
+ * none (a number unknown, or forgotten after AFFINITY_WATCHED later
+ * announcements).
+ */
+#define AFFINITY_WATCHED  64
+
+typedef struct {
+    uint64_t    peer[AFFINITY_WATCHED];     /* 0: none watched */
+    uint32_t    number[AFFINITY_WATCHED];
+    uint32_t    unheard[AFFINITY_WATCHED];
+    uint32_t    others[AFFINITY_WATCHED];
+    uint32_t    last;
+} affinity_unheard_watch_t;
+
+AFFINITY_API uint32_t affinity_watch_announced(
+    affinity_unheard_watch_t *watch, uint64_t peer_id, int64_t unheard)
+    AFFINITY_NOEXCEPT;
+AFFINITY_API void affinity_watch_sent_elsewhere(
+    affinity_unheard_watch_t *watch, uint64_t peer_id) AFFINITY_NOEXCEPT;
+AFFINITY_API int affinity_watch_read_back(affinity_unheard_watch_t *watch,
+    uint32_t number, uint32_t *unheard, uint32_t *others) AFFINITY_NOEXCEPT;
 
 /*
  * A message of another nginx instance was read from the store at now
