@@ -307,6 +307,32 @@ class ModulePolicyTest(unittest.TestCase):
         spread = instances_by_session(False)
         self.assertGreater(max(len(k) for k in spread.values()), 1)
 
+    def test_read_backs_teach_what_the_front_does(self):
+        # Agent sessions' parallel calls, the store 10 ms away: behind a
+        # front that keeps each session on an instance, what an instance
+        # sends beside its unheard requests meets none of the others', and
+        # each learns to presume none; at random, one per other instance.
+        from bench.sim.fleet import Fleet
+        requests = bounds.prepare_workload(
+            workloads.agentic(seed=1, size='quick', duration=400))
+
+        def presumed(by_client):
+            policy = core_policy.Instances(8, 4, by_client=by_client,
+                                           latency=0.01)
+            fleet = Fleet(light_params(), 8)
+            for req in requests:
+                advance(policy, req.arrival, fleet)
+                policy.choose(req, req.chain(), fleet)
+            advance(policy, requests[-1].arrival + 1, fleet)
+            now = core_policy.NOW_ORIGIN + int(requests[-1].arrival)
+            return [m.unheard_presumed(now) for m in policy.members]
+
+        for mean, lessons in presumed(True):
+            self.assertGreaterEqual(lessons, 16)
+            self.assertLess(mean, 0.15)
+        for mean, lessons in presumed(False):
+            self.assertEqual(mean, 3.0)
+
     def test_engine_reports_applied_poll_lag_later(self):
         # A poll's figures are those of the moment it was made, applied
         # poll_lag later: what changed meanwhile is not in them.
