@@ -555,7 +555,7 @@ def run_policy(case, name, mode, fleet, workdir):
         # end, and the lessons behind it (affinity_store)
         row['unheard_presumed'] = [b.get('unheard_presumed')
                                    for b in balances]
-        row['unheard_lessons'] = [b.get('unheard_lessons') for b in balances]
+        row['unheard_learned'] = [b.get('unheard_learned') for b in balances]
     os.unlink(out)          # per-request records: large, and kept nowhere
     return row
 

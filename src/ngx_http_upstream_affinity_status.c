@@ -324,7 +324,8 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
     json_t                                        *routes, *totals, *zones;
     json_t                                        *fallbacks;
     double                                         presumed;
-    uint32_t                                       instances, lessons;
+    uint32_t                                       instances, learned;
+    uint32_t                                       met;
     ngx_buf_t                                     *b;
     affinity_zone_info_t                           info;
     ngx_uint_t                                     i, j, k;
@@ -366,19 +367,20 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
                                             (uint32_t) ngx_time());
         presumed = affinity_zone_unheard_presumed(shctx->zone,
                                                   (uint32_t) ngx_time(),
-                                                  &lessons);
+                                                  &learned, &met);
         ngx_shmtx_unlock(&shctx->shpool->mutex);
 
         if (u == NULL || list == NULL || totals == NULL || zones == NULL
             || json_object_setn_new(all, (char *) us[i].name.data,
                                     us[i].name.len, u)
             || json_object_set_new(u, "balance",
-                   json_pack("{s:f,s:i,s:i,s:f,s:i}",
+                   json_pack("{s:f,s:i,s:i,s:f,s:i,s:i}",
                              "factor", (double) us[i].conf->factor / 1000,
                              "slack", (json_int_t) us[i].conf->slack,
                              "instances", (json_int_t) instances,
                              "unheard_presumed", presumed,
-                             "unheard_lessons", (json_int_t) lessons))
+                             "unheard_learned", (json_int_t) learned,
+                             "unheard_met", (json_int_t) met))
             || json_object_set_new(u, "zones", zones)
             || json_object_set_new(u, "peers", list)
             || json_object_set_new(u, "routes", totals))

@@ -572,8 +572,7 @@ ngx_http_upstream_affinity_store_announce(
                                                watched_unheard)
                     : 0;
 
-    if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket,
-                                   number,
+    if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket, number,
                                    ngx_http_upstream_affinity_store_heard,
                                    (void *) ticket)
         != NGX_OK)

@@ -113,7 +113,7 @@ NOW_ORIGIN = 1000000
 # --- the library -------------------------------------------------------------
 
 c_u32, c_u64 = ctypes.c_uint32, ctypes.c_uint64
-WATCHED = 64        # AFFINITY_WATCHED
+WATCHED = 64        # mirrors AFFINITY_WATCHED (affinity_core.h)
 
 
 class Peer(ctypes.Structure):
@@ -243,7 +243,7 @@ SIGNATURES = {
     'affinity_zone_peer_heard': (None, [ctypes.c_void_p, ctypes.c_size_t]),
     'affinity_zone_unheard_met': (None, [ctypes.c_void_p, c_u32, c_u32]),
     'affinity_zone_unheard_presumed': (ctypes.c_double, [
-        ctypes.c_void_p, c_u32, P(c_u32)]),
+        ctypes.c_void_p, c_u32, P(c_u32), P(c_u32)]),
     'affinity_watch_announced': (c_u32, [P(UnheardWatch), c_u64,
                                          ctypes.c_int64]),
     'affinity_watch_sent_elsewhere': (None, [P(UnheardWatch), c_u64]),
@@ -653,11 +653,11 @@ class ModulePolicy:
 
     def unheard_presumed(self, now):
         """What routing presumes beside each unheard request, and the
-        lessons behind it (affinity_zone_unheard_presumed())."""
-        lessons = c_u32()
+        unheard requests learned from (affinity_zone_unheard_presumed())."""
+        learned = c_u32()
         presumed = self.lib.affinity_zone_unheard_presumed(
-            self.counter.handle, now, ctypes.byref(lessons))
-        return presumed, lessons.value
+            self.counter.handle, now, ctypes.byref(learned), None)
+        return presumed, learned.value
 
     def heard_from(self, instance, now):
         """A message of another instance (its zone's seed) was read."""

@@ -338,12 +338,12 @@ void affinity_zone_unheard_met(affinity_zone_t *zone, uint32_t unheard,
 }
 
 double affinity_zone_unheard_presumed(const affinity_zone_t *zone,
-                                      uint32_t now, uint32_t *lessons)
-    noexcept
+                                      uint32_t now, uint32_t *unheard,
+                                      uint32_t *met) noexcept
 {
     Zone z = zone_of(zone);
 
-    return z.unheard_presumed(z.instances(now), lessons);
+    return z.unheard_presumed(z.instances(now), unheard, met);
 }
 
 uint32_t affinity_watch_announced(affinity_unheard_watch_t *watch,

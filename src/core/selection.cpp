@@ -76,7 +76,10 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
     }
 
     share_per_weight_ = weights ? double(total + 1) / double(weights) : 0.0;
-    presumed_ = zone.unheard_presumed(zone.instances(now));
+    uint32_t instances = zone.instances(now);
+
+    presumed_ = zone.unheard_presumed(instances);
+    shared_ = instances > 1;
 }
 
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
@@ -132,7 +135,7 @@ bool LoadBound::fits(size_t i, double limit) const noexcept
 {
     double presumed = presumed_ * double(unheard_[i]);
 
-    if (unheard_[i] > 0 && watched_ < 0) {
+    if (shared_ && unheard_[i] > 0 && watched_ < 0) {
         watched_ = int(i);
     }
 

@@ -92,7 +92,8 @@ public:
     }
 
     // The first peer weighed while this instance had requests unheard
-    // there (-1: none), and their count as routing read it.
+    // there and others routed too (-1: none), and their count as routing
+    // read it.
     int watched() const noexcept { return watched_; }
     int64_t unheard(size_t i) const noexcept { return unheard_[i]; }
 
@@ -110,6 +111,7 @@ private:
     uint64_t cache_tokens_[kMaxPeers];
     int64_t unheard_[kMaxPeers];   // this instance's, not yet in the store
     double presumed_ = 0.0;         // the others' beside each unheard
+    bool shared_ = false;           // other instances route too
     // The first peer weighed (fits()) with unheard requests, -1: none.
     // What the decision consulted, not the bound: set by const checks.
     mutable int watched_ = -1;

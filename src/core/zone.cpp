@@ -365,7 +365,7 @@ void Zone::learn_unheard(uint32_t unheard, uint32_t others) noexcept
     uint64_t met = (word >> 32) + others;
     uint64_t lessons = (word & 0xffffffffu) + unheard;
 
-    while (lessons >= kLessonsKept) {
+    while (lessons >= kUnheardKept) {
         met /= 2;
         lessons /= 2;
     }
@@ -374,18 +374,22 @@ void Zone::learn_unheard(uint32_t unheard, uint32_t others) noexcept
     atomic_store(&header_->unheard_met, (met << 32) | lessons);
 }
 
-double Zone::unheard_presumed(uint32_t instances, uint32_t *lessons) const
-    noexcept
+double Zone::unheard_presumed(uint32_t instances, uint32_t *unheard,
+                              uint32_t *met) const noexcept
 {
     uint64_t word = atomic_load(&header_->unheard_met);
     uint32_t n = uint32_t(word & 0xffffffffu);
     double most = double(std::max<uint32_t>(instances, 1) - 1);
 
-    if (lessons != nullptr) {
-        *lessons = n;
+    if (unheard != nullptr) {
+        *unheard = n;
     }
 
-    if (n < kLessonsTrusted) {
+    if (met != nullptr) {
+        *met = uint32_t(word >> 32);
+    }
+
+    if (n < kUnheardTrusted) {
         return most;
     }
 

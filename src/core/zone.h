@@ -99,11 +99,12 @@ struct alignas(64) ZoneHeader {
 // the same layout version) hold 0 there, no lessons yet.
 static_assert(sizeof(ZoneHeader) == 512, "the header keeps its size");
 
-// The unheard requests' lessons (ZoneHeader::unheard_met): trusted from
-// kLessonsTrusted of them, halved, the others' with them, at
-// kLessonsKept, so that the later ones weigh as much as all before.
-constexpr uint32_t kLessonsTrusted = 16;
-constexpr uint32_t kLessonsKept = 1024;
+// The unheard requests' lessons (ZoneHeader::unheard_met): trusted once
+// kUnheardTrusted unheard requests are learned from, halved, the others'
+// they met with them, at kUnheardKept, so that the later ones weigh as
+// much as all before.
+constexpr uint32_t kUnheardTrusted = 16;
+constexpr uint32_t kUnheardKept = 1024;
 
 // Below this many of the others' requests per other instance beside each
 // unheard one, in the lessons' mean, the front is taken to keep each
@@ -328,12 +329,12 @@ public:
 
     // The other instances' requests presumed beside each of this one's
     // unheard requests on a peer, with instances routing: what they were
-    // found to meet, from kLessonsTrusted lessons, when that is next to
+    // found to meet, from kUnheardTrusted of them, when that is next to
     // nothing (kKeptFrontBelow), else one per other instance, as until
     // then (affinity_zone_unheard_presumed()).
     void learn_unheard(uint32_t unheard, uint32_t others) noexcept;
-    double unheard_presumed(uint32_t instances, uint32_t *lessons = nullptr)
-        const noexcept;
+    double unheard_presumed(uint32_t instances, uint32_t *unheard = nullptr,
+                            uint32_t *met = nullptr) const noexcept;
 
     void hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept;
 

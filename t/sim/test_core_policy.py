@@ -327,10 +327,10 @@ class ModulePolicyTest(unittest.TestCase):
             now = core_policy.NOW_ORIGIN + int(requests[-1].arrival)
             return [m.unheard_presumed(now) for m in policy.members]
 
-        for mean, lessons in presumed(True):
-            self.assertGreaterEqual(lessons, 16)
+        for mean, learned in presumed(True):
+            self.assertGreaterEqual(learned, 16)
             self.assertLess(mean, 0.15)
-        for mean, lessons in presumed(False):
+        for mean, learned in presumed(False):
             self.assertEqual(mean, 3.0)
 
     def test_engine_reports_applied_poll_lag_later(self):

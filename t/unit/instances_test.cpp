@@ -40,9 +40,12 @@ TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
     EXPECT_NE(first, 0u);
     EXPECT_EQ(up.stats(0).unheard, 1);
 
-    // Alone: 1 + 1 <= max(1.25 x 0.5, 0.5 + 2).
+    // Alone: 1 + 1 <= max(1.25 x 0.5, 0.5 + 2), and nothing to learn
+    // from (affinity_watch_announced()).
     EXPECT_EQ(affinity_zone_instances(z.get(), 1000), 1u);
-    EXPECT_EQ(router.route_key_released(key_on_peer0(0)).decision.peer, 0);
+    Routed alone = router.route_key_released(key_on_peer0(0));
+    EXPECT_EQ(alone.decision.peer, 0);
+    EXPECT_EQ(alone.decision.watched, -1);
 
     // With another instance: 1 + 1 + 1 > 2.5, the session goes elsewhere.
     affinity_zone_instance_seen(z.get(), 42, 1000);
@@ -199,32 +202,37 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
     affinity_zone_instance_seen(z.get(), 42, 1000);
     affinity_zone_instance_seen(z.get(), 43, 1000);
     affinity_zone_instance_seen(z.get(), 44, 1000);
-    uint32_t lessons = 99;
-    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &lessons), 3.0)
+    uint32_t learned = 99, met = 99;
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &learned, &met),
+              3.0)
         << "nothing learned: one per other instance";
-    EXPECT_EQ(lessons, 0u);
+    EXPECT_EQ(learned, 0u);
+    EXPECT_EQ(met, 0u);
 
     up.acquire(0);
     affinity_zone_peer_announced(z.get(), slot);
     EXPECT_GE(router.route_key_released(key_on_peer0(0)).decision.peer, 1)
         << "1 + 3 x 1 + 1 > 2.5";
 
-    // 15 lessons of nothing met: not yet trusted.
+    // 15 unheard requests that met nothing: not yet trusted.
     for (int k = 0; k < 15; k++) {
         affinity_zone_unheard_met(z.get(), 1, 0);
     }
     EXPECT_GE(router.route_key_released(key_on_peer0(1)).decision.peer, 1);
 
     affinity_zone_unheard_met(z.get(), 1, 0);
-    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &lessons), 0.0);
-    EXPECT_EQ(lessons, 16u);
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &learned, &met),
+              0.0);
+    EXPECT_EQ(learned, 16u);
+    EXPECT_EQ(met, 0u);
     EXPECT_EQ(router.route_key_released(key_on_peer0(2)).decision.peer, 0)
         << "1 + 0 x 1 + 1 <= 2.5";
 
     // A few requests alongside, as if by chance: still next to nothing
     // (under 0.05 per other instance).
     affinity_zone_unheard_met(z.get(), 1, 1);
-    double few = affinity_zone_unheard_presumed(z.get(), 1000, nullptr);
+    double few = affinity_zone_unheard_presumed(z.get(), 1000, nullptr,
+                                                nullptr);
     EXPECT_DOUBLE_EQ(few, 1.0 / 17);
     EXPECT_EQ(router.route_key_released(key_on_peer0(3)).decision.peer, 0)
         << "1 + 0.06 x 1 + 1 <= 2.5";
@@ -235,25 +243,29 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
     for (int k = 0; k < 16; k++) {
         affinity_zone_unheard_met(z.get(), 1, 3);
     }
-    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &lessons), 3.0)
-        << "49 met in 33 lessons";
-    EXPECT_EQ(lessons, 33u);
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &learned, &met),
+              3.0)
+        << "49 met by 33 unheard";
+    EXPECT_EQ(learned, 33u);
+    EXPECT_EQ(met, 49u);
     EXPECT_GE(router.route_key_released(key_on_peer0(4)).decision.peer, 1)
         << "1 + 3 x 1 + 1 > 2.5";
 
     // Alone again, the others unheard from for 10 s: none.
-    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1011, nullptr), 0.0);
+    EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1011, nullptr, nullptr),
+              0.0);
 
-    // Forgotten by halves: after 1024 lessons of nothing met, those of
+    // Forgotten by halves: after 1024 unheard that met nothing, those of
     // the spread front (49 met) weigh less than 0.05 per other instance.
     for (int k = 0; k < 1024; k++) {
         affinity_zone_unheard_met(z.get(), 1, 0);
     }
-    double mean = affinity_zone_unheard_presumed(z.get(), 1000, &lessons);
+    double mean = affinity_zone_unheard_presumed(z.get(), 1000, &learned,
+                                                 nullptr);
     EXPECT_GT(mean, 0.0);
     EXPECT_LT(mean, 0.05);
-    EXPECT_LT(lessons, 1024u);
-    EXPECT_GE(lessons, 512u);
+    EXPECT_LT(learned, 1024u);
+    EXPECT_GE(learned, 512u);
 }
 
 // A worker's watch: a request announced while others were unheard counts

@@ -428,10 +428,11 @@ typedef struct {
        advanced (for other instances to count: AFFINITY_STORE_FILLED,
        affinity_prefixes_filled()); 0: none */
     uint32_t    cache_chars;
-    /* with affinity_store and affinity_metrics: the first peer this
-       decision weighed while this instance had requests there not yet
-       heard (index into the peers array, -1 if none), and how many it
-       counted: to watch (affinity_watch_announced()) */
+    /* with affinity_store and affinity_metrics, other instances routing:
+       the first peer this decision weighed while this instance had
+       requests there not yet heard (index into the peers array, -1 if
+       none), and how many it counted: to watch
+       (affinity_watch_announced()) */
     int32_t     watched;
     uint32_t    watched_unheard;
 } affinity_decision_t;
@@ -823,19 +824,22 @@ AFFINITY_API void affinity_zone_peer_heard(affinity_zone_t *zone,
  * there or not, tells once its own announcement is read back how many of
  * the other instances' requests on that peer were read first: others,
  * which it could not count, beside unheard (caller holds the zone lock).
- * The lessons are pooled over the peers, the oldest forgotten by halves.
+ * Only while other instances route: alone, nothing is watched.  The
+ * lessons are pooled over the peers, the oldest forgotten by halves.
  *
- * unheard_presumed returns what routing presumes (lock-free): one per
- * other instance routing (affinity_zone_instances()), or, once there are
- * enough lessons, their mean when it is next to nothing (the front keeps
- * sessions on instances; spread, the mean would understate the bursts);
- * *lessons, if not NULL, is set to the requests they count.
+ * unheard_presumed returns what routing presumes (exact with the zone
+ * lock held, which the instances' table is written under): one per other
+ * instance routing (affinity_zone_instances()), or, once enough unheard
+ * requests were learned from, the others' they met per unheard one when
+ * that is next to nothing (the front keeps sessions on instances; spread,
+ * the mean would understate the bursts).  *unheard and *met, if not NULL,
+ * are set to the unheard requests learned from and the others' they met.
  */
 AFFINITY_API void affinity_zone_unheard_met(affinity_zone_t *zone,
     uint32_t unheard, uint32_t others) AFFINITY_NOEXCEPT;
 AFFINITY_API double affinity_zone_unheard_presumed(
-    const affinity_zone_t *zone, uint32_t now, uint32_t *lessons)
-    AFFINITY_NOEXCEPT;
+    const affinity_zone_t *zone, uint32_t now, uint32_t *unheard,
+    uint32_t *met) AFFINITY_NOEXCEPT;
 
 /*
  * One worker's watch over its own announcements, for those lessons: it
@@ -851,7 +855,9 @@ AFFINITY_API double affinity_zone_unheard_presumed(
  * on peer_id was read.  watch_read_back: returns 1 and the lesson
  * (unheard, others) for affinity_zone_unheard_met(), or 0 when there is
  * none (a number unknown, or forgotten after AFFINITY_WATCHED later
- * announcements).
+ * announcements: a worker with more than that many waiting to be read
+ * back, as while the store stalls, loses the oldest, which waited longest
+ * and met the most).
  */
 #define AFFINITY_WATCHED  64
 
