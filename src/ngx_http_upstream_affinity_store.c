@@ -129,7 +129,7 @@ static size_t ngx_http_upstream_affinity_store_encode(
     affinity_store_message_t *message, u_char *buf);
 static ngx_int_t ngx_http_upstream_affinity_store_send(
     ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    uintptr_t ticket, uint32_t watched, redisCallbackFn *callback,
+    uintptr_t ticket, uint32_t number, redisCallbackFn *callback,
     void *privdata);
 static void ngx_http_upstream_affinity_store_flush(
     ngx_http_upstream_affinity_store_t *store);
@@ -597,14 +597,14 @@ ngx_http_upstream_affinity_store_encode(
 /*
  * A message as a stream entry's field "m", with an announcement's ticket
  * (if not 0) as its field "t", the worker's pid as "p" and its watch's
- * number (if not 0) as "w", which other instances skip.  NGX_OK when the
- * command is on its way: its callback will be called.
+ * number as "w" (0: not watched), which other instances skip.  NGX_OK
+ * when the command is on its way: its callback will be called.
  */
 
 static ngx_int_t
 ngx_http_upstream_affinity_store_send(
     ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    uintptr_t ticket, uint32_t watched, redisCallbackFn *callback,
+    uintptr_t ticket, uint32_t number, redisCallbackFn *callback,
     void *privdata)
 {
     int                                       rc;
@@ -621,19 +621,12 @@ ngx_http_upstream_affinity_store_send(
         return NGX_DECLINED;
     }
 
-    if (ticket && watched) {
+    if (ticket) {
         rc = redisAsyncCommand(store->writer, callback, privdata,
                                "XADD %s MAXLEN ~ %lu * m %b t %lu p %ld w %u",
                                scf->stream.data, (unsigned long) scf->maxlen,
                                data, len, (unsigned long) ticket,
-                               (long) ngx_pid, (unsigned) watched);
-
-    } else if (ticket) {
-        rc = redisAsyncCommand(store->writer, callback, privdata,
-                               "XADD %s MAXLEN ~ %lu * m %b t %lu p %ld",
-                               scf->stream.data, (unsigned long) scf->maxlen,
-                               data, len, (unsigned long) ticket,
-                               (long) ngx_pid);
+                               (long) ngx_pid, (unsigned) number);
 
     } else {
         rc = redisAsyncCommand(store->writer, callback, privdata,
@@ -819,7 +812,7 @@ static void
 ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store, redisReply *fields)
 {
-    off_t                                   ticket, watched;
+    off_t                                   ticket, number;
     time_t                                  now;
     uint32_t                                unheard, others;
     uint64_t                                hash;
@@ -884,11 +877,11 @@ ngx_http_upstream_affinity_store_apply(
 
             /* what the unheard requests beside it met (..._announce()) */
 
-            watched = ngx_http_upstream_affinity_store_number(fields, 'w');
+            number = ngx_http_upstream_affinity_store_number(fields, 'w');
 
-            if (watched > 0 && watched <= UINT32_MAX
+            if (number > 0 && number <= UINT32_MAX
                 && affinity_watch_read_back(&store->watch,
-                                            (uint32_t) watched, &unheard,
+                                            (uint32_t) number, &unheard,
                                             &others))
             {
                 shctx = ascf->counter_zone->data;
