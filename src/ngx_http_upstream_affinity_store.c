@@ -12,8 +12,11 @@
  * The connections use hiredis' asynchronous API on nginx's event loop: a
  * connection of nginx's own wraps the socket hiredis opened, and its read
  * and write handlers call hiredis (level-triggered, since hiredis reads
- * one buffer per call).  Each worker has two connections per upstream: one
- * appends (XADD), one waits on the stream (XREAD BLOCK).
+ * one buffer per call).  Each worker has a connection per upstream that
+ * appends (XADD); the first worker has another that waits on the stream
+ * (XREAD BLOCK) and applies what the other instances learned to the zones,
+ * which all workers share.  With affinity_metrics every worker has one:
+ * it reads its own announcements back (..._store_apply()).
  */
 
 
@@ -38,12 +41,12 @@
  * News of a request (sent, how far it filled a cache, ended) is counted, not
  * learned: only when sent (not kept while the store is away, where it
  * would displace what was learned), once per instance (by its first
- * worker, though every worker reads every message), and no more than
- * this old: read after the store was away, or again by the workers of an
- * instance that reloaded and read the stream from its beginning, it would
- * count the request late or twice.  In whole seconds of the senders' and
- * the readers' clocks: news up to 2 s old is taken, and the instances'
- * clocks must agree within a second.
+ * worker, as what is learned), and no more than this old: read after the
+ * store was away, or again by the first worker of an instance that
+ * reloaded and read the stream from its beginning, it would count the
+ * request late or twice.  In whole seconds of the senders' and the
+ * readers' clocks: news up to 2 s old is taken, and the instances' clocks
+ * must agree within a second.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 
@@ -100,7 +103,8 @@ struct ngx_http_upstream_affinity_store_s {
     affinity_unheard_watch_t                watch;
 
     ngx_uint_t                              dropped;
-    unsigned                                up:1;       /* both connected */
+    unsigned                                reads:1;    /* has a reader */
+    unsigned                                up:1;       /* all connected */
     unsigned                                warned:1;   /* since it left */
     unsigned                                exiting:1;
 };
@@ -216,6 +220,7 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     store->conf = ascf;
     store->log = cycle->log;
     store->instance = info.seed;
+    store->reads = (ngx_worker == 0 || ascf->engine_ttl);
 
     /* entries still in the stream are applied if not expired */
     ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
@@ -270,9 +275,10 @@ ngx_http_upstream_affinity_store_connect(
     ngx_http_upstream_affinity_store_t *store)
 {
     store->writer = ngx_http_upstream_affinity_store_open(store);
-    store->reader = ngx_http_upstream_affinity_store_open(store);
+    store->reader = store->reads ? ngx_http_upstream_affinity_store_open(store)
+                                 : NULL;
 
-    if (store->writer == NULL || store->reader == NULL) {
+    if (store->writer == NULL || (store->reads && store->reader == NULL)) {
         ngx_http_upstream_affinity_store_lost(store, "cannot connect");
         return;
     }
@@ -344,7 +350,9 @@ ngx_http_upstream_affinity_store_connected(const redisAsyncContext *ac,
     }
 
     if (!(store->writer && (store->writer->c.flags & REDIS_CONNECTED)
-          && store->reader && (store->reader->c.flags & REDIS_CONNECTED)))
+          && (!store->reads
+              || (store->reader
+                  && (store->reader->c.flags & REDIS_CONNECTED)))))
     {
         return;
     }
@@ -392,7 +400,7 @@ ngx_http_upstream_affinity_store_disconnected(const redisAsyncContext *ac,
 
 
 /*
- * Either connection failed: both are closed and opened again after a
+ * A connection failed: all are closed and opened again after a
  * while.  Said once per outage, with the reason.
  */
 
@@ -917,11 +925,16 @@ ngx_http_upstream_affinity_store_apply(
                                                         now);
         }
 
-        /* news counted by the first worker, while fresh (..._STORE_FRESH) */
+        /*
+         * Into the zones, which all workers share, once: by the first
+         * worker (the others read every entry only to read their own
+         * announcements back and to watch them).  News only while fresh
+         * (..._STORE_FRESH).
+         */
 
-        if (ngx_http_upstream_affinity_store_news(m.kind)
-            && (ngx_worker != 0
-                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH))
+        if (ngx_worker != 0
+            || (ngx_http_upstream_affinity_store_news(m.kind)
+                && now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH))
         {
             continue;
         }

@@ -72,6 +72,17 @@ ok eventually(sub {
         return 1;
     }, 15), 'B knows every replica\'s own load, freshly polled';
 
+# With affinity_metrics every worker also reads the stream, to read its own
+# announcements back.
+{
+    my @clients;
+    ok eventually(sub {
+            @clients = AffinityTest::redis_clients($redis);
+            return 4 == grep { ($_->{cmd} // '') eq 'xread' } @clients;
+        }, 5), 'every worker of both instances reads the stream';
+    is scalar(@clients), 8, '... and has a writer';
+}
+
 # ---- A keeps its replica busy ----------------------------------------------
 
 my @socks;

@@ -442,6 +442,31 @@ sub start_redis {
         '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
 }
 
+# AffinityTest::redis_clients($port) - the clients connected to the
+# redis-server on 127.0.0.1:$port other than this one, each a hash of its
+# CLIENT LIST fields (cmd: the last command it sent, in lower case).
+sub redis_clients {
+    my ($port) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => $LOCALHOST, PeerPort => $port,
+                                  Timeout => 5 * $SLOW)
+        or croak "redis on $port: $!";
+    print {$s} "*2\r\n\$6\r\nCLIENT\r\n\$4\r\nLIST\r\n";
+    my $head = <$s> // '';
+    croak "CLIENT LIST: $head" unless $head =~ /^\$(\d+)\r\n$/;
+    my ($len, $list) = ($1, '');
+    while (length $list < $len) {
+        my $n = read($s, $list, $len - length $list, length $list);
+        croak "CLIENT LIST: short reply" unless $n;
+    }
+    close $s;
+    my @clients;
+    for my $line (split /\n/, $list) {
+        my %fields = map { /^([^=]+)=(.*)$/ ? ($1, $2) : () } split ' ', $line;
+        push @clients, \%fields unless ($fields{cmd} // '') =~ /^client/;
+    }
+    return @clients;
+}
+
 # $t->start_service($name, $port, @command) - runs @command (a server that
 # listens on 127.0.0.1:$port, e.g. redis-server) until stop_service or the
 # end of the test; its output goes to logs/$name.log.
