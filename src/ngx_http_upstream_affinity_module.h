@@ -34,9 +34,40 @@ typedef struct {
 } ngx_http_upstream_affinity_source_t;
 
 
+/* the streams whose reading a zone's head records */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STREAMS  4
+
+/* how far the instance's reader read a stream (affinity_store) */
+typedef struct {
+    uint32_t                                stream; /* its name's crc32;
+                                                       0: free */
+    ngx_atomic_t                            reading; /* its pid, 0: none */
+    uint64_t                                ms;     /* last entry's id, */
+    uint64_t                                seq;    /* "ms-seq" */
+} ngx_http_upstream_affinity_stream_read_t;
+
+/*
+ * The module's own bytes at the start of a zone, before the core's table:
+ * the allocation's size (first, for processes that attach on their own)
+ * and, in a zone that counts requests with affinity_store, what the
+ * instance's reader of the store keeps for all its workers
+ * (ngx_http_upstream_affinity_store.c), under the zone lock.
+ */
+typedef struct {
+    size_t                                  size;
+
+    /* the instance's announcements not yet read back, watched */
+    affinity_unheard_watch_t                watch;
+
+    ngx_http_upstream_affinity_stream_read_t
+                                  read[NGX_HTTP_UPSTREAM_AFFINITY_STREAMS];
+} ngx_http_upstream_affinity_zone_head_t;
+
+
 /* shm_zone->data of an affinity zone */
 typedef struct {
     ngx_slab_pool_t                        *shpool;
+    ngx_http_upstream_affinity_zone_head_t *head;
     affinity_zone_t                        *zone;
     affinity_zone_kind_e                    kind;
     ngx_shm_zone_t                         *shm_zone;

@@ -14,9 +14,9 @@
  * and write handlers call hiredis (level-triggered, since hiredis reads
  * one buffer per call).  Each worker has a connection per upstream that
  * appends (XADD); the first worker has another that waits on the stream
- * (XREAD BLOCK) and applies what the other instances learned to the zones,
- * which all workers share.  With affinity_metrics every worker has one:
- * it reads its own announcements back (..._store_apply()).
+ * (XREAD BLOCK): it applies what the other instances learned to the zones,
+ * which all workers share, and reads every worker's announcements back.
+ * Redis sends each entry to one reader per instance.
  */
 
 
@@ -40,13 +40,12 @@
 /*
  * News of a request (sent, how far it filled a cache, ended) is counted, not
  * learned: only when sent (not kept while the store is away, where it
- * would displace what was learned), once per instance (by its first
- * worker, as what is learned), and no more than this old: read after the
- * store was away, or again by the first worker of an instance that
- * reloaded and read the stream from its beginning, it would count the
- * request late or twice.  In whole seconds of the senders' and the
- * readers' clocks: news up to 2 s old is taken, and the instances' clocks
- * must agree within a second.
+ * would displace what was learned), once per instance (by its reader, and
+ * not again by one that starts again: ..._store_unseen()), and no more
+ * than this old: read after the store was away, it would count the
+ * request late.  In whole seconds of the senders' and the readers'
+ * clocks: news up to 2 s old is taken, and the instances' clocks must
+ * agree within a second.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 
@@ -87,6 +86,7 @@ struct ngx_http_upstream_affinity_store_s {
     ngx_event_t                             retry;
     ngx_event_t                             timeout;
     uint64_t                                instance;
+    uint32_t                                stream;     /* name's crc32 */
 
     /* the id of the last stream entry read */
     char                                    last[64];
@@ -98,9 +98,6 @@ struct ngx_http_upstream_affinity_store_s {
 
     ngx_http_upstream_affinity_heard_t
                               heard[NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD];
-
-    /* what this worker's announcements meet before it reads them back */
-    affinity_unheard_watch_t                watch;
 
     ngx_uint_t                              dropped;
     unsigned                                reads:1;    /* has a reader */
@@ -146,7 +143,17 @@ static void ngx_http_upstream_affinity_store_read(
 static void ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac,
     void *reply, void *data);
 static void ngx_http_upstream_affinity_store_apply(
-    ngx_http_upstream_affinity_store_t *store, redisReply *fields);
+    ngx_http_upstream_affinity_store_t *store, redisReply *fields,
+    ngx_uint_t unseen);
+static ngx_uint_t ngx_http_upstream_affinity_store_unseen(
+    ngx_http_upstream_affinity_store_t *store);
+static ngx_http_upstream_affinity_stream_read_t *
+    ngx_http_upstream_affinity_store_record(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_reader_is(
+    ngx_http_upstream_affinity_store_t *store, ngx_pid_t pid);
+static ngx_uint_t ngx_http_upstream_affinity_store_reading(
+    ngx_http_upstream_affinity_store_t *store);
 static off_t ngx_http_upstream_affinity_store_number(redisReply *fields,
     u_char name);
 static void ngx_http_upstream_affinity_store_heard_from(
@@ -220,7 +227,9 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     store->conf = ascf;
     store->log = cycle->log;
     store->instance = info.seed;
-    store->reads = (ngx_worker == 0 || ascf->engine_ttl);
+    store->reads = (ngx_worker == 0);
+    store->stream = ngx_crc32_short(ascf->store_conf->stream.data,
+                                    ascf->store_conf->stream.len);
 
     /* entries still in the stream are applied if not expired */
     ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
@@ -256,6 +265,7 @@ ngx_http_upstream_affinity_store_close_upstream(ngx_cycle_t *cycle,
     }
 
     store->exiting = 1;
+    ngx_http_upstream_affinity_store_reader_is(store, 0);
 
     if (store->writer) {
         redisAsyncFree(store->writer);
@@ -275,8 +285,11 @@ ngx_http_upstream_affinity_store_connect(
     ngx_http_upstream_affinity_store_t *store)
 {
     store->writer = ngx_http_upstream_affinity_store_open(store);
-    store->reader = store->reads ? ngx_http_upstream_affinity_store_open(store)
-                                 : NULL;
+    store->reader = NULL;
+
+    if (store->reads) {
+        store->reader = ngx_http_upstream_affinity_store_open(store);
+    }
 
     if (store->writer == NULL || (store->reads && store->reader == NULL)) {
         ngx_http_upstream_affinity_store_lost(store, "cannot connect");
@@ -362,6 +375,7 @@ ngx_http_upstream_affinity_store_connected(const redisAsyncContext *ac,
     }
 
     store->up = 1;
+    ngx_http_upstream_affinity_store_reader_is(store, ngx_pid);
 
     if (store->warned) {
         ngx_log_error(NGX_LOG_NOTICE, store->log, 0,
@@ -423,6 +437,7 @@ ngx_http_upstream_affinity_store_lost(
     }
 
     store->up = 0;
+    ngx_http_upstream_affinity_store_reader_is(store, 0);
 
     if (store->timeout.timer_set) {
         ngx_del_timer(&store->timeout);
@@ -532,12 +547,12 @@ ngx_http_upstream_affinity_store_publish(
  * reads it back from the stream, as they do, it is announced in the
  * counter zone, and routing here counts the peer as if each other instance
  * were sending it some unseen (affinity_zone_peer_announced()).  The
- * ticket of the announcement goes with the message, for this worker's
+ * ticket of the announcement goes with the message, for the instance's
  * reader, and, when its decision weighed a peer (watched) where requests
- * of this instance were unheard, the number the worker's watch gave it:
- * read back, it tells how many of the other instances' requests those met
- * (affinity_zone_unheard_met()).  Not kept while the store is away
- * (..._STORE_FRESH).
+ * of this instance were unheard, the number the instance's watch gave it
+ * (in the zone's head): read back, it tells how many of the other
+ * instances' requests those met (affinity_zone_unheard_met()).  Not kept
+ * while the store is away (..._STORE_FRESH).
  */
 
 void
@@ -571,14 +586,21 @@ ngx_http_upstream_affinity_store_announce(
 
     /*
      * announced before it is sent: the answer may not come before this
-     * (a peer without a counter slot gets ticket 0, which counts nothing)
+     * (a peer without a counter slot gets ticket 0, which counts nothing);
+     * not while no reader would read it back
      */
 
     shctx = ascf->counter_zone->data;
-    ticket = affinity_zone_peer_announced(shctx->zone, slot);
-    number = ticket ? affinity_watch_announced(&store->watch, watched,
-                                               watched_unheard)
-                    : 0;
+    ticket = ngx_http_upstream_affinity_store_reading(store)
+             ? affinity_zone_peer_announced(shctx->zone, slot) : 0;
+    number = 0;
+
+    if (ticket && watched && watched_unheard) {
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        number = affinity_watch_announced(&shctx->head->watch, watched,
+                                          watched_unheard);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+    }
 
     if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket, number,
                                    ngx_http_upstream_affinity_store_heard,
@@ -604,9 +626,9 @@ ngx_http_upstream_affinity_store_encode(
 
 /*
  * A message as a stream entry's field "m", with an announcement's ticket
- * (if not 0) as its field "t", the worker's pid as "p" and its watch's
- * number as "w" (0: not watched), which other instances skip.  NGX_OK
- * when the command is on its way: its callback will be called.
+ * (if not 0) as its field "t" and its number in the instance's watch as
+ * "w" (0: not watched), which other instances skip.  NGX_OK when the
+ * command is on its way: its callback will be called.
  */
 
 static ngx_int_t
@@ -631,10 +653,10 @@ ngx_http_upstream_affinity_store_send(
 
     if (ticket) {
         rc = redisAsyncCommand(store->writer, callback, privdata,
-                               "XADD %s MAXLEN ~ %lu * m %b t %lu p %ld w %u",
+                               "XADD %s MAXLEN ~ %lu * m %b t %lu w %u",
                                scf->stream.data, (unsigned long) scf->maxlen,
                                data, len, (unsigned long) ticket,
-                               (long) ngx_pid, (unsigned) number);
+                               (unsigned) number);
 
     } else {
         rc = redisAsyncCommand(store->writer, callback, privdata,
@@ -689,12 +711,12 @@ ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
 
 /*
  * The store's answer to an announced request.  Taken, the request is heard
- * when this worker reads it back (..._store_apply()): the others read it
- * about then, which on a busy host may be milliseconds after this answer.
- * Refused, it will not be read: heard now.  Without an answer (the
- * connection went, and hiredis calls back without one) it is heard now
- * too, although the store may have taken it just before: read back after
- * the store returns, it then takes off one request more, until the
+ * when the instance's reader reads it back (..._store_apply()): the others
+ * read it about then, which on a busy host may be milliseconds after this
+ * answer.  Refused, it will not be read: heard now.  Without an answer
+ * (the connection went, and hiredis calls back without one) it is heard
+ * now too, although the store may have taken it just before: read back
+ * after the store returns, it then takes off one request more, until the
  * engine's next report (which changes the ticket's epoch) clears the
  * count.
  */
@@ -760,8 +782,7 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
 
     /*
      * A worker finishing its requests after a reload reads no more: the
-     * new workers read the stream, and a request counted by both (sent
-     * elsewhere, how far it filled a cache, or ended) would count twice.
+     * new first worker reads the stream.
      */
 
     if (ngx_exiting) {
@@ -801,7 +822,8 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
 
                 if (entry->element[1]->type == REDIS_REPLY_ARRAY) {
                     ngx_http_upstream_affinity_store_apply(store,
-                                                           entry->element[1]);
+                        entry->element[1],
+                        ngx_http_upstream_affinity_store_unseen(store));
                 }
             }
         }
@@ -813,12 +835,17 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
 
 /*
  * What another instance learned, into this instance's zones; and this
- * instance's own announcements, read back.
+ * instance's own announcements, read back.  What is learned is applied
+ * again from an entry the instance's reader read before (unseen 0: the
+ * reader started again, after a reload or a worker's death, and reads the
+ * stream from its beginning), since a zone may have been made afresh; what
+ * is counted is counted once.
  */
 
 static void
 ngx_http_upstream_affinity_store_apply(
-    ngx_http_upstream_affinity_store_t *store, redisReply *fields)
+    ngx_http_upstream_affinity_store_t *store, redisReply *fields,
+    ngx_uint_t unseen)
 {
     off_t                                   ticket, number;
     time_t                                  now;
@@ -859,27 +886,22 @@ ngx_http_upstream_affinity_store_apply(
             /*
              * This instance's own announcement, read back as the others
              * read it: they count the request from about now, so it is
-             * no longer unheard here.  Once, by the worker that sent it
-             * (every worker reads every entry, and one that starts reads
-             * the stream from its beginning).  Those of a worker that
-             * exits or dies before reading them back are cleared by the
-             * engine's next report.
+             * no longer unheard here.  Once, by the instance's reader,
+             * whichever worker sent it.
              */
 
-            if (m.kind != AFFINITY_STORE_SENT || heard
-                || ascf->counter_zone == NULL
-                || ngx_http_upstream_affinity_store_number(fields, 'p')
-                   != (off_t) ngx_pid)
-            {
+            if (m.kind != AFFINITY_STORE_SENT || heard || !unseen) {
                 continue;
             }
+
+            heard = 1;
+            shctx = ascf->counter_zone->data;
 
             /* the ticket affinity_zone_peer_announced() gave (..._send()) */
 
             ticket = ngx_http_upstream_affinity_store_number(fields, 't');
 
             if (ticket > 0 && (uint64_t) ticket <= UINTPTR_MAX) {
-                shctx = ascf->counter_zone->data;
                 affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
             }
 
@@ -887,29 +909,33 @@ ngx_http_upstream_affinity_store_apply(
 
             number = ngx_http_upstream_affinity_store_number(fields, 'w');
 
-            if (number > 0 && number <= UINT32_MAX
-                && affinity_watch_read_back(&store->watch,
-                                            (uint32_t) number, &unheard,
-                                            &others))
-            {
-                shctx = ascf->counter_zone->data;
-
+            if (number > 0 && number <= UINT32_MAX) {
                 ngx_shmtx_lock(&shctx->shpool->mutex);
-                affinity_zone_unheard_met(shctx->zone, unheard, others);
+
+                if (affinity_watch_read_back(&shctx->head->watch,
+                                             (uint32_t) number, &unheard,
+                                             &others))
+                {
+                    affinity_zone_unheard_met(shctx->zone, unheard, others);
+                }
+
                 ngx_shmtx_unlock(&shctx->shpool->mutex);
             }
 
-            heard = 1;
             continue;
         }
 
         /*
-         * Another instance's request, which this worker's announcements
-         * not yet read back met: every worker watches its own.
+         * Another instance's request, which the instance's announcements
+         * not yet read back met, however late it is read.
          */
 
-        if (m.kind == AFFINITY_STORE_SENT && ascf->engine_ttl) {
-            affinity_watch_sent_elsewhere(&store->watch, m.peer);
+        if (m.kind == AFFINITY_STORE_SENT && ascf->engine_ttl && unseen) {
+            shctx = ascf->counter_zone->data;
+
+            ngx_shmtx_lock(&shctx->shpool->mutex);
+            affinity_watch_sent_elsewhere(&shctx->head->watch, m.peer);
+            ngx_shmtx_unlock(&shctx->shpool->mutex);
         }
 
         /*
@@ -925,16 +951,11 @@ ngx_http_upstream_affinity_store_apply(
                                                         now);
         }
 
-        /*
-         * Into the zones, which all workers share, once: by the first
-         * worker (the others read every entry only to read their own
-         * announcements back and to watch them).  News only while fresh
-         * (..._STORE_FRESH).
-         */
+        /* news once, and only while fresh (..._STORE_FRESH) */
 
-        if (ngx_worker != 0
-            || (ngx_http_upstream_affinity_store_news(m.kind)
-                && now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH))
+        if (ngx_http_upstream_affinity_store_news(m.kind)
+            && (!unseen
+                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH))
         {
             continue;
         }
@@ -1069,6 +1090,161 @@ ngx_http_upstream_affinity_store_number(redisReply *fields, u_char name)
     }
 
     return NGX_ERROR;
+}
+
+
+/*
+ * Whether the entry just read (store->last, "ms-seq": the store gives them
+ * in increasing order) comes after the last one the instance's reader read
+ * from the stream, which it then becomes.  A reader that starts again (a
+ * reload, a worker that died) reads the stream from its beginning: what it
+ * read before is not counted again.  A store restarted with a clock behind
+ * its last entry gives ids below it, counted by no reader either, until
+ * the clock passes it (nor read, as the reader goes on from there).
+ */
+
+static ngx_uint_t
+ngx_http_upstream_affinity_store_unseen(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    u_char                                    *p, *dash;
+    off_t                                      ms, seq;
+    size_t                                     len;
+    ngx_uint_t                                 unseen;
+    ngx_http_upstream_affinity_shctx_t        *shctx;
+    ngx_http_upstream_affinity_stream_read_t  *record;
+
+    p = (u_char *) store->last;
+    len = ngx_strlen(p);
+    dash = ngx_strlchr(p, p + len, '-');
+
+    if (dash == NULL) {
+        return 0;
+    }
+
+    ms = ngx_atoof(p, dash - p);
+    seq = ngx_atoof(dash + 1, p + len - dash - 1);
+
+    if (ms == NGX_ERROR || seq == NGX_ERROR) {
+        return 0;
+    }
+
+    shctx = store->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+
+    record = ngx_http_upstream_affinity_store_record(store);
+
+    unseen = (uint64_t) ms > record->ms
+             || ((uint64_t) ms == record->ms
+                 && (uint64_t) seq > record->seq);
+
+    if (unseen) {
+        record->ms = (uint64_t) ms;
+        record->seq = (uint64_t) seq;
+    }
+
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    return unseen;
+}
+
+
+/*
+ * The record of the store's stream in the counter zone's head, found by
+ * the stream's name: else a free one, else the one read longest ago, taken
+ * over (beyond ..._STREAMS upstreams with a store counting in one zone,
+ * their readers count again what they read before when they start again).
+ * The caller holds the zone lock.
+ */
+
+static ngx_http_upstream_affinity_stream_read_t *
+ngx_http_upstream_affinity_store_record(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    ngx_uint_t                                 i;
+    ngx_http_upstream_affinity_shctx_t        *shctx;
+    ngx_http_upstream_affinity_stream_read_t  *record, *spare, *oldest;
+
+    shctx = store->conf->counter_zone->data;
+    spare = NULL;
+    oldest = &shctx->head->read[0];
+
+    for (i = 0; i < NGX_HTTP_UPSTREAM_AFFINITY_STREAMS; i++) {
+        record = &shctx->head->read[i];
+
+        if (record->stream == store->stream) {
+            return record;
+        }
+
+        if (record->stream == 0 && spare == NULL) {
+            spare = record;
+        }
+
+        if (record->ms < oldest->ms) {
+            oldest = record;
+        }
+    }
+
+    record = spare ? spare : oldest;
+
+    ngx_memzero(record, sizeof(ngx_http_upstream_affinity_stream_read_t));
+    record->stream = store->stream;
+
+    return record;
+}
+
+
+/*
+ * The instance's reader of the stream: this worker from when it connects
+ * (pid), none from when it goes (0; a reader that went with the worker
+ * is replaced when the next one connects).  The other workers announce
+ * requests for reading back only while there is one (..._announce()).
+ */
+
+static void
+ngx_http_upstream_affinity_store_reader_is(
+    ngx_http_upstream_affinity_store_t *store, ngx_pid_t pid)
+{
+    ngx_http_upstream_affinity_shctx_t        *shctx;
+    ngx_http_upstream_affinity_stream_read_t  *record;
+
+    if (!store->reads) {
+        return;
+    }
+
+    shctx = store->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+
+    record = ngx_http_upstream_affinity_store_record(store);
+
+    if (pid || record->reading == (ngx_atomic_uint_t) ngx_pid) {
+        record->reading = (ngx_atomic_uint_t) pid;
+    }
+
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+}
+
+
+/* whether the instance has a reader of the stream, read without the lock */
+
+static ngx_uint_t
+ngx_http_upstream_affinity_store_reading(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    ngx_uint_t                           i;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    shctx = store->conf->counter_zone->data;
+
+    for (i = 0; i < NGX_HTTP_UPSTREAM_AFFINITY_STREAMS; i++) {
+        if (shctx->head->read[i].stream == store->stream) {
+            return shctx->head->read[i].reading != 0;
+        }
+    }
+
+    return 0;
 }
 
 

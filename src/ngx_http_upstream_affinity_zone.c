@@ -25,8 +25,9 @@
 #error "the smallest zone must leave the core its minimum and a slab pool"
 #endif
 
-/* bytes before the table in a zone's allocation: its size, a cache line */
-#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX  64
+/* bytes before the table in a zone's allocation, whole cache lines */
+#define NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX                                \
+    ngx_align(sizeof(ngx_http_upstream_affinity_zone_head_t), 64)
 
 
 /* called for each affinity zone at worker start and exit */
@@ -183,6 +184,7 @@ ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         }
 
         shctx->shpool = oshctx->shpool;
+        shctx->head = oshctx->head;
         shctx->zone = oshctx->zone;
 
         return ngx_http_upstream_affinity_claim_zone_slots(shctx,
@@ -204,9 +206,9 @@ ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
         /*
          * The table takes every free page of the zone in one allocation:
-         * a fixed-capacity table needs no allocator after this.  The first
-         * cache line keeps the size, for processes that attach on their own
-         * (shm.exists, on Windows).
+         * a fixed-capacity table needs no allocator after this.  The
+         * module's head comes first, with the size, for processes that
+         * attach on their own (shm.exists, on Windows).
          */
 
         size = shpool->pfree << ngx_pagesize_shift;
@@ -216,12 +218,14 @@ ngx_http_upstream_affinity_init_zone(ngx_shm_zone_t *shm_zone, void *data)
             return NGX_ERROR;
         }
 
-        *(size_t *) region = size;
+        ngx_memzero(region, NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX);
+        ((ngx_http_upstream_affinity_zone_head_t *) region)->size = size;
         shpool->data = region;
     }
 
     region = shpool->data;
-    size = *(size_t *) region - NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
+    shctx->head = (ngx_http_upstream_affinity_zone_head_t *) region;
+    size = shctx->head->size - NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
     region += NGX_HTTP_UPSTREAM_AFFINITY_ZONE_PREFIX;
 
     /*

@@ -35,6 +35,7 @@ my $redis = $a->port;
 my $stream = "affinity-load-$$";
 my $blind = $b->port;
 my $status = $b->port;
+my $a_status = $a->port;
 
 $a->start_redis($redis);
 
@@ -46,7 +47,11 @@ my $store = "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
 my $metrics = "        affinity_metrics interval=10s timeout=1s;\n";
 
 $a->write_conf(proxy_conf($a, servers(\@replicas, %down)
-    . sprintf($directives, 'a', 'a') . $store . $metrics));
+        . sprintf($directives, 'a', 'a') . $store
+        . "        affinity_metrics interval=30s timeout=1s;\n",
+    location => "            add_header X-Worker \$pid always;\n",
+    http => "    server {\n        listen 127.0.0.1:$a_status;\n"
+          . "        location / { affinity_status; }\n    }\n"));
 $b->write_conf(proxy_conf($b, servers(\@replicas)
         . sprintf($directives, 'b', 'b') . $store . $metrics,
     http => proxied_upstream(blind => servers(\@replicas)
@@ -72,20 +77,21 @@ ok eventually(sub {
         return 1;
     }, 15), 'B knows every replica\'s own load, freshly polled';
 
-# With affinity_metrics every worker also reads the stream, to read its own
-# announcements back.
+# Each worker appends; the first of each instance reads the stream, and
+# reads every worker's announcements back.
 {
     my @clients;
     ok eventually(sub {
             @clients = AffinityTest::redis_clients($redis);
-            return 4 == grep { ($_->{cmd} // '') eq 'xread' } @clients;
-        }, 5), 'every worker of both instances reads the stream';
-    is scalar(@clients), 8, '... and has a writer';
+            return 2 == grep { ($_->{cmd} // '') eq 'xread' } @clients;
+        }, 5), 'one worker of each instance reads the stream';
+    is scalar(@clients), 6, '... and every worker has a writer';
 }
 
 # ---- A keeps its replica busy ----------------------------------------------
 
-my @socks;
+my (@socks, %a_workers);
+my $sent = time;
 for my $i (1 .. 24) {
     my $body = $json->encode({ model => 'm', stream => JSON::PP::true,
         max_tokens => 400, messages => [ { role => 'user',
@@ -99,8 +105,8 @@ for my $i (1 .. 24) {
     push @socks, $s;
 }
 
-# B counts each of A's requests once, though each of its two workers reads
-# every message; its upstream without the store counts none.
+# B counts each of A's requests once; its upstream without the store counts
+# none.
 ok eventually(sub { (engines('llm')->{$busy}{elsewhere} // 0) >= 24 }, 5),
     'B counts the requests A announced';
 is engines('llm')->{$busy}{elsewhere}, 24, '... each once';
@@ -134,6 +140,28 @@ SKIP: {
         if engines('blind')->{$busy}{age} < int(time - $t0);
     cmp_ok $alone->{$busy} // 0, '>=', 4,
         'without the store it takes its share (the test can tell)';
+}
+
+# A's first worker reads the stream for both of A's workers: each of the
+# 24 announcements, whichever worker sent it, is read back, and none stays
+# unheard there until the engine's next report.
+for my $s (@socks) {
+    while (my $line = <$s>) {
+        last if $line =~ /^\r?\n$/;
+        $a_workers{$1}++ if $line =~ /^X-Worker:\s*(\d+)/i;
+    }
+}
+SKIP: {
+    skip 'one of A\'s workers took all 24', 1 unless keys %a_workers == 2;
+    my $read_back = eventually(sub {
+            (engine_figures($a, $a_status, 'llm')->{$busy}{unheard} // -1)
+                == 0
+        }, 3);
+    # a report of the engine since (they are 30 s apart) would clear it
+    skip 'A polled the replica since', 1
+        if engine_figures($a, $a_status, 'llm')->{$busy}{age} + 1
+           <= time - $sent;
+    ok $read_back, 'A reads back what both its workers announced';
 }
 
 # A's requests end: B takes each off the replica's load as A says so, not

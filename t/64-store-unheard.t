@@ -46,6 +46,7 @@ my $redis = $a->port;
 my $relay = $a->port;
 my $stream = "affinity-unheard-$$";
 my $status = $a->port;
+my $b_status = $b->port;
 
 $a->start_redis($redis);
 my $relay_pid = $a->start_service(relay => $relay, $^X,
@@ -61,7 +62,9 @@ $a->write_conf(proxy_conf($a, servers(\@replicas)
     http => "    server {\n        listen 127.0.0.1:$status;\n"
           . "        location / { affinity_status; }\n    }\n"));
 $b->write_conf(proxy_conf($b, servers(\@replicas)
-                                  . sprintf($upstream, 'b', $redis)));
+                                  . sprintf($upstream, 'b', $redis),
+    http => "    server {\n        listen 127.0.0.1:$b_status;\n"
+          . "        location / { affinity_status; }\n    }\n"));
 $a->start_nginx;
 $b->start_nginx;
 
@@ -70,6 +73,20 @@ my $json = JSON::PP->new;
 sub state_of_a {
     return $json->decode($a->http(GET => '/', port => $status)->{body})
         ->{upstreams}{llm};
+}
+
+# The pins B has taken in, its own and those read from the store.
+sub pins_in_b {
+    return $json->decode($b->http(GET => '/', port => $b_status)->{body})
+        ->{upstreams}{llm}{zones}{sessions}{inserts};
+}
+
+# Whether B has read back all it announced: on a busy host it may lag, and
+# count its own unheard requests with as many presumed beside them.
+sub b_all_heard {
+    my $e = engine_figures($b, $b_status, 'llm');
+    return 4 == grep { defined $e->{$_}{unheard} && $e->{$_}{unheard} == 0 }
+                    keys %$e;
 }
 
 sub unheard {
@@ -284,10 +301,13 @@ close $_->[0] for @kept;
 ok eventually(\&none_unheard, 5), 'nothing left unheard';
 b_routes('spread');
 my $learned = state_of_a()->{balance}{unheard_learned};
+my $pins = pins_in_b();
 kill 'USR1', $relay_pid or die "relay: $!";
 my ($spread, $spread_port) = sibling_in_flight('spread');
-ok eventually(sub { sibling_through($b, 'spread') eq $spread_port }, 3),
-    'spread: B sends the session where A did once it reads the pin';
+ok eventually(sub { pins_in_b() > $pins && b_all_heard() }, 3),
+    'spread: B reads A\'s pin, and its own announcements back';
+is sibling_through($b, 'spread'), $spread_port,
+    'spread: B sends the session where A did';
 sibling_through($b, 'spread') for 1 .. 2;
 my ($second) = sibling_in_flight('spread');
 kill 'USR2', $relay_pid or die "relay: $!";
@@ -303,7 +323,44 @@ is $balance->{unheard_learned}, $learned + 1,
 close $spread;
 close $second;
 
-is_deeply [ $a->log_problems ], [], 'A: no alerts, crashes or sanitizer reports';
+# ---- A's reader starts again -----------------------------------------------
+
+# A worker that dies is replaced, and the new one reads the stream from its
+# beginning: the announcements read back before are not read back again,
+# which would take requests still unheard off the count.  Five requests of
+# a session are read back, two more are sent while the store takes no
+# writes, and A's worker is killed.
+ok eventually(\&none_unheard, 5), 'restart: nothing left unheard';
+my $restarted = time;
+my $restart_port = sibling('restart');
+is scalar(grep { sibling('restart') eq $restart_port } 1 .. 4), 4,
+    'restart: five requests of a session on one replica';
+ok eventually(\&none_unheard, 2), 'restart: read back';
+like redis_command(qw(CLIENT PAUSE 8000 WRITE)), qr/^\+OK/,
+    'restart: the store pauses writes';
+my @held = map { [ sibling_in_flight('restart') ] } 1 .. 2;
+is_deeply [ map { $_->[1] } @held ], [ ($restart_port) x 2 ],
+    'restart: two more there';
+ok eventually(sub { (unheard()->{$restart_port} // 0) == 2 }, 1),
+    'restart: unheard while the store takes nothing';
+my @killed = $a->worker_pids;
+kill 'KILL', @killed;
+ok eventually(sub {
+        my @now = $a->worker_pids;
+        return @now && !grep { my $w = $_; grep { $_ == $w } @killed } @now;
+    }, 5), 'restart: A\'s worker is replaced';
+sleep 1.5;      # its reader reads the stream, a few hundred entries
+SKIP: {
+    skip 'A polled the replica since', 1
+        unless polled_before($restart_port, $restarted);
+    is unheard()->{$restart_port}, 2,
+        'restart: what was read back is not read back again';
+}
+like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/, 'restart: the store goes on';
+close $_->[0] for @held;
+
+is_deeply [ grep { !/exited on signal 9/ } $a->log_problems ], [],
+    'A: no alerts, crashes or sanitizer reports (but the worker killed)';
 is_deeply [ $b->log_problems ], [], 'B: no alerts, crashes or sanitizer reports';
 
 done_testing;

@@ -1,10 +1,12 @@
-// One worker's watch over the requests it announced to the store while
-// others of its instance were unheard on the same peer: until it reads
-// each back, it counts the other instances' requests on that peer it
-// reads first.  Those are the requests routing could not count beside the
-// unheard ones (Zone::learn_unheard()).  In the worker's own memory
-// (affinity_unheard_watch_t): every worker reads the whole stream, in the
-// store's order, its own messages among the others'.
+// An instance's watch over the requests it announced to the store while
+// others of its own were unheard on the same peer: until it reads each
+// back, it counts the other instances' requests on that peer it reads
+// first.  Those are the requests routing could not count beside the
+// unheard ones (Zone::learn_unheard()).  Where the caller keeps it
+// (affinity_unheard_watch_t): nginx, in the zone that counts requests,
+// under its lock, for the workers that announce and the one that reads
+// the whole stream, in the store's order, the instance's messages among
+// the others'.
 #pragma once
 
 #include <cstdint>

@@ -842,10 +842,11 @@ AFFINITY_API double affinity_zone_unheard_presumed(
     uint32_t *met) AFFINITY_NOEXCEPT;
 
 /*
- * One worker's watch over its own announcements, for those lessons: it
- * reads every message of the stream, the others' and its own, in the
- * store's order.  Caller-owned, zeroed before first use; its fields are
- * the core's.
+ * An instance's watch over its announcements, for those lessons: its
+ * reader reads every message of the stream, the others' and the
+ * instance's, in the store's order.  Caller-owned (nginx keeps it in
+ * shared memory for all the workers, under a lock), zeroed before first
+ * use; its fields are the core's.
  *
  * watch_announced: a request is announced whose decision weighed peer_id
  * with unheard requests of this instance there (the decision's watched
@@ -855,7 +856,7 @@ AFFINITY_API double affinity_zone_unheard_presumed(
  * on peer_id was read.  watch_read_back: returns 1 and the lesson
  * (unheard, others) for affinity_zone_unheard_met(), or 0 when there is
  * none (a number unknown, or forgotten after AFFINITY_WATCHED later
- * announcements: a worker with more than that many waiting to be read
+ * announcements: an instance with more than that many waiting to be read
  * back, as while the store stalls, loses the oldest, which waited longest
  * and met the most).
  */
