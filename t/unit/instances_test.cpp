@@ -24,15 +24,22 @@ void report_idle(affinity_zone_t *zone, Upstream &up, uint32_t now)
     affinity_zone_peer_polled(zone, up.peer(0).slot, &load, now);
 }
 
+// Four equal peers routed with the engines' figures (factor 1.25, slack
+// 2), and peer 0's counter slot: each test names them (auto &[...]).
+struct FourPeers {
+    TestZone z;
+    Upstream up{z.get(), {1, 1, 1, 1}};
+    Router router{z.get(), up, kWithEngines};
+    uint32_t slot = up.peer(0).slot;
+};
+
 // An agent's sibling requests reach several instances at once.  While one
 // this instance sent peer 0 is unheard, each other instance heard from
 // lately may be sending peer 0 one too: the peer is counted with it.
 TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
 {
-    TestZone z;
-    Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, kWithEngines);   // factor 1.25, slack 2
-    uint32_t slot = up.peer(0).slot;
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
 
     report_idle(z.get(), up, 1000);
     up.acquire(0);
@@ -81,10 +88,8 @@ TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
 // spills while the siblings this instance sent are unheard.
 TEST(Instances, PinnedSiblingsSpillWhileUnheard)
 {
-    TestZone z;
-    Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, kWithEngines);
-    uint32_t slot = up.peer(0).slot;
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
     std::string key = key_on_peer0(0);
 
     report_idle(z.get(), up, 1000);
@@ -116,10 +121,8 @@ TEST(Instances, PinnedSiblingsSpillWhileUnheard)
 // which a worker killed before the store answered may have left.
 TEST(Instances, UnheardCountOnlyBesideAFreshEngineFigure)
 {
-    TestZone z;
-    Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, kWithEngines);
-    uint32_t slot = up.peer(0).slot;
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
 
     affinity_zone_instance_seen(z.get(), 42, 1000);
     up.acquire(0);
@@ -193,10 +196,8 @@ TEST(Instances, UnheardNeverBelowZeroAndClearedByTheEngine)
 // and the siblings stay with their session.
 TEST(Instances, UnheardThatMetNothingPresumeNothing)
 {
-    TestZone z;
-    Upstream up(z.get(), {1, 1, 1, 1});
-    Router router(z.get(), up, kWithEngines);   // factor 1.25, slack 2
-    uint32_t slot = up.peer(0).slot;
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
 
     report_idle(z.get(), up, 1000);
     affinity_zone_instance_seen(z.get(), 42, 1000);

@@ -821,7 +821,7 @@ TEST(Selection, NoPeersAtAll)
     req.has_key = 1;
     req.key_hash = 99;
     req.ring_hash = 99;
-    affinity_decision_t d{7, 7, 7, 7, 7, 7, 7};
+    affinity_decision_t d{7, 7, 7, 7, 7, 7, 7, 7, 7};
 
     EXPECT_EQ(affinity_route(z.get(), nullptr, nullptr, nullptr, 0, &balance,
                              &req, &d),
