@@ -49,6 +49,9 @@
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 
+/* the worker that reads the stream for its instance */
+#define ngx_http_upstream_affinity_store_reads()  (ngx_worker == 0)
+
 #define ngx_http_upstream_affinity_store_news(kind)                           \
     ((kind) == AFFINITY_STORE_SENT || (kind) == AFFINITY_STORE_FILLED         \
      || (kind) == AFFINITY_STORE_DONE)
@@ -100,7 +103,6 @@ struct ngx_http_upstream_affinity_store_s {
                               heard[NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD];
 
     ngx_uint_t                              dropped;
-    unsigned                                reads:1;    /* has a reader */
     unsigned                                up:1;       /* all connected */
     unsigned                                warned:1;   /* since it left */
     unsigned                                exiting:1;
@@ -227,7 +229,6 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     store->conf = ascf;
     store->log = cycle->log;
     store->instance = info.seed;
-    store->reads = (ngx_worker == 0);
     store->stream = ngx_crc32_short(ascf->store_conf->stream.data,
                                     ascf->store_conf->stream.len);
 
@@ -287,11 +288,13 @@ ngx_http_upstream_affinity_store_connect(
     store->writer = ngx_http_upstream_affinity_store_open(store);
     store->reader = NULL;
 
-    if (store->reads) {
+    if (ngx_http_upstream_affinity_store_reads()) {
         store->reader = ngx_http_upstream_affinity_store_open(store);
     }
 
-    if (store->writer == NULL || (store->reads && store->reader == NULL)) {
+    if (store->writer == NULL
+        || (ngx_http_upstream_affinity_store_reads() && store->reader == NULL))
+    {
         ngx_http_upstream_affinity_store_lost(store, "cannot connect");
         return;
     }
@@ -363,7 +366,7 @@ ngx_http_upstream_affinity_store_connected(const redisAsyncContext *ac,
     }
 
     if (!(store->writer && (store->writer->c.flags & REDIS_CONNECTED)
-          && (!store->reads
+          && (!ngx_http_upstream_affinity_store_reads()
               || (store->reader
                   && (store->reader->c.flags & REDIS_CONNECTED)))))
     {
@@ -1209,7 +1212,7 @@ ngx_http_upstream_affinity_store_reader_is(
     ngx_http_upstream_affinity_shctx_t        *shctx;
     ngx_http_upstream_affinity_stream_read_t  *record;
 
-    if (!store->reads) {
+    if (!ngx_http_upstream_affinity_store_reads()) {
         return;
     }
 

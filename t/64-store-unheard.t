@@ -110,14 +110,7 @@ sub polled_before {
 }
 
 # A connection to the store that sent it a command.
-sub redis_sent {
-    my @args = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
-                                  PeerPort => $redis) or die "redis: $!";
-    print {$s} '*' . @args . "\r\n"
-        . join('', map { '$' . length($_) . "\r\n$_\r\n" } @args);
-    return $s;
-}
+sub redis_sent { AffinityTest::redis_send($redis, @_) }
 
 # The first line of the store's reply.
 sub redis_command {

@@ -442,15 +442,25 @@ sub start_redis {
         '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
 }
 
+# AffinityTest::redis_send($port, @args) - a new connection to the
+# redis-server on 127.0.0.1:$port that sent it the command @args; the
+# reply is the caller's to read.
+sub redis_send {
+    my ($port, @args) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => $LOCALHOST, PeerPort => $port,
+                                  Timeout => 5 * $SLOW)
+        or croak "redis on $port: $!";
+    print {$s} '*' . @args . "\r\n"
+        . join('', map { '$' . length($_) . "\r\n$_\r\n" } @args);
+    return $s;
+}
+
 # AffinityTest::redis_clients($port) - the clients connected to the
 # redis-server on 127.0.0.1:$port other than this one, each a hash of its
 # CLIENT LIST fields (cmd: the last command it sent, in lower case).
 sub redis_clients {
     my ($port) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => $LOCALHOST, PeerPort => $port,
-                                  Timeout => 5 * $SLOW)
-        or croak "redis on $port: $!";
-    print {$s} "*2\r\n\$6\r\nCLIENT\r\n\$4\r\nLIST\r\n";
+    my $s = redis_send($port, 'CLIENT', 'LIST');
     my $head = <$s> // '';
     croak "CLIENT LIST: $head" unless $head =~ /^\$(\d+)\r\n$/;
     my ($len, $list) = ($1, '');
