@@ -34,7 +34,8 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers chat eventually engine_figures);
+use AffinityConf qw(proxy_conf servers chat eventually engine_figures
+                    routes);
 
 plan skip_all => 'redis-server not installed'
     unless AffinityTest::redis_server();
@@ -87,6 +88,14 @@ sub b_all_heard {
     my $e = engine_figures($b, $b_status, 'llm');
     return 4 == grep { defined $e->{$_}{unheard} && $e->{$_}{unheard} == 0 }
                     keys %$e;
+}
+
+# Whether B counts none of A's requests on any replica: the siblings A
+# sent before have ended (a request that ended between an engine's report
+# and its news counts -1 until the next report).
+sub b_counts_none_elsewhere {
+    my $e = engine_figures($b, $b_status, 'llm');
+    return 4 == grep { ($e->{$_}{elsewhere} // 1) <= 0 } keys %$e;
 }
 
 sub unheard {
@@ -291,7 +300,8 @@ close $_->[0] for @kept;
 # Behind a front that spreads a session's requests: A's first is unheard
 # (A's reads held), B sends three there, then A a second, which weighs
 # the first's replica beside them.
-ok eventually(\&none_unheard, 5), 'nothing left unheard';
+ok eventually(sub { none_unheard() && b_counts_none_elsewhere() }, 5),
+    'nothing left unheard, and B counts none of A\'s requests in flight';
 b_routes('spread');
 my $learned = state_of_a()->{balance}{unheard_learned};
 my $pins = pins_in_b();
@@ -300,7 +310,11 @@ my ($spread, $spread_port) = sibling_in_flight('spread');
 ok eventually(sub { pins_in_b() > $pins && b_all_heard() }, 3),
     'spread: B reads A\'s pin, and its own announcements back';
 is sibling_through($b, 'spread'), $spread_port,
-    'spread: B sends the session where A did';
+    'spread: B sends the session where A did'
+    or diag explain { route => (routes($b))[-1],
+                      engines => engine_figures($b, $b_status, 'llm'),
+                      balance => $json->decode($b->http(GET => '/',
+                          port => $b_status)->{body})->{upstreams}{llm}{balance} };
 sibling_through($b, 'spread') for 1 .. 2;
 my ($second) = sibling_in_flight('spread');
 kill 'USR2', $relay_pid or die "relay: $!";
