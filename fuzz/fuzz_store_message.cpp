@@ -87,6 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    || m.kind == AFFINITY_STORE_DONE)
         {
             CHECK(m.key == nullptr && m.key_len == 0 && m.nlevels == 0);
+            CHECK(m.msec < 1000 && size == 26);
         } else if (m.kind == AFFINITY_STORE_FILLED) {
             CHECK(m.key == nullptr && m.nlevels == 0 && m.chars != 0);
             CHECK(size == 28);
@@ -124,10 +125,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_zone(zones.zone[2]);
             break;
         case AFFINITY_STORE_SENT:
-            affinity_zone_peer_sent_elsewhere(zones.zone[0], m.peer);
+            affinity_zone_peer_sent_elsewhere(zones.zone[0], m.peer,
+                uint64_t(m.time) * 1000 + m.msec);
             break;
         case AFFINITY_STORE_DONE:
-            affinity_zone_peer_ended_elsewhere(zones.zone[0], m.peer);
+            affinity_zone_peer_ended_elsewhere(zones.zone[0], m.peer,
+                uint64_t(m.time) * 1000 + m.msec);
             break;
         case AFFINITY_STORE_FILLED:
             affinity_prefixes_filled(zones.zone[1], m.peer, m.chars, now,

@@ -30,8 +30,9 @@ typedef struct {
 
     affinity_request_t                      request;
 
-    /* the peer this try was announced on (AFFINITY_STORE_SENT), or 0 */
-    uint64_t                                announced;
+    /* this try's announcement (AFFINITY_STORE_SENT), or NULL */
+    ngx_http_upstream_affinity_announcement_t
+                                           *announced;
 
     /* the counter slot this try holds an in-flight request in */
     uint32_t                                slot;
@@ -138,7 +139,7 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     ap->shctx = ascf->counter_zone->data;
     ap->prefixes = ascf->prefix_zone ? ascf->prefix_zone->data : NULL;
     ap->primary = ap->rrp.peers;
-    ap->announced = 0;
+    ap->announced = NULL;
     ap->slot = AFFINITY_NO_SLOT;
 
     /*
@@ -606,10 +607,9 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
         watched = decision->watched >= 0
                   ? ap->view->peers[decision->watched].id : 0;
 
-        ngx_http_upstream_affinity_store_announce(ap->conf, m.peer, ap->slot,
-                                                  watched,
-                                                  decision->watched_unheard);
-        ap->announced = m.peer;
+        ap->announced = ngx_http_upstream_affinity_store_announce(ap->conf,
+                                   m.peer, ap->slot, watched,
+                                   decision->watched_unheard);
     }
 
     /*
@@ -661,8 +661,6 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
 {
     ngx_http_upstream_affinity_peer_data_t  *ap = data;
 
-    affinity_store_message_t  m;
-
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, pc->log, 0,
                    "free affinity peer %ui", state);
 
@@ -683,11 +681,8 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
      */
 
     if (ap->announced) {
-        ngx_memzero(&m, sizeof(affinity_store_message_t));
-        m.kind = AFFINITY_STORE_DONE;
-        m.peer = ap->announced;
-        ngx_http_upstream_affinity_store_publish(ap->conf, &m);
-        ap->announced = 0;
+        ngx_http_upstream_affinity_store_ended(ap->conf, ap->announced);
+        ap->announced = NULL;
     }
 
     ngx_http_upstream_free_round_robin_peer(pc, &ap->rrp, state);

@@ -40,6 +40,9 @@ typedef struct {
     ngx_pool_t                             *pool;
     ngx_str_t                               name;
     uint64_t                                peer;
+    uint32_t                                slot;   /* in the counter
+                                                       zone */
+    affinity_engine_asked_t                 asked;
     ngx_buf_t                              *out;
     ngx_buf_t                              *in;
 } ngx_http_upstream_affinity_fetch_t;
@@ -254,6 +257,7 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
     ssize_t                              n;
     ngx_connection_t                    *c;
     ngx_http_upstream_affinity_fetch_t  *f;
+    ngx_http_upstream_affinity_shctx_t  *shctx;
 
     c = wev->data;
     f = c->data;
@@ -286,7 +290,20 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
         f->out->pos += n;
     }
 
-    /* all sent: the timer moves to the reply */
+    /*
+     * all sent: the timer moves to the reply; the engine's figure will
+     * count what started before this, and not what ended before
+     */
+
+    shctx = f->poller->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    f->slot = affinity_zone_peer_find(shctx->zone, f->peer);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    affinity_zone_peer_asked(shctx->zone, f->slot,
+                             ngx_http_upstream_affinity_wall_msec(),
+                             &f->asked);
 
     if (wev->timer_set) {
         ngx_del_timer(wev);
@@ -448,13 +465,10 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
     }
 
     shctx = f->poller->conf->counter_zone->data;
-
-    ngx_shmtx_lock(&shctx->shpool->mutex);
-    slot = affinity_zone_peer_find(shctx->zone, f->peer);
-    ngx_shmtx_unlock(&shctx->shpool->mutex);
+    slot = f->slot;
 
     affinity_zone_peer_polled(shctx->zone, slot, &load,
-                              (uint32_t) ngx_time());
+                              (uint32_t) ngx_time(), &f->asked);
 
     /*
      * What the engine computed, from every instance and client, moves its

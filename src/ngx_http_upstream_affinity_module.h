@@ -26,6 +26,16 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_FIELD   2
 
 
+/*
+ * Milliseconds of the wall clock (the cached time): what the instances
+ * stamp their news of requests with, and when an engine was asked for its
+ * figure, which they are weighed against.  Not ngx_current_msec, whose
+ * clock is each host's own.
+ */
+#define ngx_http_upstream_affinity_wall_msec()                                \
+    ((uint64_t) (ngx_timeofday())->sec * 1000 + (ngx_timeofday())->msec)
+
+
 /* a session key source of session_affinity */
 typedef struct {
     ngx_uint_t                              type;
@@ -152,6 +162,8 @@ typedef struct {
 
 typedef struct ngx_http_upstream_affinity_store_s
     ngx_http_upstream_affinity_store_t;
+typedef struct ngx_http_upstream_affinity_announcement_s
+    ngx_http_upstream_affinity_announcement_t;
 
 
 /* affinity_metrics: the engines' own load */
@@ -339,9 +351,13 @@ void ngx_http_upstream_affinity_store_exit(ngx_cycle_t *cycle);
 void ngx_http_upstream_affinity_store_publish(
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     affinity_store_message_t *message);
-void ngx_http_upstream_affinity_store_announce(
+ngx_http_upstream_affinity_announcement_t *
+    ngx_http_upstream_affinity_store_announce(
     ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer,
     uint32_t slot, uint64_t watched, uint32_t watched_unheard);
+void ngx_http_upstream_affinity_store_ended(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_announcement_t *announcement);
 
 /* ngx_http_upstream_affinity_status.c: affinity_status */
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,

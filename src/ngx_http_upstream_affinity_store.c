@@ -40,12 +40,17 @@
 /*
  * News of a request (sent, how far it filled a cache, ended) is counted, not
  * learned: only when sent (not kept while the store is away, where it
- * would displace what was learned), once per instance (by its reader, and
- * not again by one that starts again: ..._store_unseen()), and no more
- * than this old: read after the store was away, it would count the
- * request late.  In whole seconds of the senders' and the readers'
- * clocks: news up to 2 s old is taken, and the instances' clocks must
- * agree within a second.
+ * would displace what was learned, but for the end of a request whose
+ * start was sent), and once per instance (by its reader, and not again by
+ * one that starts again: ..._store_unseen()).  That a
+ * request started or ended counts on its peer's load only if it came
+ * after the peer's engine was last asked for its figure, to the
+ * millisecond of the senders' clocks (affinity_zone_peer_sent_elsewhere()),
+ * however late it is read: a request's start and end count both or
+ * neither.  How far a prompt filled a cache counts only this old: read
+ * after the store was away, it would age the model late.  In whole
+ * seconds of the senders' and the readers' clocks: news up to 2 s old is
+ * taken, and the instances' clocks must agree within a second.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 
@@ -71,6 +76,21 @@ typedef struct {
     size_t                                  len;
     u_char                                  data[AFFINITY_STORE_MESSAGE_MAX];
 } ngx_http_upstream_affinity_backlog_t;
+
+
+/*
+ * A request announced to the store (AFFINITY_STORE_SENT), until both its
+ * request and the store's answer are done with it: the end of the request
+ * is announced only if its start was taken, or may still be, so that the
+ * others never count one without the other.
+ */
+struct ngx_http_upstream_affinity_announcement_s {
+    uint64_t                                peer;
+    uintptr_t                               ticket; /* for the answer */
+    unsigned                                answered:1;
+    unsigned                                taken:1;
+    unsigned                                ended:1; /* its request */
+};
 
 
 /* another instance, and when this worker last read a message of it */
@@ -523,9 +543,16 @@ ngx_http_upstream_affinity_store_publish(
         return;
     }
 
-    /* news is not kept (..._STORE_FRESH) */
+    /*
+     * news is not kept (..._STORE_FRESH), but for the end of a request
+     * the others were told of: without it they would count the request
+     * until its engine reports again, and read late it still counts
+     * right (affinity_zone_peer_ended_elsewhere())
+     */
 
-    if (ngx_http_upstream_affinity_store_news(message->kind)) {
+    if (ngx_http_upstream_affinity_store_news(message->kind)
+        && message->kind != AFFINITY_STORE_DONE)
+    {
         return;
     }
 
@@ -546,35 +573,38 @@ ngx_http_upstream_affinity_store_publish(
 
 /*
  * A request this instance sends a peer, with affinity_metrics: the others
- * count it on the peer's load once they read it.  Until this instance
- * reads it back from the stream, as they do, it is announced in the
- * counter zone, and routing here counts the peer as if each other instance
- * were sending it some unseen (affinity_zone_peer_announced()).  The
- * ticket of the announcement goes with the message, for the instance's
- * reader, and, when its decision weighed a peer (watched) where requests
- * of this instance were unheard, the number the instance's watch gave it
- * (in the zone's head): read back, it tells how many of the other
- * instances' requests those met (affinity_zone_unheard_met()).  Not kept
- * while the store is away (..._STORE_FRESH).
+ * count it on the peer's load once they read it, and NGX_OK tells that
+ * they may (its end is then announced too, kept if the store goes away
+ * meanwhile).  Until this instance reads it back from the stream, as they
+ * do, it is announced in the counter zone, and routing here counts the
+ * peer as if each other instance were sending it some unseen
+ * (affinity_zone_peer_announced()).  The ticket of the announcement goes
+ * with the message, for the instance's reader, and, when its decision
+ * weighed a peer (watched) where requests of this instance were unheard,
+ * the number the instance's watch gave it (in the zone's head): read
+ * back, it tells how many of the other instances' requests those met
+ * (affinity_zone_unheard_met()).  Not kept while the store is away
+ * (..._STORE_FRESH).
  */
 
-void
+ngx_http_upstream_affinity_announcement_t *
 ngx_http_upstream_affinity_store_announce(
     ngx_http_upstream_affinity_srv_conf_t *ascf, uint64_t peer, uint32_t slot,
     uint64_t watched, uint32_t watched_unheard)
 {
-    size_t                               len;
-    uint32_t                             number;
-    uintptr_t                            ticket;
-    affinity_store_message_t             m;
-    ngx_http_upstream_affinity_store_t  *store;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
-    u_char                               buf[AFFINITY_STORE_MESSAGE_MAX];
+    size_t                                      len;
+    uint32_t                                    number;
+    uintptr_t                                   ticket;
+    affinity_store_message_t                    m;
+    ngx_http_upstream_affinity_store_t         *store;
+    ngx_http_upstream_affinity_shctx_t         *shctx;
+    ngx_http_upstream_affinity_announcement_t  *a;
+    u_char                                      buf[AFFINITY_STORE_MESSAGE_MAX];
 
     store = ascf->store;
 
     if (store == NULL || !store->up || store->queued) {
-        return;
+        return NULL;
     }
 
     ngx_memzero(&m, sizeof(affinity_store_message_t));
@@ -584,8 +614,18 @@ ngx_http_upstream_affinity_store_announce(
     len = ngx_http_upstream_affinity_store_encode(store, &m, buf);
 
     if (len == 0) {
-        return;
+        return NULL;
     }
+
+    /* freed by whichever of the request and the answer comes last */
+
+    a = ngx_calloc(sizeof(ngx_http_upstream_affinity_announcement_t),
+                   store->log);
+    if (a == NULL) {
+        return NULL;
+    }
+
+    a->peer = peer;
 
     /*
      * announced before it is sent: the answer may not come before this
@@ -605,13 +645,49 @@ ngx_http_upstream_affinity_store_announce(
         ngx_shmtx_unlock(&shctx->shpool->mutex);
     }
 
+    a->ticket = ticket;
+
     if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket, number,
-                                   ngx_http_upstream_affinity_store_heard,
-                                   (void *) ticket)
+                                   ngx_http_upstream_affinity_store_heard, a)
         != NGX_OK)
     {
         affinity_zone_peer_heard(shctx->zone, ticket);
+        ngx_free(a);
+        return NULL;
     }
+
+    return a;
+}
+
+
+/*
+ * The request of an announcement ended: the others are told if they were
+ * told of its start, or may yet be (the end follows the start on the same
+ * connection, and goes or stays with it); kept while the store is away
+ * (..._store_publish()).  Without its answer yet, the announcement is
+ * left to it.
+ */
+
+void
+ngx_http_upstream_affinity_store_ended(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_announcement_t *a)
+{
+    affinity_store_message_t  m;
+
+    if (!a->answered || a->taken) {
+        ngx_memzero(&m, sizeof(affinity_store_message_t));
+        m.kind = AFFINITY_STORE_DONE;
+        m.peer = a->peer;
+        ngx_http_upstream_affinity_store_publish(ascf, &m);
+    }
+
+    if (a->answered) {
+        ngx_free(a);
+        return;
+    }
+
+    a->ended = 1;
 }
 
 
@@ -620,8 +696,13 @@ ngx_http_upstream_affinity_store_encode(
     ngx_http_upstream_affinity_store_t *store,
     affinity_store_message_t *message, u_char *buf)
 {
+    ngx_time_t  *tp;
+
+    tp = ngx_timeofday();
+
     message->instance = store->instance;
-    message->time = (uint32_t) ngx_time();
+    message->time = (uint32_t) tp->sec;
+    message->msec = (uint32_t) tp->msec;
 
     return affinity_store_encode(message, buf, AFFINITY_STORE_MESSAGE_MAX);
 }
@@ -721,23 +802,34 @@ ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
  * now too, although the store may have taken it just before: read back
  * after the store returns, it then takes off one request more, until the
  * engine's next report (which changes the ticket's epoch) clears the
- * count.
+ * count; and its end is not announced, which the others then count until
+ * the engine reports again.
  */
 
 static void
 ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac, void *reply,
     void *data)
 {
-    redisReply                           *r = reply;
-    ngx_http_upstream_affinity_store_t   *store = ac->data;
-    ngx_http_upstream_affinity_shctx_t   *shctx;
+    redisReply                                 *r = reply;
+    ngx_http_upstream_affinity_store_t         *store = ac->data;
+    ngx_http_upstream_affinity_shctx_t         *shctx;
+    ngx_http_upstream_affinity_announcement_t  *a = data;
+
+    a->answered = 1;
 
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
 
         /* the ticket affinity_zone_peer_announced() gave */
 
         shctx = store->conf->counter_zone->data;
-        affinity_zone_peer_heard(shctx->zone, (uintptr_t) data);
+        affinity_zone_peer_heard(shctx->zone, a->ticket);
+
+    } else {
+        a->taken = 1;
+    }
+
+    if (a->ended) {
+        ngx_free(a);
     }
 
     ngx_http_upstream_affinity_store_sent(ac, reply, store);
@@ -853,7 +945,7 @@ ngx_http_upstream_affinity_store_apply(
     off_t                                   ticket, number;
     time_t                                  now;
     uint32_t                                unheard, others;
-    uint64_t                                hash;
+    uint64_t                                hash, at;
     uint64_t                                levels[AFFINITY_MAX_LEVELS];
     ngx_uint_t                              i, heard;
     ngx_shm_zone_t                         *zone;
@@ -954,11 +1046,12 @@ ngx_http_upstream_affinity_store_apply(
                                                         now);
         }
 
-        /* news once, and only while fresh (..._STORE_FRESH) */
+        /* news once, a cache filled only while fresh (..._STORE_FRESH) */
 
         if (ngx_http_upstream_affinity_store_news(m.kind)
             && (!unseen
-                || now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH))
+                || (m.kind == AFFINITY_STORE_FILLED
+                    && now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)))
         {
             continue;
         }
@@ -1019,10 +1112,10 @@ ngx_http_upstream_affinity_store_apply(
         case AFFINITY_STORE_DONE:
 
             /*
-             * A request the other instance sent m.peer just now, or one
-             * that ended there: with affinity_metrics it counts on the
-             * peer's load here, or no longer, until the peer's engine
-             * reports again.
+             * A request the other instance sent m.peer, or one that ended
+             * there: with affinity_metrics it counts on the peer's load
+             * here, or no longer, until the peer's engine reports again,
+             * if it came after the engine was asked.
              */
 
             zone = ascf->counter_zone;
@@ -1035,11 +1128,13 @@ ngx_http_upstream_affinity_store_apply(
 
             ngx_shmtx_lock(&shctx->shpool->mutex);
 
+            at = (uint64_t) m.time * 1000 + m.msec;
+
             if (m.kind == AFFINITY_STORE_SENT) {
-                affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer);
+                affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer, at);
 
             } else {
-                affinity_zone_peer_ended_elsewhere(shctx->zone, m.peer);
+                affinity_zone_peer_ended_elsewhere(shctx->zone, m.peer, at);
             }
 
             ngx_shmtx_unlock(&shctx->shpool->mutex);

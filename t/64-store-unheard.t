@@ -15,7 +15,9 @@
 # later: it stays unheard until A reads it back as well, which a relay
 # between A and the store delays here (t/store-relay.pl).  The engines are
 # polled every 30 s, and each poll clears what is left unheard: every check
-# here comes before the next one.  Last, what A learns from its read-backs:
+# here comes before the next one.  B counts a request's start and end, read
+# however late, both or neither, and A tells the end of a request that ends
+# while it is away from the store once it is back.  Last, what A learns from its read-backs:
 # a session's parallel requests all through A met none of B's, and A then
 # presumes none beside its unheard requests (a front that keeps sessions
 # on one instance); B's requests on the replica read before A's own are
@@ -90,12 +92,27 @@ sub b_all_heard {
                     keys %$e;
 }
 
-# Whether B counts none of A's requests on any replica: the siblings A
-# sent before have ended (a request that ended between an engine's report
-# and its news counts -1 until the next report).
-sub b_counts_none_elsewhere {
+# Whether B counts none of A's requests on any replica, B having none in
+# flight: what A said started and ended since B asked the engine nets to
+# nothing, or to taking off what the engine counted then (A's request in
+# flight when B asked, that ended since; B's own counts with B's
+# requests).
+sub b_counts_none_of_a {
     my $e = engine_figures($b, $b_status, 'llm');
-    return 4 == grep { ($e->{$_}{elsewhere} // 1) <= 0 } keys %$e;
+    return 4 == grep { my $f = $e->{$_};
+                       defined $f->{elsewhere}
+                       && ($f->{elsewhere} == 0
+                           || $f->{load} + $f->{elsewhere} == 0) }
+                     keys %$e;
+}
+
+# A sibling in flight ends, and B reads that it did.
+sub sibling_ends {
+    my ($socket, $session) = @_;
+    close $socket;
+    ok eventually(\&b_counts_none_of_a, 3),
+        "$session: once it ended, B counts none of A's requests"
+        or diag explain engine_figures($b, $b_status, 'llm');
 }
 
 sub unheard {
@@ -222,14 +239,17 @@ SKIP: {
 ok eventually(\&none_unheard, 6),
     'once the store takes the news again, nothing is left unheard';
 ok polled_before($pinned, $paused), 'and no poll of the engines cleared it';
-close $first;
+
+# B read that the siblings started seconds late, and that they ended: both
+# or neither count, however late.
+sibling_ends($first, 'agent-1');
 
 # ---- the store takes news at once: the siblings stay -----------------------
 
 my ($again, $pinned2) = sibling_in_flight('agent-2');
 ok eventually(\&none_unheard, 2), 'the first sibling is heard at once';
 is sibling('agent-2'), $pinned2, 'the second sibling stays with the first';
-close $again;
+sibling_ends($again, 'agent-2');
 
 # ---- the store takes the news, A reads it back late ------------------------
 
@@ -247,7 +267,7 @@ is unheard()->{$pinned4}, 1,
 kill 'USR2', $relay_pid or die "relay: $!";
 ok eventually(\&none_unheard, 2), 'agent-4: heard once A reads it';
 ok polled_before($pinned4, $held), 'and no poll of the engines cleared it';
-close $fourth;
+sibling_ends($fourth, 'agent-4');
 
 # ---- the connection goes while the store takes nothing ---------------------
 
@@ -276,6 +296,36 @@ ok eventually(sub { sibling('probe'); announcements() > $before_kept }, 5),
     'A announces its requests again';
 ok eventually(\&none_unheard, 2), 'and reads them back';
 
+# ---- the store goes while a request is in flight ---------------------------
+
+# B counts A's request from its announcement.  The store drops its clients,
+# the request ends while A is away from the store, and A tells its end
+# once back: B counts it no more, where it would until its next poll.
+sub store_lost_in_a {
+    my $log = $a->error_log;
+    return scalar(() = $log =~ /store of upstream "llm" unavailable/g);
+}
+
+ok eventually(\&b_counts_none_of_a, 3), 'agent-5: B counts none of A\'s';
+my ($fifth, $pinned5) = sibling_in_flight('agent-5');
+ok eventually(sub {
+        my $e = engine_figures($b, $b_status, 'llm')->{$pinned5};
+        $e->{load} + $e->{elsewhere} == 1;
+    }, 3), 'agent-5: B counts A\'s request in flight';
+my $lost = store_lost_in_a();
+like redis_command(qw(CLIENT KILL TYPE normal)), qr/^:[1-9]/,
+    'agent-5: the store drops its clients';
+ok eventually(sub { store_lost_in_a() > $lost }, 3),
+    'agent-5: A knows the store is away';
+close $fifth;
+ok eventually(\&b_counts_none_of_a, 5),
+    'agent-5: B counts none once A is back on the store'
+    or diag explain engine_figures($b, $b_status, 'llm');
+$before_kept = announcements();
+ok eventually(sub { sibling('probe'); announcements() > $before_kept }, 5),
+    'agent-5: A announces its requests again';
+ok eventually(\&none_unheard, 2), 'and reads them back';
+
 # B routes too (A heard from it in the last ten seconds): alone, A would
 # learn nothing.
 sub b_routes {
@@ -301,8 +351,9 @@ close $_->[0] for @kept;
 # (A's reads held), B sends three there, then A a second, which weighs
 # the first's replica beside them.
 ok eventually(\&none_unheard, 5), 'nothing left unheard';
-eventually(\&b_counts_none_elsewhere, 5)
-    or note 'B still counts some of A\'s requests in flight';
+ok eventually(\&b_counts_none_of_a, 5),
+    'B counts none of A\'s requests once they ended'
+    or diag explain engine_figures($b, $b_status, 'llm');
 b_routes('spread');
 my $learned = state_of_a()->{balance}{unheard_learned};
 my $pins = pins_in_b();

@@ -110,6 +110,12 @@ BASE_PORT = 19301
 NOW_ORIGIN = 1000000
 
 
+def wall_ms(t):
+    """The milliseconds of the wall clock the instances stamp their news
+    with, and ask the engines by, at the simulation's time t."""
+    return int((NOW_ORIGIN + t) * 1000)
+
+
 # --- the library -------------------------------------------------------------
 
 c_u32, c_u64 = ctypes.c_uint32, ctypes.c_uint64
@@ -157,6 +163,11 @@ class EngineLoad(ctypes.Structure):
                 ('queried_tokens', ctypes.c_double),
                 ('hit_tokens', ctypes.c_double),
                 ('found', c_u32), ('reserved', c_u32)]
+
+
+class EngineAsked(ctypes.Structure):
+    """affinity_engine_asked_t"""
+    _fields_ = [('ms', c_u64), ('inflight', ctypes.c_int64)]
 
 
 class PeerStats(ctypes.Structure):
@@ -231,13 +242,18 @@ SIGNATURES = {
     'affinity_prefixes_replied': (None, [
         ctypes.c_void_p, c_u64, c_u32, c_u32, c_u64, c_u64, c_u64]),
     # affinity_metrics: the engines' figures
+    'affinity_zone_peer_asked': (None, [ctypes.c_void_p, c_u32, c_u64,
+                                        P(EngineAsked)]),
     'affinity_zone_peer_polled': (None, [ctypes.c_void_p, c_u32,
-                                         P(EngineLoad), c_u32]),
+                                         P(EngineLoad), c_u32,
+                                         P(EngineAsked)]),
     'affinity_prefixes_polled': (None, [ctypes.c_void_p, c_u64,
                                         P(EngineLoad), c_u64]),
     # affinity_store: what the other instances announce
-    'affinity_zone_peer_sent_elsewhere': (None, [ctypes.c_void_p, c_u64]),
-    'affinity_zone_peer_ended_elsewhere': (None, [ctypes.c_void_p, c_u64]),
+    'affinity_zone_peer_sent_elsewhere': (None, [ctypes.c_void_p, c_u64,
+                                                 c_u64]),
+    'affinity_zone_peer_ended_elsewhere': (None, [ctypes.c_void_p, c_u64,
+                                                  c_u64]),
     'affinity_zone_peer_announced': (ctypes.c_size_t,
                                      [ctypes.c_void_p, c_u32]),
     'affinity_zone_peer_heard': (None, [ctypes.c_void_p, ctypes.c_size_t]),
@@ -607,21 +623,32 @@ class ModulePolicy:
 
     # --- affinity_metrics and affinity_store ---------------------------
 
-    def polled(self, fleet, now):
+    def polled(self, fleet, now, asked_ms):
         """Every replica's engine reports, as ..._metrics.c applies a
         reply: its running and waiting requests, its KV cache's size and
         the prompt tokens it computed (queried less cached), at now
-        (seconds of the core's clock)."""
-        self.apply_reports(engine_reports(fleet), now)
+        (seconds of the core's clock), asked at asked_ms (wall_ms())."""
+        self.apply_reports(engine_reports(fleet), now, self.asked(asked_ms))
 
-    def apply_reports(self, reports, now):
-        """The engines' reports (engine_reports()), applied at now."""
+    def asked(self, ms):
+        """Every replica's engine is asked at ms (wall_ms()): what
+        apply_reports() takes with their reports."""
+        asked = [EngineAsked() for _ in self.peers]
+        for peer, a in zip(self.peers, asked):
+            self.lib.affinity_zone_peer_asked(self.counter.handle, peer.slot,
+                                              ms, ctypes.byref(a))
+        return asked
+
+    def apply_reports(self, reports, now, asked):
+        """The engines' reports (engine_reports()), as they were asked
+        (asked()), applied at now."""
         lib = self.lib
         for r, load in enumerate(reports):
             capacity = load.cache_tokens if self.cache else 0
             lib.affinity_zone_peer_polled(self.counter.handle,
                                           self.peers[r].slot,
-                                          ctypes.byref(load), now)
+                                          ctypes.byref(load), now,
+                                          ctypes.byref(asked[r]))
             if self.prefixes is not None:
                 lib.affinity_prefixes_polled(self.prefixes.handle,
                                              self.peers[r].id,
@@ -664,22 +691,23 @@ class ModulePolicy:
         self.lib.affinity_zone_instance_seen(self.counter.handle, instance,
                                              now)
 
-    def apply(self, kind, peer_id, payload, now):
-        """A message another instance published, as ..._store.c applies
-        it: 'sent' and 'done' (a request started or ended on peer_id),
-        'filled' (payload: characters), 'pin' (payload: the raw key),
-        'levels' (payload: the level hashes)."""
+    def apply(self, kind, peer_id, payload, now, stamped_ms):
+        """A message another instance published at stamped_ms
+        (wall_ms()), as ..._store.c applies it: 'sent' and 'done' (a
+        request started or ended on peer_id), 'filled' (payload:
+        characters), 'pin' (payload: the raw key), 'levels' (payload: the
+        level hashes)."""
         lib = self.lib
         if kind == 'sent':
             if self.balance.engine_ttl:
                 lib.affinity_zone_peer_sent_elsewhere(self.counter.handle,
-                                                      peer_id)
+                                                      peer_id, stamped_ms)
                 lib.affinity_watch_sent_elsewhere(ctypes.byref(self.watch),
                                                   peer_id)
         elif kind == 'done':
             if self.balance.engine_ttl:
                 lib.affinity_zone_peer_ended_elsewhere(self.counter.handle,
-                                                       peer_id)
+                                                       peer_id, stamped_ms)
         elif kind == 'filled':
             if self.prefixes is not None:
                 lib.affinity_prefixes_filled(self.prefixes.handle, peer_id,
@@ -776,7 +804,7 @@ class Instances:
         self.seeds = [m.counter.info()['seed'] for m in self.members]
         self.next_poll = [interval * i / count for i in range(count)] \
             if metrics else []
-        # (due, seq, reader, origin, kind, peer, payload)
+        # (due, seq, reader, origin, kind, peer, payload, stamped)
         self.pending = []
         self.seq = 0
         self.now = 0.0
@@ -802,7 +830,7 @@ class Instances:
                 self.read_at[reader] = due
             self.seq += 1
             heapq.heappush(self.pending, (due, self.seq, reader, origin,
-                                          kind, peer_id, payload))
+                                          kind, peer_id, payload, self.now))
 
     def next_timer(self):
         """When the next message is due or the next poll is, or inf."""
@@ -816,12 +844,13 @@ class Instances:
         self.now = max(self.now, now)
         pending = self.pending
         while pending and pending[0][0] <= self.now:
-            due, _, reader, origin, kind, peer_id, payload = \
+            due, _, reader, origin, kind, peer_id, payload, stamped = \
                 heapq.heappop(pending)
             member = self.members[reader]
             if kind == 'polled':
                 # the engines' reports, poll_lag after they were made
-                member.apply_reports(payload, NOW_ORIGIN + int(due))
+                reports, asked = payload
+                member.apply_reports(reports, NOW_ORIGIN + int(due), asked)
                 continue
             if reader == origin:
                 if kind == 'sent':
@@ -830,16 +859,20 @@ class Instances:
                 continue
             if self.metrics:
                 member.heard_from(self.seeds[origin], NOW_ORIGIN + int(due))
-            member.apply(kind, peer_id, payload, NOW_ORIGIN + int(due))
+            member.apply(kind, peer_id, payload, NOW_ORIGIN + int(due),
+                         wall_ms(stamped))
         for i, member in enumerate(self.members):
             if self.next_poll and self.next_poll[i] <= self.now:
                 if self.poll_lag:
                     self.seq += 1
+                    asked = member.asked(wall_ms(self.now))
                     heapq.heappush(pending, (self.now + self.poll_lag,
                                              self.seq, i, i, 'polled', None,
-                                             engine_reports(fleet)))
+                                             (engine_reports(fleet), asked),
+                                             self.now))
                 else:
-                    member.polled(fleet, NOW_ORIGIN + int(self.now))
+                    member.polled(fleet, NOW_ORIGIN + int(self.now),
+                                  wall_ms(self.now))
                 while self.next_poll[i] <= self.now:
                     self.next_poll[i] += self.interval
 

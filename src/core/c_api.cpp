@@ -203,9 +203,21 @@ int affinity_engine_metrics(const char *text, size_t len,
     return parse_engine_metrics(text, len, *load) ? 0 : -1;
 }
 
+void affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
+                              uint64_t ms,
+                              affinity_engine_asked_t *asked) noexcept
+{
+    asked->ms = ms;
+    asked->inflight = slot < kPeerSlots
+        ? std::max<int64_t>(
+              atomic_load(&zone_of(zone).peer_slots()[slot].inflight), 0)
+        : 0;
+}
+
 void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                const affinity_engine_load_t *load,
-                               uint32_t now) noexcept
+                               uint32_t now,
+                               const affinity_engine_asked_t *asked) noexcept
 {
     if (slot >= kPeerSlots || now == 0) {
         return;
@@ -217,12 +229,15 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
     atomic_store<int64_t>(&s.engine_load,
                           total < kMaxRequests ? int64_t(total + 0.5)
                                                : int64_t(kMaxRequests));
-    atomic_store<int64_t>(&s.engine_base,
-                          std::max<int64_t>(atomic_load(&s.inflight), 0));
+
+    // What it counts of this instance's requests, and of the others': a
+    // request that ended while it answered is not counted again.
+    atomic_store<int64_t>(&s.engine_base, asked->inflight);
     atomic_store<uint64_t>(&s.cache_usage,
                            (load->found & AFFINITY_ENGINE_CACHE)
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
+    atomic_store<uint64_t>(&s.engine_asked, asked->ms);
     atomic_store<int64_t>(&s.engine_others, 0);
     clear_unheard(&s.unheard);
     if ((load->found & AFFINITY_ENGINE_CAPACITY)
@@ -235,10 +250,11 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
 
 namespace {
 
-// Requests another instance said started (+1) or ended (-1) on peer_id,
-// counted with its engine's figure until the engine reports again.
+// Requests another instance said started (+1) or ended (-1) on peer_id
+// at at_ms, counted with its engine's figure until the engine reports
+// again.
 void count_elsewhere(affinity_zone_t *zone, uint64_t peer_id,
-                     int64_t requests) noexcept
+                     int64_t requests, uint64_t at_ms) noexcept
 {
     Zone z = zone_of(zone);
     uint32_t slot = z.find_slot(peer_id);
@@ -250,8 +266,13 @@ void count_elsewhere(affinity_zone_t *zone, uint64_t peer_id,
     PeerSlot &s = z.peer_slots()[slot];
 
     // Only a figure to add to: without one, this instance cannot know when
-    // those requests end, nor count the ends of those it holds.
-    if (atomic_load(&s.engine_time) != 0) {
+    // those requests end, nor count the ends of those it holds.  And only
+    // what came after the figure was asked for: a request that started
+    // before is in it, one that ended before is not; the news of either,
+    // read late, would count it twice or take off another.
+    if (atomic_load(&s.engine_time) != 0
+        && at_ms >= atomic_load(&s.engine_asked))
+    {
         atomic_add<int64_t>(&s.engine_others, requests);
     }
 }
@@ -259,15 +280,17 @@ void count_elsewhere(affinity_zone_t *zone, uint64_t peer_id,
 }  // namespace
 
 void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
-                                       uint64_t peer_id) noexcept
+                                       uint64_t peer_id,
+                                       uint64_t at_ms) noexcept
 {
-    count_elsewhere(zone, peer_id, 1);
+    count_elsewhere(zone, peer_id, 1, at_ms);
 }
 
 void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
-                                        uint64_t peer_id) noexcept
+                                        uint64_t peer_id,
+                                        uint64_t at_ms) noexcept
 {
-    count_elsewhere(zone, peer_id, -1);
+    count_elsewhere(zone, peer_id, -1, at_ms);
 }
 
 namespace {

@@ -52,13 +52,17 @@ uint64_t get64(const uint8_t *p) noexcept
 // A FILLED message's body: the characters, 32 bits.
 constexpr size_t kFilledBody = 4;
 
+// A SENT or DONE message's body: the milliseconds past its time, 16 bits.
+constexpr size_t kNewsBody = 2;
+constexpr uint32_t kMsecPerSecond = 1000;
+
 bool keyed(uint32_t kind) noexcept
 {
     return kind == AFFINITY_STORE_PIN || kind == AFFINITY_STORE_RESPONSE;
 }
 
-// News of a request's start or end: the header says all.
-bool bodyless(uint32_t kind) noexcept
+// News of a request's start or end: its time to the millisecond.
+bool request_news(uint32_t kind) noexcept
 {
     return kind == AFFINITY_STORE_SENT || kind == AFFINITY_STORE_DONE;
 }
@@ -86,8 +90,11 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
         }
         body = m.nlevels * 8;
 
-    } else if (bodyless(m.kind)) {
-        body = 0;
+    } else if (request_news(m.kind)) {
+        if (m.msec >= kMsecPerSecond) {
+            return 0;
+        }
+        body = kNewsBody;
 
     } else if (m.kind == AFFINITY_STORE_FILLED) {
         if (m.chars == 0) {
@@ -120,6 +127,9 @@ size_t encode_store_message(const affinity_store_message_t &m, uint8_t *out,
 
     } else if (m.kind == AFFINITY_STORE_FILLED) {
         put32(out + kStoreHeader, m.chars);
+
+    } else {
+        put16(out + kStoreHeader, uint16_t(m.msec));
     }
 
     return kStoreHeader + body;
@@ -138,11 +148,9 @@ bool decode_store_message(const uint8_t *data, size_t len,
     uint32_t kind = data[1];
     size_t body = get16(data + 2);
 
-    // Only SENT and DONE messages have no body (older versions refuse
-    // them: those before SENT any without a body, those before DONE any
-    // other kind).
-    if (len != kStoreHeader + body || (body == 0) != bodyless(kind))
-    {
+    // No message is without a body (versions before SENT and DONE skip
+    // those kinds).
+    if (len != kStoreHeader + body || body == 0) {
         return false;
     }
 
@@ -191,7 +199,15 @@ bool decode_store_message(const uint8_t *data, size_t len,
         return m.chars != 0;
     }
 
-    return bodyless(kind);
+    if (request_news(kind)) {
+        if (body != kNewsBody) {
+            return false;
+        }
+        m.msec = get16(p);
+        return m.msec < kMsecPerSecond;
+    }
+
+    return false;
 }
 
 }  // namespace affinity

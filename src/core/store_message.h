@@ -12,9 +12,10 @@
 //   u64 instance, u64 peer,
 //   key_len bytes of key (sessions, responses)  or
 //   key_len / 8 level hashes (prefixes)  or
-//   nothing (a request sent: key_len 0, which versions before it refuse)  or
-//   u32 characters (a peer's modelled cache filled: key_len 4, a kind
-//   versions before it refuse)
+//   u16 milliseconds past time (a request sent or ended: key_len 2)  or
+//   u32 characters (a peer's modelled cache filled: key_len 4)
+//
+// Versions before a kind skip it.
 //
 // The decoder reads messages from the store, which anyone with access to
 // it can write: it checks every length against the message's size and is

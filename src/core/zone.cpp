@@ -243,6 +243,7 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     // The engine's figures, and the count of prompt text sent, were the
     // old peer's.
     atomic_store<uint64_t>(&slot.engine_time, 0);
+    atomic_store<uint64_t>(&slot.engine_asked, 0);
     atomic_store<int64_t>(&slot.engine_others, 0);
     clear_unheard(&slot.unheard);
     atomic_store<uint64_t>(&slot.cache_fill, 0);

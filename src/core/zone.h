@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 8;
+constexpr uint32_t kLayoutVersion = 9;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -143,16 +143,18 @@ struct alignas(64) PeerSlot {
     uint64_t last_used;         // atomic: seconds, last claim or request
     uint64_t routes[kRoutes];   // atomic: requests by routing outcome
     // The engine's own load, as it last reported it (affinity_metrics),
-    // and the in-flight count here at that moment.  Atomic, one by one: a
-    // reader may see a figure with the previous one's base, off by the
+    // and the in-flight count here when it was asked.  Atomic, one by one:
+    // a reader may see a figure with the previous one's base, off by the
     // requests sent in between, for one routing decision.
     int64_t engine_load;        // running + waiting
-    int64_t engine_base;        // inflight when it was reported
+    int64_t engine_base;        // inflight when it was asked
     uint64_t engine_time;       // seconds; 0: never reported
+    uint64_t engine_asked;      // ms of the wall clock it was asked at
     uint64_t cache_usage;       // per million
     // Requests other nginx instances said (affinity_store) they sent the
-    // peer since its engine last reported, less those they said ended: its
-    // figure does not show them yet.  Below zero when more ended.
+    // peer since its engine was last asked, less those they said ended
+    // since: its figure does not show them yet.  Below zero when more
+    // ended.
     int64_t engine_others;      // atomic
     // Requests this instance sent the peer whose news (a SENT message) it
     // has not yet read back from the store: the other instances may not

@@ -11,6 +11,10 @@ using namespace affinity_test;
 
 namespace {
 
+// When the other instances' news below was stamped: half a second into
+// second 1000, after the engines were asked at its start (engine_reported).
+constexpr uint64_t kNews = 1000500;
+
 affinity_engine_load_t parse(const std::string &text, int *rc = nullptr)
 {
     affinity_engine_load_t load;
@@ -200,7 +204,7 @@ TEST(EngineLoad, OtherInstancesRequestsCount)
     busy.running = 4;
     busy.waiting = 6;
     busy.found = AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_WAITING;
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &busy, 1000);
+    engine_reported(z.get(), up.peer(0).slot, busy, 1000);
 
     affinity_peer_stats_t s = up.stats(0);
     EXPECT_EQ(s.engine_load, 10);
@@ -234,7 +238,7 @@ TEST(EngineLoad, RequestsSentSinceTheReportAreAdded)
     // 2 in flight here when the engine said 5 (these 2 among them).
     up.acquire(0);
     up.acquire(0);
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1000);
+    engine_reported(z.get(), up.peer(0).slot, load, 1000);
     // 3 more sent since: 5 + 3 = 8 as far as routing knows.
     up.acquire(0);
     up.acquire(0);
@@ -267,8 +271,8 @@ TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
 
     affinity_engine_load_t load{};
     load.found = AFFINITY_ENGINE_RUNNING;
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1000);
-    affinity_zone_peer_polled(z.get(), up.peer(1).slot, &load, 1000);
+    engine_reported(z.get(), up.peer(0).slot, load, 1000);
+    engine_reported(z.get(), up.peer(1).slot, load, 1000);
 
     // Both engines idle; 4 requests here on peer 1, and another instance
     // sent 6 to peer 0 since: peer 1 is the less loaded.
@@ -276,19 +280,19 @@ TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
         up.acquire(1);
     }
     for (int i = 0; i < 6; i++) {
-        affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
+        affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id, kNews);
     }
     EXPECT_EQ(up.stats(0).engine_elsewhere, 6);
     EXPECT_EQ(up.stats(1).engine_elsewhere, 0);
     EXPECT_EQ(router.route_nokey().decision.peer, 1);
 
     // The engine reports again (the 6 ended): peer 0 is idle once more.
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &load, 1001);
+    engine_reported(z.get(), up.peer(0).slot, load, 1001);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
     EXPECT_EQ(router.route_nokey().decision.peer, 0);
 
     // An unknown peer changes nothing.
-    affinity_zone_peer_sent_elsewhere(z.get(), 12345);
+    affinity_zone_peer_sent_elsewhere(z.get(), 12345, kNews);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
     EXPECT_EQ(up.stats(1).engine_elsewhere, 0);
 }
@@ -315,13 +319,13 @@ TEST(EngineLoad, RequestsEndedSinceTheReportAreTakenOff)
     for (int i = 0; i < 4; i++) {
         up.acquire(1);
     }
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &six, 1000);
-    affinity_zone_peer_polled(z.get(), up.peer(1).slot, &four, 1000);
+    engine_reported(z.get(), up.peer(0).slot, six, 1000);
+    engine_reported(z.get(), up.peer(1).slot, four, 1000);
     EXPECT_EQ(router.route_nokey_released().decision.peer, 1);
 
     // Three of the other instance's end: 3 on peer 0 against 4.
     for (int i = 0; i < 3; i++) {
-        affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id);
+        affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id, kNews);
     }
     EXPECT_EQ(up.stats(0).engine_elsewhere, -3);
     EXPECT_EQ(router.route_nokey_released().decision.peer, 0);
@@ -332,15 +336,15 @@ TEST(EngineLoad, RequestsEndedSinceTheReportAreTakenOff)
     EXPECT_EQ(router.route_nokey_released().decision.peer, 1);
 
     // One sent there since and one ended: still 3.
-    affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id);
-    affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id);
+    affinity_zone_peer_sent_elsewhere(z.get(), up.peer(0).id, kNews);
+    affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id, kNews);
     EXPECT_EQ(up.stats(0).engine_elsewhere, -3);
     EXPECT_EQ(router.route_nokey_released().decision.peer, 1);
 
     // More ends than the figure held (some ended before the engine
     // reported): never fewer than the requests in flight here.
     for (int i = 0; i < 10; i++) {
-        affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id);
+        affinity_zone_peer_ended_elsewhere(z.get(), up.peer(0).id, kNews);
     }
     up.acquire(0);
     EXPECT_EQ(router.route_nokey_released().decision.peer, 0)
@@ -351,15 +355,84 @@ TEST(EngineLoad, RequestsEndedSinceTheReportAreTakenOff)
         << "3 against 2";
 
     // The engine reports again: what ended is in its figure.
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &six, 1001);
+    engine_reported(z.get(), up.peer(0).slot, six, 1001);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
 
     // Without a figure nothing is counted: this instance could not tell
     // where the others' requests were counted.
     TestZone other;
     Upstream unpolled(other.get(), {1, 1});
-    affinity_zone_peer_ended_elsewhere(other.get(), unpolled.peer(0).id);
+    affinity_zone_peer_ended_elsewhere(other.get(), unpolled.peer(0).id,
+                                       kNews);
     EXPECT_EQ(unpolled.stats(0).engine_elsewhere, 0);
+}
+
+// The news of a request, however late it is read, counts only if it came
+// after the engine was asked: a request that started before is in the
+// figure already, one that ended before is not in it.  So a request's
+// start and end count both or neither, or its end corrects a figure that
+// counts it.
+TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    uint64_t peer = up.peer(0).id;
+    affinity_engine_load_t one{};
+    one.running = 1;
+    one.found = AFFINITY_ENGINE_RUNNING;
+
+    // Started at 999.9 s and ended at 1000.2 s, read after a report asked
+    // for at 1000.1 s (which counted it running): the end is taken off.
+    affinity_engine_asked_t asked;
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000100, &asked);
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &one, 1000, &asked);
+    affinity_zone_peer_sent_elsewhere(z.get(), peer, 999900);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 0) << "in the figure already";
+    affinity_zone_peer_ended_elsewhere(z.get(), peer, 1000200);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, -1);
+
+    // Started and ended before it was asked, read only now: nothing.
+    affinity_engine_load_t idle{};
+    idle.found = AFFINITY_ENGINE_RUNNING;
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1001300, &asked);
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1001, &asked);
+    affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001000);
+    affinity_zone_peer_ended_elsewhere(z.get(), peer, 1001200);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
+
+    // Both after it: counted, then taken off.
+    affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001300);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 1) << "at the very moment";
+    affinity_zone_peer_ended_elsewhere(z.get(), peer, 1001900);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
+}
+
+// This instance's requests likewise: one that ends while the engine
+// answers is in its figure, and taken off as ended.
+TEST(EngineLoad, RequestsHereCountAgainstWhenTheEngineWasAsked)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    affinity_balance_t with{1.0, 0.0, 3, 0};
+    Router router(z.get(), up, with);
+    router.now = 1001;
+
+    affinity_engine_load_t two{};
+    two.running = 2;
+    two.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_asked_t asked;
+
+    up.acquire(0);
+    up.acquire(0);
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000000, &asked);
+    up.release(0);
+    up.release(0);
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &two, 1000, &asked);
+
+    // Peer 0 has none, peer 1 one: a keyless request goes to peer 0.
+    up.acquire(1);
+    EXPECT_EQ(router.route_nokey_released().decision.peer, 0)
+        << "the request that ended is not counted";
 }
 
 TEST(EngineLoad, PollingIsOneCallerPerInterval)

@@ -21,7 +21,7 @@ void report_idle(affinity_zone_t *zone, Upstream &up, uint32_t now)
 {
     affinity_engine_load_t load{};
     load.found = AFFINITY_ENGINE_RUNNING;
-    affinity_zone_peer_polled(zone, up.peer(0).slot, &load, now);
+    engine_reported(zone, up.peer(0).slot, load, now);
 }
 
 // Four equal peers routed with the engines' figures (factor 1.25, slack

@@ -1346,12 +1346,10 @@ TEST(PrefixRoute, EngineReportedCapacityModelsItsPeer)
         affinity_engine_load_t load{};
         load.cache_tokens = 1000;       // 5,000 characters
         load.found = AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_CAPACITY;
-        affinity_zone_peer_polled(f.counters(), f.up().peer(0).slot, &load,
-                                  1);
+        engine_reported(f.counters(), f.up().peer(0).slot, load, 1);
         affinity_engine_load_t unsized{};
         unsized.found = AFFINITY_ENGINE_RUNNING;
-        affinity_zone_peer_polled(f.counters(), f.up().peer(1).slot,
-                                  &unsized, 1);
+        engine_reported(f.counters(), f.up().peer(1).slot, unsized, 1);
 
         serve_on(f, 0, ask(0));
         serve_on(f, 1, ask(1));
@@ -1367,8 +1365,7 @@ TEST(PrefixRoute, EngineReportedCapacityModelsItsPeer)
         EXPECT_EQ(r.decision.peer, 1);
 
         // A later report without the size keeps the one known.
-        affinity_zone_peer_polled(f.counters(), f.up().peer(0).slot,
-                                  &unsized, 2);
+        engine_reported(f.counters(), f.up().peer(0).slot, unsized, 2);
         serve_on(f, 1, chat({{"user", words(9400, 100)}}));
         f.up().set_state(1, AFFINITY_PEER_FAILED);
         r = f.send(ask(3));

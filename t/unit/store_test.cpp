@@ -100,37 +100,59 @@ TEST(StoreMessage, LevelsRoundTrip)
               -1);
 }
 
-// A request sent, or ended: the header alone.  Only those kinds may have
-// no body, and they may have none other.
-TEST(StoreMessage, SentAndDoneRoundTripWithNoBody)
+// A request sent, or ended: the header and the milliseconds past its
+// second, below 1000, in 2 bytes and no other length.
+TEST(StoreMessage, SentAndDoneRoundTripWithTheirMilliseconds)
 {
-    for (uint32_t bodyless : {AFFINITY_STORE_SENT, AFFINITY_STORE_DONE}) {
-        SCOPED_TRACE(bodyless);
-        affinity_store_message_t m = from_peer(bodyless);
+    for (uint32_t news : {AFFINITY_STORE_SENT, AFFINITY_STORE_DONE}) {
+        SCOPED_TRACE(news);
+        affinity_store_message_t m = from_peer(news);
+        m.msec = 999;
         std::vector<uint8_t> bytes = encode(m);
-        ASSERT_EQ(bytes.size(), 24u);
+        ASSERT_EQ(bytes.size(), 26u);
 
         affinity_store_message_t d = decoded(bytes, m);
+        EXPECT_EQ(d.msec, 999u);
         EXPECT_EQ(d.key_len, 0u);
         EXPECT_EQ(d.nlevels, 0u);
 
-        for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE,
-                              AFFINITY_STORE_LEVELS, AFFINITY_STORE_FILLED})
-        {
-            std::vector<uint8_t> empty = bytes;
-            empty[1] = uint8_t(kind);
-            EXPECT_EQ(affinity_store_decode(empty.data(), empty.size(), &d,
-                                            nullptr, 0),
-                      -1)
-                << kind;
-        }
-
-        std::vector<uint8_t> body = bytes;
-        body.push_back(0);
-        body[2] = 1;
-        EXPECT_EQ(affinity_store_decode(body.data(), body.size(), &d, nullptr,
+        m.msec = 1000;
+        EXPECT_TRUE(encode(m).empty()) << "not a millisecond of a second";
+        std::vector<uint8_t> late = bytes;
+        late[24] = 1000 & 0xff;
+        late[25] = 1000 >> 8;
+        EXPECT_EQ(affinity_store_decode(late.data(), late.size(), &d, nullptr,
                                         0),
                   -1);
+
+        // No body, or a longer one: not a message of this version.
+        std::vector<uint8_t> none(bytes.begin(), bytes.begin() + 24);
+        none[2] = 0;
+        EXPECT_EQ(affinity_store_decode(none.data(), none.size(), &d, nullptr,
+                                        0),
+                  -1);
+        std::vector<uint8_t> longer = bytes;
+        longer.push_back(0);
+        longer[2] = 3;
+        EXPECT_EQ(affinity_store_decode(longer.data(), longer.size(), &d,
+                                        nullptr, 0),
+                  -1);
+    }
+
+    // No kind is without a body.
+    for (uint32_t kind : {AFFINITY_STORE_PIN, AFFINITY_STORE_RESPONSE,
+                          AFFINITY_STORE_LEVELS, AFFINITY_STORE_FILLED,
+                          AFFINITY_STORE_SENT, AFFINITY_STORE_DONE})
+    {
+        std::vector<uint8_t> empty = encode(from_peer(AFFINITY_STORE_SENT));
+        empty.resize(24);
+        empty[1] = uint8_t(kind);
+        empty[2] = 0;
+        affinity_store_message_t d;
+        EXPECT_EQ(affinity_store_decode(empty.data(), empty.size(), &d,
+                                        nullptr, 0),
+                  -1)
+            << kind;
     }
 }
 

@@ -767,32 +767,46 @@ typedef struct {
 AFFINITY_API int affinity_engine_metrics(const char *text, size_t len,
     affinity_engine_load_t *load) AFFINITY_NOEXCEPT;
 
+/* When a peer's engine was asked for its figure, which counts what
+ * started before and not what ended before. */
+typedef struct {
+    uint64_t    ms;             /* milliseconds of the wall clock, the one
+                                   the instances stamp their news with */
+    int64_t     inflight;       /* this instance's requests on the peer */
+} affinity_engine_asked_t;
+
 /*
- * Lock-free: the load a peer's engine reported at now (seconds), with the
- * peer's in-flight count here at that moment.  Routing then counts the
- * peer as max(in-flight here, engine's running + waiting + the requests
- * that started less those that ended since, here and, as the others said,
- * elsewhere), while the figure is younger than the balance's engine_ttl.
- * A KV cache size it reported is kept until it reports another: with no
- * prefix_capacity, the prefix index models the peer's cache with it.
+ * Lock-free: the engine of the peer of slot is asked for its figure at ms
+ * (asked), and reported load at now (seconds, polled), with what asked
+ * set.  Routing then counts the peer as max(in-flight here, engine's
+ * running + waiting + the requests that started less those that ended
+ * since it was asked, here and, as the others said, elsewhere), while the
+ * figure is younger than the balance's engine_ttl.  A KV cache size it
+ * reported is kept until it reports another: with no prefix_capacity, the
+ * prefix index models the peer's cache with it.
  */
-AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
-    uint32_t slot, const affinity_engine_load_t *load, uint32_t now)
+AFFINITY_API void affinity_zone_peer_asked(affinity_zone_t *zone,
+    uint32_t slot, uint64_t ms, affinity_engine_asked_t *asked)
     AFFINITY_NOEXCEPT;
+AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
+    uint32_t slot, const affinity_engine_load_t *load, uint32_t now,
+    const affinity_engine_asked_t *asked) AFFINITY_NOEXCEPT;
 
-/* Another nginx instance sent peer_id a request (an AFFINITY_STORE_SENT
- * message).  Counted with the engine's figure until the engine reports
- * again, which then includes it; nothing without a figure (caller holds
- * the zone lock). */
+/*
+ * Another nginx instance sent peer_id a request (an AFFINITY_STORE_SENT
+ * message), or one it had sent ended there (AFFINITY_STORE_DONE), at at_ms
+ * (milliseconds of the wall clock, the message's time and msec).  Counted
+ * with the engine's figure, or taken off it, until the engine reports
+ * again, and only when it came after the figure was asked for: before,
+ * the figure has it (started) or never had it (ended), however late the
+ * news is read.  So a request's two messages count both or neither, or
+ * correct a figure that counted it.  Nothing without a figure (caller
+ * holds the zone lock).
+ */
 AFFINITY_API void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
-    uint64_t peer_id) AFFINITY_NOEXCEPT;
-
-/* A request another instance had sent peer_id ended there (an
- * AFFINITY_STORE_DONE message): taken off the engine's figure, which still
- * counts it, or off the requests sent elsewhere since, until the engine
- * reports again (caller holds the zone lock). */
+    uint64_t peer_id, uint64_t at_ms) AFFINITY_NOEXCEPT;
 AFFINITY_API void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
-    uint64_t peer_id) AFFINITY_NOEXCEPT;
+    uint64_t peer_id, uint64_t at_ms) AFFINITY_NOEXCEPT;
 
 /*
  * Lock-free: this instance told the store it sent the peer of slot a
@@ -905,12 +919,13 @@ typedef enum {
     AFFINITY_STORE_RESPONSE,        /* a response id produced by a peer */
     AFFINITY_STORE_LEVELS,          /* a prompt's levels served by a peer */
     AFFINITY_STORE_SENT,            /* a request sent to a peer just now
-                                       (with affinity_metrics): no body */
+                                       (with affinity_metrics): a 16-bit
+                                       body, the msec of its time */
     AFFINITY_STORE_FILLED,          /* characters a peer's modelled cache
                                        took in (affinity_decision_t
                                        .cache_chars): a 32-bit body */
     AFFINITY_STORE_DONE             /* a request announced as SENT ended:
-                                       no body */
+                                       as SENT */
 } affinity_store_kind_e;
 
 /* Longest key a message carries: session keys and response ids. */
@@ -929,6 +944,8 @@ typedef struct {
     const uint64_t          *levels;    /* LEVELS: affinity_level_t.hash */
     size_t                   nlevels;
     uint32_t                 chars;     /* FILLED: not 0 */
+    uint32_t                 msec;      /* SENT, DONE: milliseconds past
+                                           time, below 1000 */
 } affinity_store_message_t;
 
 /* Writes a message to out (AFFINITY_STORE_MESSAGE_MAX bytes suffice);
