@@ -14,6 +14,7 @@
 //     filled into a peer's modelled cache, are taken for any peer id and
 //     count (a slot claimed in the prefixes zone, or none left).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +46,50 @@ void check_zone(affinity_zone_t *zone)
     affinity_zone_info_t info;
     affinity_zone_info(zone, &info);
     CHECK(info.used <= info.capacity);
+}
+
+// A request's start or end on its peer, as the reader counts it: the peer's
+// engine asked at a moment the message itself picks (before, at or after
+// its stamp; a wall clock's, never 0), the news read either before the
+// answer or after it.  One message moves the count by one at most, and
+// only if stamped after the ask.
+void apply_request_news(affinity_zone_t *zone,
+                        const affinity_store_message_t &m)
+{
+    uint64_t at = uint64_t(m.time) * 1000 + m.msec;
+    uint64_t asked_ms = std::max<uint64_t>(at + m.peer % 3, 2) - 1;
+    bool while_answering = (m.peer >> 8) & 1;
+    uint32_t slot = affinity_zone_peer_slot(zone, m.peer, m.time);
+
+    if (slot == AFFINITY_NO_SLOT) {
+        return;
+    }
+
+    affinity_engine_load_t load{};
+    load.running = 1;
+    load.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_asked_t asked;
+    affinity_zone_peer_asked(zone, slot, asked_ms, &asked);
+
+    if (!while_answering) {
+        affinity_zone_peer_polled(zone, slot, &load, m.time | 1, &asked);
+    }
+
+    if (m.kind == AFFINITY_STORE_SENT) {
+        affinity_zone_peer_sent_elsewhere(zone, m.peer, at);
+    } else {
+        affinity_zone_peer_ended_elsewhere(zone, m.peer, at);
+    }
+
+    if (while_answering) {
+        affinity_zone_peer_polled(zone, slot, &load, m.time | 1, &asked);
+    }
+
+    affinity_peer_stats_t stats;
+    affinity_zone_peer_stats(zone, slot, &stats);
+    int64_t moved = at >= asked_ms ? (m.kind == AFFINITY_STORE_SENT ? 1 : -1)
+                                   : 0;
+    CHECK(stats.engine_elsewhere == moved);
 }
 
 }  // namespace
@@ -125,12 +170,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_zone(zones.zone[2]);
             break;
         case AFFINITY_STORE_SENT:
-            affinity_zone_peer_sent_elsewhere(zones.zone[0], m.peer,
-                uint64_t(m.time) * 1000 + m.msec);
-            break;
         case AFFINITY_STORE_DONE:
-            affinity_zone_peer_ended_elsewhere(zones.zone[0], m.peer,
-                uint64_t(m.time) * 1000 + m.msec);
+            apply_request_news(zones.zone[0], m);
             break;
         case AFFINITY_STORE_FILLED:
             affinity_prefixes_filled(zones.zone[1], m.peer, m.chars, now,

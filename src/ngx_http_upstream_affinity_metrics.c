@@ -299,11 +299,10 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
     f->slot = affinity_zone_peer_find(shctx->zone, f->peer);
-    ngx_shmtx_unlock(&shctx->shpool->mutex);
-
     affinity_zone_peer_asked(shctx->zone, f->slot,
                              ngx_http_upstream_affinity_wall_msec(),
                              &f->asked);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
 
     if (wev->timer_set) {
         ngx_del_timer(wev);
@@ -464,11 +463,20 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
         return;
     }
 
-    shctx = f->poller->conf->counter_zone->data;
-    slot = f->slot;
+    /* the peer's slot, unless another peer took it since it was asked */
 
-    affinity_zone_peer_polled(shctx->zone, slot, &load,
-                              (uint32_t) ngx_time(), &f->asked);
+    shctx = f->poller->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+
+    slot = affinity_zone_peer_find(shctx->zone, f->peer);
+
+    if (slot == f->slot) {
+        affinity_zone_peer_polled(shctx->zone, slot, &load,
+                                  (uint32_t) ngx_time(), &f->asked);
+    }
+
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
 
     /*
      * What the engine computed, from every instance and client, moves its

@@ -27,13 +27,20 @@
 
 
 /*
- * Milliseconds of the wall clock (the cached time): what the instances
- * stamp their news of requests with, and when an engine was asked for its
- * figure, which they are weighed against.  Not ngx_current_msec, whose
- * clock is each host's own.
+ * Milliseconds of the wall clock (the cached time, read once): what the
+ * instances stamp their news of requests with, and when an engine was
+ * asked for its figure, which they are weighed against.  Not
+ * ngx_current_msec, whose clock is each host's own.
  */
-#define ngx_http_upstream_affinity_wall_msec()                                \
-    ((uint64_t) (ngx_timeofday())->sec * 1000 + (ngx_timeofday())->msec)
+static ngx_inline uint64_t
+ngx_http_upstream_affinity_wall_msec(void)
+{
+    ngx_time_t  *tp;
+
+    tp = ngx_timeofday();
+
+    return (uint64_t) tp->sec * 1000 + tp->msec;
+}
 
 
 /* a session key source of session_affinity */

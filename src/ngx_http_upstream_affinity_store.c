@@ -42,15 +42,15 @@
  * learned: only when sent (not kept while the store is away, where it
  * would displace what was learned, but for the end of a request whose
  * start was sent), and once per instance (by its reader, and not again by
- * one that starts again: ..._store_unseen()).  That a
- * request started or ended counts on its peer's load only if it came
- * after the peer's engine was last asked for its figure, to the
- * millisecond of the senders' clocks (affinity_zone_peer_sent_elsewhere()),
- * however late it is read: a request's start and end count both or
- * neither.  How far a prompt filled a cache counts only this old: read
- * after the store was away, it would age the model late.  In whole
+ * one that starts again: ..._store_unseen()).  That a request started or
+ * ended counts on its peer's load only if it came after the peer's engine
+ * was last asked for its figure, the sender's stamp to the millisecond
+ * against the asking instance's clock (affinity_zone_peer_sent_elsewhere()),
+ * however late it is read: a request's start and end, both read, count
+ * both or neither.  How far a prompt filled a cache counts only this old:
+ * read after the store was away, it would age the model late.  In whole
  * seconds of the senders' and the readers' clocks: news up to 2 s old is
- * taken, and the instances' clocks must agree within a second.
+ * taken.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
 

@@ -17,11 +17,11 @@
 # polled every 30 s, and each poll clears what is left unheard: every check
 # here comes before the next one.  B counts a request's start and end, read
 # however late, both or neither, and A tells the end of a request that ends
-# while it is away from the store once it is back.  Last, what A learns from its read-backs:
-# a session's parallel requests all through A met none of B's, and A then
-# presumes none beside its unheard requests (a front that keeps sessions
-# on one instance); B's requests on the replica read before A's own are
-# the ones it met.
+# while it is away from the store once it is back.  Last, what A learns
+# from its read-backs: a session's parallel requests all through A met
+# none of B's, and A then presumes none beside its unheard requests (a
+# front that keeps sessions on one instance); B's requests on the replica
+# read before A's own are the ones it met.
 
 use strict;
 use warnings;

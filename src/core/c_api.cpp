@@ -208,10 +208,19 @@ void affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
                               affinity_engine_asked_t *asked) noexcept
 {
     asked->ms = ms;
-    asked->inflight = slot < kPeerSlots
-        ? std::max<int64_t>(
-              atomic_load(&zone_of(zone).peer_slots()[slot].inflight), 0)
-        : 0;
+    asked->inflight = 0;
+
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    PeerSlot &s = zone_of(zone).peer_slots()[slot];
+
+    asked->inflight = std::max<int64_t>(atomic_load(&s.inflight), 0);
+
+    // The others' news from now on is what its answer will not show.
+    s.engine_asking = ms;
+    s.others_since_asking = 0;
 }
 
 void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
@@ -237,8 +246,17 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                            (load->found & AFFINITY_ENGINE_CACHE)
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
+    // What the others said since it was asked, read while it answered,
+    // is not in it (unless another ask came since: then nothing is kept).
+    int64_t others = 0;
+
+    if (s.engine_asking == asked->ms) {
+        others = s.others_since_asking;
+        s.engine_asking = 0;
+    }
+
     atomic_store<uint64_t>(&s.engine_asked, asked->ms);
-    atomic_store<int64_t>(&s.engine_others, 0);
+    atomic_store<int64_t>(&s.engine_others, others);
     clear_unheard(&s.unheard);
     if ((load->found & AFFINITY_ENGINE_CAPACITY)
         && load->cache_tokens >= 1 && load->cache_tokens <= kMaxCacheTokens)
@@ -274,6 +292,11 @@ void count_elsewhere(affinity_zone_t *zone, uint64_t peer_id,
         && at_ms >= atomic_load(&s.engine_asked))
     {
         atomic_add<int64_t>(&s.engine_others, requests);
+    }
+
+    // And what the answer to an ask under way will not show.
+    if (s.engine_asking != 0 && at_ms >= s.engine_asking) {
+        s.others_since_asking += requests;
     }
 }
 

@@ -244,6 +244,8 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     // old peer's.
     atomic_store<uint64_t>(&slot.engine_time, 0);
     atomic_store<uint64_t>(&slot.engine_asked, 0);
+    slot.engine_asking = 0;
+    slot.others_since_asking = 0;
     atomic_store<int64_t>(&slot.engine_others, 0);
     clear_unheard(&slot.unheard);
     atomic_store<uint64_t>(&slot.cache_fill, 0);

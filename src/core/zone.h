@@ -150,6 +150,10 @@ struct alignas(64) PeerSlot {
     int64_t engine_base;        // inflight when it was asked
     uint64_t engine_time;       // seconds; 0: never reported
     uint64_t engine_asked;      // ms of the wall clock it was asked at
+    // The ask whose answer has not come yet (0: none), and the others'
+    // news since it: what the figure it answers will not show (zone lock).
+    uint64_t engine_asking;
+    int64_t others_since_asking;
     uint64_t cache_usage;       // per million
     // Requests other nginx instances said (affinity_store) they sent the
     // peer since its engine was last asked, less those they said ended

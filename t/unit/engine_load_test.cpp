@@ -405,6 +405,14 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
     EXPECT_EQ(up.stats(0).engine_elsewhere, 1) << "at the very moment";
     affinity_zone_peer_ended_elsewhere(z.get(), peer, 1001900);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
+
+    // Read while the engine answers: one that started after it was asked
+    // is not in the figure it answers, one that started before is.
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1002000, &asked);
+    affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001950);
+    affinity_zone_peer_sent_elsewhere(z.get(), peer, 1002100);
+    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1002, &asked);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 1);
 }
 
 // This instance's requests likewise: one that ends while the engine

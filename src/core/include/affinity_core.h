@@ -771,14 +771,17 @@ AFFINITY_API int affinity_engine_metrics(const char *text, size_t len,
  * started before and not what ended before. */
 typedef struct {
     uint64_t    ms;             /* milliseconds of the wall clock, the one
-                                   the instances stamp their news with */
+                                   the instances stamp their news with;
+                                   not 0 */
     int64_t     inflight;       /* this instance's requests on the peer */
 } affinity_engine_asked_t;
 
 /*
- * Lock-free: the engine of the peer of slot is asked for its figure at ms
- * (asked), and reported load at now (seconds, polled), with what asked
- * set.  Routing then counts the peer as max(in-flight here, engine's
+ * The engine of the peer of slot is asked for its figure at ms (asked),
+ * and reported load at now (seconds, polled), with what asked set; both
+ * with the zone lock held, which news from the others is counted under
+ * (affinity_zone_peer_sent_elsewhere()): the news read while the engine
+ * answers is kept for its figure when stamped after the ask.  Routing then counts the peer as max(in-flight here, engine's
  * running + waiting + the requests that started less those that ended
  * since it was asked, here and, as the others said, elsewhere), while the
  * figure is younger than the balance's engine_ttl.  A KV cache size it
@@ -918,9 +921,9 @@ typedef enum {
     AFFINITY_STORE_PIN = 1,         /* a session key pinned to a peer */
     AFFINITY_STORE_RESPONSE,        /* a response id produced by a peer */
     AFFINITY_STORE_LEVELS,          /* a prompt's levels served by a peer */
-    AFFINITY_STORE_SENT,            /* a request sent to a peer just now
-                                       (with affinity_metrics): a 16-bit
-                                       body, the msec of its time */
+    AFFINITY_STORE_SENT,            /* a request sent to a peer (with
+                                       affinity_metrics): a 16-bit body,
+                                       the msec of its time */
     AFFINITY_STORE_FILLED,          /* characters a peer's modelled cache
                                        took in (affinity_decision_t
                                        .cache_chars): a 32-bit body */
