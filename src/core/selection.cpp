@@ -502,10 +502,10 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     // index the request is routed by its prompt (route_prefix): to a peer
     // holding the longest part of it (or, for a short prefix every peer
     // likely holds, the least loaded peer), else, when no holder may take
-    // it, to the least loaded peer, as a new prompt would be.  Without the index,
-    // to the session's previous pin if it has room (its cache holds all of
-    // the session but its latest turns), else to the next peer on the
-    // ring.  That peer then holds the whole conversation: the pin follows
+    // it, to the least loaded peer, as a new prompt would be.  Without the
+    // index, to the session's previous pin if it has room (its cache holds
+    // all of the session but its latest turns), else to the next peer on
+    // the ring.  That peer then holds the whole conversation: the pin follows
     // the request, and the old pin is remembered for the next spill.
     // Measured with the core in the offline fleet simulation against
     // keeping the pin: on the Mooncake trace (roomy fleet) 0.257 against

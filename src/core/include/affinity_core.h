@@ -615,8 +615,9 @@ AFFINITY_API size_t affinity_level_schedule(const uint32_t *lengths,
  * instructions of a Responses API body end a turn too.  schedule is
  * strictly increasing.  Levels are written shortest first, as many as
  * out_cap allows (nschedule + min(turns, AFFINITY_TURNS_MAX): all of
- * them), the scheduled ones first, then the most recent turn levels.  Allocates only when a body's
- * tools or items are larger than any compacted before.
+ * them), the scheduled ones first, then the most recent turn levels.
+ * Allocates only when a body's tools or items are larger than any
+ * compacted before.
  */
 AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
     const uint32_t *schedule, size_t nschedule, size_t turns,
@@ -781,10 +782,11 @@ typedef struct {
  * and reported load at now (seconds, polled), with what asked set; both
  * with the zone lock held, which news from the others is counted under
  * (affinity_zone_peer_sent_elsewhere()): the news read while the engine
- * answers is kept for its figure when stamped after the ask.  Routing then counts the peer as max(in-flight here, engine's
- * running + waiting + the requests that started less those that ended
- * since it was asked, here and, as the others said, elsewhere), while the
- * figure is younger than the balance's engine_ttl.  A KV cache size it
+ * answers is kept for its figure when stamped after the ask.  Routing
+ * then counts the peer as max(in-flight here, engine's running + waiting
+ * + the requests that started less those that ended since it was asked,
+ * here and, as the others said, elsewhere), while the figure is younger
+ * than the balance's engine_ttl.  A KV cache size it
  * reported is kept until it reports another: with no prefix_capacity, the
  * prefix index models the peer's cache with it.
  */
