@@ -15,6 +15,15 @@ namespace {
 // second 1000, after the engines were asked at its start (engine_reported).
 constexpr uint64_t kNews = 1000500;
 
+// An engine's report of requests running, nothing waiting.
+affinity_engine_load_t running(double requests)
+{
+    affinity_engine_load_t load{};
+    load.running = requests;
+    load.found = AFFINITY_ENGINE_RUNNING;
+    return load;
+}
+
 affinity_engine_load_t parse(const std::string &text, int *rc = nullptr)
 {
     affinity_engine_load_t load;
@@ -231,9 +240,7 @@ TEST(EngineLoad, RequestsSentSinceTheReportAreAdded)
 {
     TestZone z;
     Upstream up(z.get(), {1, 1});
-    affinity_engine_load_t load{};
-    load.running = 5;
-    load.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t load = running(5);
 
     // 2 in flight here when the engine said 5 (these 2 among them).
     up.acquire(0);
@@ -269,8 +276,7 @@ TEST(EngineLoad, RequestsSentElsewhereCountUntilTheNextReport)
     Router router(z.get(), up, with);
     router.now = 1001;
 
-    affinity_engine_load_t load{};
-    load.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t load = running(0);
     engine_reported(z.get(), up.peer(0).slot, load, 1000);
     engine_reported(z.get(), up.peer(1).slot, load, 1000);
 
@@ -310,12 +316,8 @@ TEST(EngineLoad, RequestsEndedSinceTheReportAreTakenOff)
 
     // Peer 0's engine counts 6 requests of another instance; peer 1's
     // counts the 4 this instance has in flight there.
-    affinity_engine_load_t six{};
-    six.running = 6;
-    six.found = AFFINITY_ENGINE_RUNNING;
-    affinity_engine_load_t four{};
-    four.running = 4;
-    four.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t six = running(6);
+    affinity_engine_load_t four = running(4);
     for (int i = 0; i < 4; i++) {
         up.acquire(1);
     }
@@ -377,9 +379,7 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
     TestZone z;
     Upstream up(z.get(), {1, 1});
     uint64_t peer = up.peer(0).id;
-    affinity_engine_load_t one{};
-    one.running = 1;
-    one.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t one = running(1);
 
     // Started at 999.9 s and ended at 1000.2 s, read after a report asked
     // for at 1000.1 s (which counted it running): the end is taken off.
@@ -392,8 +392,7 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
     EXPECT_EQ(up.stats(0).engine_elsewhere, -1);
 
     // Started and ended before it was asked, read only now: nothing.
-    affinity_engine_load_t idle{};
-    idle.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t idle = running(0);
     affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1001300, &asked);
     affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1001, &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001000);
@@ -425,9 +424,7 @@ TEST(EngineLoad, RequestsHereCountAgainstWhenTheEngineWasAsked)
     Router router(z.get(), up, with);
     router.now = 1001;
 
-    affinity_engine_load_t two{};
-    two.running = 2;
-    two.found = AFFINITY_ENGINE_RUNNING;
+    affinity_engine_load_t two = running(2);
     affinity_engine_asked_t asked;
 
     up.acquire(0);
