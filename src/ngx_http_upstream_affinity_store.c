@@ -1463,7 +1463,13 @@ ngx_http_upstream_affinity_store_del_write(void *data)
 }
 
 
-/* hiredis closes the socket itself, after this */
+/*
+ * hiredis closes the socket itself, after this.  The connection may be
+ * freed while its events wait in the posted queue (accept_mutex on: the
+ * reader's error frees the writer's connection in the same batch of
+ * events); they leave the queue with it, as ngx_close_connection() has
+ * them do.
+ */
 
 static void
 ngx_http_upstream_affinity_store_cleanup(void *data)
@@ -1472,6 +1478,14 @@ ngx_http_upstream_affinity_store_cleanup(void *data)
 
     ngx_http_upstream_affinity_store_del_read(c);
     ngx_http_upstream_affinity_store_del_write(c);
+
+    if (c->read->posted) {
+        ngx_delete_posted_event(c->read);
+    }
+
+    if (c->write->posted) {
+        ngx_delete_posted_event(c->write);
+    }
 
     c->fd = (ngx_socket_t) -1;
     ngx_free_connection(c);

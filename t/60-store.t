@@ -8,7 +8,10 @@
 # replica.  With the store, B follows A: sessions, prompts and response
 # ids learned on A route the same way on B.  Then the store is killed
 # under load (no request fails, each worker says so once) and restarted
-# (what A learned meanwhile reaches B within seconds).
+# (what A learned meanwhile reaches B within seconds).  A's workers take
+# turns on an accept mutex, which has a worker post the events it gathers
+# and handle them after: the store's two connections, lost together, are
+# then handled one after the other, and the first loss frees both.
 
 use strict;
 use warnings;
@@ -61,7 +64,8 @@ like $snippet, qr/^affinity_store 127\.0\.0\.1:6379;$/m,
 (my $b_upstream = $snippet) =~ s/127\.0\.0\.1:6379;/127.0.0.1:$redis stream=$stream;/;
 $b_upstream =~ s/zone=llm_(\w+):\d+m/zone=b_$1:1m/g;
 
-$a->write_conf(proxy_conf($a, upstream(%down)));
+$a->write_conf(proxy_conf($a, upstream(%down)),
+               events_conf => '    accept_mutex on;');
 $b->write_conf(proxy_conf($b, servers(\@replicas) . $b_upstream));
 $a->start_nginx;
 $b->start_nginx;

@@ -700,7 +700,8 @@ sub _udp_port {
 # nginx
 
 # $t->write_conf($http_body, no_module => 0, workers => 4,
-#     worker_connections => 1024, access_log_format => undef, main_conf => '')
+#     worker_connections => 1024, access_log_format => undef, main_conf => '',
+#     events_conf => '')
 # Writes <dir>/nginx.conf and returns its path.
 sub write_conf {
     my ($self, $http_body, %opt) = @_;
@@ -714,6 +715,7 @@ sub write_conf {
     my $format = defined $opt{access_log_format} ? " $opt{access_log_format}" : '';
     my $main = $opt{main_conf} // '';
     my $wc   = $opt{worker_connections} // 1024;
+    my $events = $opt{events_conf} // '';
 
     my $conf = <<"EOF";
 ${load}worker_processes $self->{conf_workers};
@@ -722,6 +724,7 @@ pid $p{'logs/nginx.pid'};
 $main
 events {
     worker_connections $wc;
+$events
 }
 
 http {
