@@ -69,7 +69,7 @@ void apply_request_news(affinity_zone_t *zone,
     load.running = 1;
     load.found = AFFINITY_ENGINE_RUNNING;
     affinity_engine_asked_t asked;
-    affinity_zone_peer_asked(zone, slot, asked_ms, &asked);
+    CHECK(affinity_zone_peer_asked(zone, slot, asked_ms, 1000, &asked) == 1);
 
     if (!while_answering) {
         affinity_zone_peer_polled(zone, slot, &load, m.time | 1, &asked);

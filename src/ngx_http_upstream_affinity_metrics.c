@@ -254,7 +254,9 @@ failed:
 static void
 ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
 {
+    int                                  awaited;
     ssize_t                              n;
+    ngx_msec_t                           timeout;
     ngx_connection_t                    *c;
     ngx_http_upstream_affinity_fetch_t  *f;
     ngx_http_upstream_affinity_shctx_t  *shctx;
@@ -292,23 +294,35 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
 
     /*
      * all sent: the timer moves to the reply; the engine's figure will
-     * count what started before this, and not what ended before
+     * count what started before this, and not what ended before.  An
+     * engine slower than the interval may still owe an earlier poll its
+     * answer, this worker's or another's: that answer is awaited, and
+     * this ask dropped.
      */
 
+    timeout = f->poller->conf->metrics_conf->timeout;
     shctx = f->poller->conf->counter_zone->data;
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
     f->slot = affinity_zone_peer_find(shctx->zone, f->peer);
-    affinity_zone_peer_asked(shctx->zone, f->slot,
-                             ngx_http_upstream_affinity_wall_msec(),
-                             &f->asked);
+    awaited = affinity_zone_peer_asked(shctx->zone, f->slot,
+                                       ngx_http_upstream_affinity_wall_msec(),
+                                       timeout, &f->asked);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (!awaited) {
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, f->poller->log, 0,
+                       "affinity metrics of %V: an earlier ask waits",
+                       &f->name);
+        ngx_http_upstream_affinity_metrics_done(f, NULL);
+        return;
+    }
 
     if (wev->timer_set) {
         ngx_del_timer(wev);
     }
 
-    ngx_add_timer(c->read, f->poller->conf->metrics_conf->timeout);
+    ngx_add_timer(c->read, timeout);
 
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
         ngx_http_upstream_affinity_metrics_done(f, "recv failed");
@@ -474,6 +488,9 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
     if (slot == f->slot) {
         affinity_zone_peer_polled(shctx->zone, slot, &load,
                                   (uint32_t) ngx_time(), &f->asked);
+
+    } else {
+        affinity_zone_peer_unanswered(shctx->zone, f->slot, &f->asked);
     }
 
     ngx_shmtx_unlock(&shctx->shpool->mutex);
@@ -510,9 +527,20 @@ static void
 ngx_http_upstream_affinity_metrics_done(ngx_http_upstream_affinity_fetch_t *f,
     const char *error)
 {
+    ngx_http_upstream_affinity_shctx_t   *shctx;
     ngx_http_upstream_affinity_poller_t  *poller;
 
     poller = f->poller;
+
+    /* an ask that got no answer to take lets the next poll ask at once */
+
+    if (error && f->asked.ms != 0) {
+        shctx = poller->conf->counter_zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        affinity_zone_peer_unanswered(shctx->zone, f->slot, &f->asked);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+    }
 
     if (error && !poller->warned) {
         ngx_log_error(NGX_LOG_WARN, poller->log, 0,

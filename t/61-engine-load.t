@@ -6,7 +6,8 @@
 # that bypasses nginx keeps one replica busy: with affinity_metrics new
 # sessions avoid it, without they do not.  A server whose metrics hang or
 # are junk, or a page shorter than its Content-Length, changes nothing but
-# its own figure, and says so once.
+# its own figure, and says so once.  An engine that answers more slowly
+# than the polling interval is asked once at a time.
 
 use strict;
 use warnings;
@@ -35,6 +36,9 @@ my ($hang) = $t->start_backends(1, delay_ms => 60_000);    # t/backend.pl
 my $cut = $t->port;
 my $whole = $t->port;
 my $pages = metrics_pages($cut, $whole);
+my $slow = $t->port;
+my $slow_log = $t->path('logs/slow-metrics.log');
+my $slow_pages = slow_metrics_page($slow, 0.6, $slow_log);
 
 my $engine = "        affinity_metrics interval=200ms timeout=300ms;\n";
 # Pages read on time whatever the machine's load: their only fault is the
@@ -59,6 +63,9 @@ $t->write_conf(proxy_conf($t,
         . proxied_upstream(whole => servers([$whole])
                                     . "        session_affinity zone=whole:1m;\n"
                                     . $patient, $t->port)
+        . proxied_upstream(slow => servers([$slow])
+                                   . "        session_affinity zone=slow:1m;\n"
+                                   . $patient, $t->port)
         . "    server {\n        listen 127.0.0.1:$status;\n"
         . "        location / { affinity_status; }\n    }\n"));
 $t->start_nginx;
@@ -158,9 +165,86 @@ ok $n >= 1 && $n <= 2, "truncated reply logged once per worker ($n)";
 kill 'TERM', $pages;
 waitpid $pages, 0;
 
+# ---- an engine slower than the polling interval ----------------------------
+
+# It answers 0.6 s after it is asked, and the polls come every 0.2 s: an
+# ask made while an answer is owed is dropped (its connection closed at
+# once), so that the news counted since the first ask goes with the answer
+# to it.  The answers the engine gave never overlapped.
+ok eventually(sub { (engines('slow')->{$slow}{load} // 0) == 12 }, 5),
+    'a slow engine\'s figure is read';
+sleep 2;
+kill 'TERM', $slow_pages;
+waitpid $slow_pages, 0;
+my (@answered, $dropped);
+open my $fh, '<', $slow_log or die "$slow_log: $!";
+while (<$fh>) {
+    push @answered, [ $1, $2 ] if /^answered (\S+) (\S+)/;
+    $dropped++ if /^dropped/;
+}
+close $fh;
+my $overlaps = grep { $answered[$_][0] < $answered[ $_ - 1 ][1] }
+               1 .. $#answered;
+note scalar(@answered), ' asks answered, ', $dropped // 0, ' dropped';
+cmp_ok scalar(@answered), '>=', 2, 'the slow engine is asked again';
+cmp_ok $dropped // 0, '>=', 1, 'asks made while an answer is owed are dropped';
+is $overlaps, 0, 'no ask waits beside another';
+
 is_deeply [ $t->log_problems ], [], 'no alerts, crashes or sanitizer reports';
 
 done_testing;
+
+# slow_metrics_page($port, $delay, $log) - a process answering each request
+# for a vLLM metrics page $delay seconds after it came, unless the client
+# closed first.  It writes "answered ASKED ANSWERED" (times) or "dropped"
+# for each to $log, in the order they ended.  Returns its pid.
+sub slow_metrics_page {
+    my ($port, $delay, $log) = @_;
+    my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
+                                  Listen => 16, ReuseAddr => 1)
+        or die "listen on $port: $!";
+    my $pid = fork // die "fork: $!";
+    return $pid if $pid;
+
+    $SIG{TERM} = sub { POSIX::_exit(0) };
+    open my $out, '>', $log or POSIX::_exit(1);
+    $out->autoflush(1);
+    my $parent = getppid;
+    my $page = qq{vllm:num_requests_running{model_name="m"} 12\n};
+    my %asked;      # fileno => [ socket, time its request came, head ]
+    my $select = IO::Select->new($l);
+    while (getppid == $parent) {
+        for my $r ($select->can_read(0.02)) {
+            if ($r == $l) {
+                my $c = $l->accept or next;
+                $select->add($c);
+                $asked{ fileno $c } = [ $c, undef, '' ];
+                next;
+            }
+            my $a = $asked{ fileno $r };
+            my $got = sysread $r, $a->[2], 4096, length $a->[2];
+            if (!$got) {
+                print {$out} "dropped\n" if defined $a->[1];
+                delete $asked{ fileno $r };
+                $select->remove($r);
+                close $r;
+                next;
+            }
+            $a->[1] //= time if $a->[2] =~ /\r\n\r\n/;
+        }
+        for my $fd (keys %asked) {
+            my ($c, $at) = @{ $asked{$fd} };
+            next unless defined $at && time >= $at + $delay;
+            syswrite $c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                         . "Content-Length: " . length($page) . "\r\n\r\n$page";
+            printf {$out} "answered %.3f %.3f\n", $at, time;
+            delete $asked{$fd};
+            $select->remove($c);
+            close $c;
+        }
+    }
+    POSIX::_exit(0);
+}
 
 # metrics_pages($cut, $whole) - a process serving the same vLLM metrics
 # page on two ports, whole on $whole and with a Content-Length 4,000 bytes

@@ -93,6 +93,10 @@ LEVEL_GROWTH = 6
 LEVEL_MAX = 32 * 1024
 LEVEL_TURNS = 8
 SESSION_TIMEOUT = 3600
+# affinity_metrics timeout= (the default, in milliseconds of wall_ms()):
+# how long an ask of an engine waits for its answer before another may
+# be made.  The simulated answers come poll_lag after the ask.
+ANSWER_WITHIN_MS = 1000
 PREFIX_TIMEOUT = 600
 RING_TOTAL = 65536
 RING_POINTS_MIN = 160
@@ -242,8 +246,9 @@ SIGNATURES = {
     'affinity_prefixes_replied': (None, [
         ctypes.c_void_p, c_u64, c_u32, c_u32, c_u64, c_u64, c_u64]),
     # affinity_metrics: the engines' figures
-    'affinity_zone_peer_asked': (None, [ctypes.c_void_p, c_u32, c_u64,
-                                        P(EngineAsked)]),
+    'affinity_zone_peer_asked': (ctypes.c_int, [ctypes.c_void_p, c_u32,
+                                                c_u64, c_u64,
+                                                P(EngineAsked)]),
     'affinity_zone_peer_polled': (None, [ctypes.c_void_p, c_u32,
                                          P(EngineLoad), c_u32,
                                          P(EngineAsked)]),
@@ -632,11 +637,14 @@ class ModulePolicy:
 
     def asked(self, ms):
         """Every replica's engine is asked at ms (wall_ms()): what
-        apply_reports() takes with their reports."""
+        apply_reports() takes with their reports.  An engine that still
+        owes an earlier ask its answer is not asked again (its EngineAsked
+        stays at 0 ms, and the core drops the report made with it)."""
         asked = [EngineAsked() for _ in self.peers]
         for peer, a in zip(self.peers, asked):
             self.lib.affinity_zone_peer_asked(self.counter.handle, peer.slot,
-                                              ms, ctypes.byref(a))
+                                              ms, ANSWER_WITHIN_MS,
+                                              ctypes.byref(a))
         return asked
 
     def apply_reports(self, reports, now, asked):

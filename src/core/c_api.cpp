@@ -203,24 +203,52 @@ int affinity_engine_metrics(const char *text, size_t len,
     return parse_engine_metrics(text, len, *load) ? 0 : -1;
 }
 
-void affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
-                              uint64_t ms,
-                              affinity_engine_asked_t *asked) noexcept
+int affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
+                             uint64_t ms, uint64_t answer_within,
+                             affinity_engine_asked_t *asked) noexcept
 {
     asked->ms = ms;
     asked->inflight = 0;
 
     if (slot >= kPeerSlots) {
-        return;
+        return 1;
     }
 
     PeerSlot &s = zone_of(zone).peer_slots()[slot];
+
+    // One ask at a time: the news since an ask is kept for its answer,
+    // and a second ask would start that count again, from later.  An ask
+    // older than its answer could be is abandoned (its worker is gone), as
+    // is one the clock went back from.
+    if (s.engine_asking != 0 && ms >= s.engine_asking
+        && ms - s.engine_asking < answer_within)
+    {
+        asked->ms = 0;
+        return 0;
+    }
 
     asked->inflight = std::max<int64_t>(atomic_load(&s.inflight), 0);
 
     // The others' news from now on is what its answer will not show.
     s.engine_asking = ms;
     s.others_since_asking = 0;
+    return 1;
+}
+
+void affinity_zone_peer_unanswered(affinity_zone_t *zone, uint32_t slot,
+                                   const affinity_engine_asked_t *asked)
+    noexcept
+{
+    if (slot >= kPeerSlots || asked->ms == 0) {
+        return;
+    }
+
+    PeerSlot &s = zone_of(zone).peer_slots()[slot];
+
+    if (s.engine_asking == asked->ms) {
+        s.engine_asking = 0;
+        s.others_since_asking = 0;
+    }
 }
 
 void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
@@ -233,6 +261,13 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
     }
 
     PeerSlot &s = zone_of(zone).peer_slots()[slot];
+
+    // Only the answer the slot waits for: not one to an ask refused or
+    // abandoned, nor one to the slot's previous peer.
+    if (asked->ms == 0 || s.engine_asking != asked->ms) {
+        return;
+    }
+
     double total = load->running + load->waiting;
 
     atomic_store<int64_t>(&s.engine_load,
@@ -247,13 +282,10 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
                                ? uint64_t(load->cache_usage * 1e6)
                                : UINT64_MAX);
     // What the others said since it was asked, read while it answered,
-    // is not in it (unless another ask came since: then nothing is kept).
-    int64_t others = 0;
-
-    if (s.engine_asking == asked->ms) {
-        others = s.others_since_asking;
-        s.engine_asking = 0;
-    }
+    // is not in it.
+    int64_t others = s.others_since_asking;
+    s.engine_asking = 0;
+    s.others_since_asking = 0;
 
     atomic_store<uint64_t>(&s.engine_asked, asked->ms);
     atomic_store<int64_t>(&s.engine_others, others);

@@ -384,7 +384,8 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
     // Started at 999.9 s and ended at 1000.2 s, read after a report asked
     // for at 1000.1 s (which counted it running): the end is taken off.
     affinity_engine_asked_t asked;
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000100, &asked);
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000100, kAnswerWithin,
+                             &asked);
     affinity_zone_peer_polled(z.get(), up.peer(0).slot, &one, 1000, &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 999900);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0) << "in the figure already";
@@ -393,7 +394,8 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
 
     // Started and ended before it was asked, read only now: nothing.
     affinity_engine_load_t idle = running(0);
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1001300, &asked);
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1001300, kAnswerWithin,
+                             &asked);
     affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1001, &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001000);
     affinity_zone_peer_ended_elsewhere(z.get(), peer, 1001200);
@@ -407,7 +409,8 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
 
     // Read while the engine answers: one that started after it was asked
     // is not in the figure it answers, one that started before is.
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1002000, &asked);
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1002000, kAnswerWithin,
+                             &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001950);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1002100);
     affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1002, &asked);
@@ -429,7 +432,8 @@ TEST(EngineLoad, RequestsHereCountAgainstWhenTheEngineWasAsked)
 
     up.acquire(0);
     up.acquire(0);
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000000, &asked);
+    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000000, kAnswerWithin,
+                             &asked);
     up.release(0);
     up.release(0);
     affinity_zone_peer_polled(z.get(), up.peer(0).slot, &two, 1000, &asked);
@@ -438,6 +442,58 @@ TEST(EngineLoad, RequestsHereCountAgainstWhenTheEngineWasAsked)
     up.acquire(1);
     EXPECT_EQ(router.route_nokey_released().decision.peer, 0)
         << "the request that ended is not counted";
+}
+
+// One ask of an engine waits for its answer at a time, whichever worker
+// made it: a poll that comes round while an engine slower than the
+// interval still owes the last one its answer drops its own ask, so that
+// the news since the first ask is kept for the answer that comes.
+TEST(EngineLoad, OneAskOfAnEngineAtATime)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    uint32_t slot = up.peer(0).slot;
+    uint64_t peer = up.peer(0).id;
+    affinity_engine_load_t idle = running(0);
+    affinity_engine_load_t five = running(5);
+    affinity_engine_asked_t first, second, third;
+
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000000, kAnswerWithin,
+                                       &first), 1);
+    affinity_zone_peer_sent_elsewhere(z.get(), peer, 1000100);
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000500, kAnswerWithin,
+                                       &second), 0);
+    EXPECT_EQ(second.ms, 0u);
+    affinity_zone_peer_polled(z.get(), slot, &idle, 1000, &first);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 1)
+        << "the news its answer does not show";
+
+    // An answer to the dropped ask, or one answer twice, changes nothing.
+    affinity_zone_peer_polled(z.get(), slot, &five, 1001, &second);
+    affinity_zone_peer_polled(z.get(), slot, &five, 1001, &first);
+    EXPECT_EQ(up.stats(0).engine_load, 0);
+    EXPECT_EQ(up.stats(0).engine_elsewhere, 1);
+
+    // Answered: the next poll asks.
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000600, kAnswerWithin,
+                                       &second), 1);
+
+    // Given up (no answer to take): the next asks at once.
+    affinity_zone_peer_unanswered(z.get(), slot, &second);
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000700, kAnswerWithin,
+                                       &third), 1);
+
+    // Abandoned (its worker is gone): the next asks once it is older than
+    // its answer could be, or when the clock went back.
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot,
+                                       1000700 + kAnswerWithin - 1,
+                                       kAnswerWithin, &second), 0);
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000700 + kAnswerWithin,
+                                       kAnswerWithin, &second), 1);
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 999000, kAnswerWithin,
+                                       &third), 1);
+    affinity_zone_peer_polled(z.get(), slot, &five, 1002, &third);
+    EXPECT_EQ(up.stats(0).engine_load, 5);
 }
 
 TEST(EngineLoad, PollingIsOneCallerPerInterval)

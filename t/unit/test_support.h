@@ -256,6 +256,10 @@ inline bool would_accept(const Upstream &up, size_t i)
     return double(up.inflight(i) + 1) <= bound_for(share) + 1e-9;
 }
 
+// How long an ask of an engine waits for its answer before another may be
+// made (affinity_metrics timeout=, in milliseconds).
+constexpr uint64_t kAnswerWithin = 1000;
+
 // The engine of the peer of slot reported load at now (seconds), asked at
 // the start of that second with the requests in flight here as they are:
 // the other instances' news stamped later counts beside it
@@ -264,7 +268,8 @@ inline void engine_reported(affinity_zone_t *zone, uint32_t slot,
                             const affinity_engine_load_t &load, uint32_t now)
 {
     affinity_engine_asked_t asked;
-    affinity_zone_peer_asked(zone, slot, uint64_t(now) * 1000, &asked);
+    affinity_zone_peer_asked(zone, slot, uint64_t(now) * 1000, kAnswerWithin,
+                             &asked);
     affinity_zone_peer_polled(zone, slot, &load, now, &asked);
 }
 

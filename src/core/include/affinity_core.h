@@ -782,7 +782,13 @@ typedef struct {
  * and reported load at now (seconds, polled), with what asked set; both
  * with the zone lock held, which news from the others is counted under
  * (affinity_zone_peer_sent_elsewhere()): the news read while the engine
- * answers is kept for its figure when stamped after the ask.  Routing
+ * answers is kept for its figure when stamped after the ask.  One ask of
+ * a peer's engine waits for its answer at a time, whichever worker made
+ * it: asked returns 0 (and sets asked->ms to 0) while another, younger
+ * than answer_within milliseconds, waits, and the caller drops its own;
+ * polled takes only the answer to the ask that waits; an ask that gets no
+ * answer to take (failed, refused, junk) is given up with unanswered, so
+ * that the next need not wait for answer_within to pass.  Routing
  * then counts the peer as max(in-flight here, engine's running + waiting
  * + the requests that started less those that ended since it was asked,
  * here and, as the others said, elsewhere), while the figure is younger
@@ -790,12 +796,14 @@ typedef struct {
  * reported is kept until it reports another: with no prefix_capacity, the
  * prefix index models the peer's cache with it.
  */
-AFFINITY_API void affinity_zone_peer_asked(affinity_zone_t *zone,
-    uint32_t slot, uint64_t ms, affinity_engine_asked_t *asked)
-    AFFINITY_NOEXCEPT;
+AFFINITY_API int affinity_zone_peer_asked(affinity_zone_t *zone,
+    uint32_t slot, uint64_t ms, uint64_t answer_within,
+    affinity_engine_asked_t *asked) AFFINITY_NOEXCEPT;
 AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
     uint32_t slot, const affinity_engine_load_t *load, uint32_t now,
     const affinity_engine_asked_t *asked) AFFINITY_NOEXCEPT;
+AFFINITY_API void affinity_zone_peer_unanswered(affinity_zone_t *zone,
+    uint32_t slot, const affinity_engine_asked_t *asked) AFFINITY_NOEXCEPT;
 
 /*
  * Another nginx instance sent peer_id a request (an AFFINITY_STORE_SENT
