@@ -166,13 +166,33 @@ ngx_http_upstream_affinity_metrics_fetch(
     ngx_http_upstream_affinity_poller_t *poller,
     ngx_http_upstream_rr_peer_t *peer)
 {
+    int                                         awaits;
+    uint64_t                                    id;
     ngx_int_t                                   rc;
     ngx_pool_t                                 *pool;
     ngx_connection_t                           *c;
     ngx_http_upstream_affinity_fetch_t         *f;
+    ngx_http_upstream_affinity_shctx_t         *shctx;
     ngx_http_upstream_affinity_metrics_conf_t  *mcf;
 
     mcf = poller->conf->metrics_conf;
+
+    /* an engine that still owes an earlier poll its answer is not called */
+
+    id = affinity_peer_id((char *) peer->name.data, peer->name.len);
+    shctx = poller->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    awaits = affinity_zone_peer_awaits(shctx->zone,
+                                       affinity_zone_peer_find(shctx->zone,
+                                                               id),
+                                       ngx_http_upstream_affinity_wall_msec(),
+                                       mcf->timeout);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (awaits) {
+        return;
+    }
 
     pool = ngx_create_pool(1024, poller->log);
     if (pool == NULL) {
@@ -193,7 +213,7 @@ ngx_http_upstream_affinity_metrics_fetch(
     }
 
     f->name.len = peer->name.len;
-    f->peer = affinity_peer_id((char *) f->name.data, f->name.len);
+    f->peer = id;
 
     f->pc.sockaddr = ngx_palloc(pool, peer->socklen);
     if (f->pc.sockaddr == NULL) {
@@ -294,10 +314,9 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
 
     /*
      * all sent: the timer moves to the reply; the engine's figure will
-     * count what started before this, and not what ended before.  An
-     * engine slower than the interval may still owe an earlier poll its
-     * answer, this worker's or another's: that answer is awaited, and
-     * this ask dropped.
+     * count what started before this, and not what ended before.  Another
+     * worker may have asked since this one looked (fetch()): its answer
+     * is awaited, and this ask dropped.
      */
 
     timeout = f->poller->conf->metrics_conf->timeout;
@@ -412,6 +431,7 @@ ngx_http_upstream_affinity_metrics_recv(ngx_event_t *rev)
 static void
 ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
 {
+    int                                     taken;
     off_t                                   size;
     u_char                                 *p, *last, *length, *digits;
     uint32_t                                slot;
@@ -477,23 +497,34 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
         return;
     }
 
-    /* the peer's slot, unless another peer took it since it was asked */
+    /*
+     * The peer's slot, unless another peer took it since it was asked.
+     * An answer the slot no longer awaits is older than the figure it
+     * holds, and goes nowhere; a peer without a slot awaits none.
+     */
 
     shctx = f->poller->conf->counter_zone->data;
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
 
     slot = affinity_zone_peer_find(shctx->zone, f->peer);
+    taken = 1;
 
-    if (slot == f->slot) {
-        affinity_zone_peer_polled(shctx->zone, slot, &load,
-                                  (uint32_t) ngx_time(), &f->asked);
-
-    } else {
+    if (slot != f->slot) {
         affinity_zone_peer_unanswered(shctx->zone, f->slot, &f->asked);
+        taken = 0;
+
+    } else if (slot != AFFINITY_NO_SLOT) {
+        taken = affinity_zone_peer_polled(shctx->zone, slot, &load,
+                                          (uint32_t) ngx_time(), &f->asked);
     }
 
     ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (!taken) {
+        ngx_http_upstream_affinity_metrics_done(f, NULL);
+        return;
+    }
 
     /*
      * What the engine computed, from every instance and client, moves its

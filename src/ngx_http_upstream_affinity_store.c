@@ -1487,8 +1487,8 @@ ngx_http_upstream_affinity_store_cleanup(void *data)
         ngx_delete_posted_event(c->write);
     }
 
-    c->fd = (ngx_socket_t) -1;
     ngx_free_connection(c);
+    c->fd = (ngx_socket_t) -1;
 }
 
 

@@ -249,9 +249,9 @@ SIGNATURES = {
     'affinity_zone_peer_asked': (ctypes.c_int, [ctypes.c_void_p, c_u32,
                                                 c_u64, c_u64,
                                                 P(EngineAsked)]),
-    'affinity_zone_peer_polled': (None, [ctypes.c_void_p, c_u32,
-                                         P(EngineLoad), c_u32,
-                                         P(EngineAsked)]),
+    'affinity_zone_peer_polled': (ctypes.c_int, [ctypes.c_void_p, c_u32,
+                                                 P(EngineLoad), c_u32,
+                                                 P(EngineAsked)]),
     'affinity_prefixes_polled': (None, [ctypes.c_void_p, c_u64,
                                         P(EngineLoad), c_u64]),
     # affinity_store: what the other instances announce
@@ -649,14 +649,17 @@ class ModulePolicy:
 
     def apply_reports(self, reports, now, asked):
         """The engines' reports (engine_reports()), as they were asked
-        (asked()), applied at now."""
+        (asked()), applied at now: as ..._metrics.c does, a report the
+        counter zone did not await goes nowhere."""
         lib = self.lib
         for r, load in enumerate(reports):
             capacity = load.cache_tokens if self.cache else 0
-            lib.affinity_zone_peer_polled(self.counter.handle,
-                                          self.peers[r].slot,
-                                          ctypes.byref(load), now,
-                                          ctypes.byref(asked[r]))
+            slot = self.peers[r].slot
+            taken = lib.affinity_zone_peer_polled(self.counter.handle, slot,
+                                                  ctypes.byref(load), now,
+                                                  ctypes.byref(asked[r]))
+            if not taken and slot != NO_SLOT:
+                continue
             if self.prefixes is not None:
                 lib.affinity_prefixes_polled(self.prefixes.handle,
                                              self.peers[r].id,

@@ -203,6 +203,32 @@ int affinity_engine_metrics(const char *text, size_t len,
     return parse_engine_metrics(text, len, *load) ? 0 : -1;
 }
 
+namespace {
+
+// One ask at a time: the news since an ask is kept for its answer, and a
+// second ask would start that count again, from later.  An ask older than
+// its answer could be is abandoned (its worker is gone), as is one the
+// clock went back from by as much; a little earlier is another worker's
+// clock, read a moment before this one's.
+bool awaits_answer(const PeerSlot &s, uint64_t ms,
+                   uint64_t answer_within) noexcept
+{
+    uint64_t waiting = s.engine_asking;
+
+    return waiting != 0
+           && (ms >= waiting ? ms - waiting : waiting - ms) < answer_within;
+}
+
+}  // namespace
+
+int affinity_zone_peer_awaits(const affinity_zone_t *zone, uint32_t slot,
+                              uint64_t ms, uint64_t answer_within) noexcept
+{
+    return slot < kPeerSlots
+           && awaits_answer(zone_of(zone).peer_slots()[slot], ms,
+                            answer_within);
+}
+
 int affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
                              uint64_t ms, uint64_t answer_within,
                              affinity_engine_asked_t *asked) noexcept
@@ -216,13 +242,7 @@ int affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
 
     PeerSlot &s = zone_of(zone).peer_slots()[slot];
 
-    // One ask at a time: the news since an ask is kept for its answer,
-    // and a second ask would start that count again, from later.  An ask
-    // older than its answer could be is abandoned (its worker is gone), as
-    // is one the clock went back from.
-    if (s.engine_asking != 0 && ms >= s.engine_asking
-        && ms - s.engine_asking < answer_within)
-    {
+    if (awaits_answer(s, ms, answer_within)) {
         asked->ms = 0;
         return 0;
     }
@@ -251,13 +271,13 @@ void affinity_zone_peer_unanswered(affinity_zone_t *zone, uint32_t slot,
     }
 }
 
-void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
-                               const affinity_engine_load_t *load,
-                               uint32_t now,
-                               const affinity_engine_asked_t *asked) noexcept
+int affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
+                              const affinity_engine_load_t *load,
+                              uint32_t now,
+                              const affinity_engine_asked_t *asked) noexcept
 {
     if (slot >= kPeerSlots || now == 0) {
-        return;
+        return 0;
     }
 
     PeerSlot &s = zone_of(zone).peer_slots()[slot];
@@ -265,7 +285,7 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
     // Only the answer the slot waits for: not one to an ask refused or
     // abandoned, nor one to the slot's previous peer.
     if (asked->ms == 0 || s.engine_asking != asked->ms) {
-        return;
+        return 0;
     }
 
     double total = load->running + load->waiting;
@@ -296,6 +316,7 @@ void affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
         atomic_store<uint64_t>(&s.cache_tokens, uint64_t(load->cache_tokens));
     }
     atomic_store<uint64_t>(&s.engine_time, now);
+    return 1;
 }
 
 namespace {

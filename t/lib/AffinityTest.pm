@@ -884,6 +884,14 @@ sub error_log {
     return -e $file ? _slurp($file) : '';
 }
 
+# $t->access_log - the http{} access log so far (servers without one of
+# their own write to it), or '' when there is none yet.
+sub access_log {
+    my ($self) = @_;
+    my $file = $self->path('logs/access.log');
+    return -e $file ? _slurp($file) : '';
+}
+
 # $t->log_problems - error.log lines with [alert], [crit], [emerg] or a
 # process that exited on a signal.  With a sanitizer build also one line for
 # each sanitizer report (the whole report is shown with diag), and the lines

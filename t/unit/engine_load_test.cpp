@@ -461,20 +461,27 @@ TEST(EngineLoad, OneAskOfAnEngineAtATime)
     EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000000, kAnswerWithin,
                                        &first), 1);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1000100);
+    EXPECT_EQ(affinity_zone_peer_awaits(z.get(), slot, 1000500,
+                                        kAnswerWithin), 1);
     EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000500, kAnswerWithin,
                                        &second), 0);
     EXPECT_EQ(second.ms, 0u);
-    affinity_zone_peer_polled(z.get(), slot, &idle, 1000, &first);
+    EXPECT_EQ(affinity_zone_peer_polled(z.get(), slot, &idle, 1000, &first),
+              1);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 1)
         << "the news its answer does not show";
 
     // An answer to the dropped ask, or one answer twice, changes nothing.
-    affinity_zone_peer_polled(z.get(), slot, &five, 1001, &second);
-    affinity_zone_peer_polled(z.get(), slot, &five, 1001, &first);
+    EXPECT_EQ(affinity_zone_peer_polled(z.get(), slot, &five, 1001, &second),
+              0);
+    EXPECT_EQ(affinity_zone_peer_polled(z.get(), slot, &five, 1001, &first),
+              0);
     EXPECT_EQ(up.stats(0).engine_load, 0);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 1);
 
     // Answered: the next poll asks.
+    EXPECT_EQ(affinity_zone_peer_awaits(z.get(), slot, 1000600,
+                                        kAnswerWithin), 0);
     EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000600, kAnswerWithin,
                                        &second), 1);
 
@@ -490,6 +497,9 @@ TEST(EngineLoad, OneAskOfAnEngineAtATime)
                                        kAnswerWithin, &second), 0);
     EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000700 + kAnswerWithin,
                                        kAnswerWithin, &second), 1);
+    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1001200, kAnswerWithin,
+                                       &third), 0)
+        << "another worker's clock, read a moment before";
     EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 999000, kAnswerWithin,
                                        &third), 1);
     affinity_zone_peer_polled(z.get(), slot, &five, 1002, &third);

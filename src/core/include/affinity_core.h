@@ -784,11 +784,13 @@ typedef struct {
  * (affinity_zone_peer_sent_elsewhere()): the news read while the engine
  * answers is kept for its figure when stamped after the ask.  One ask of
  * a peer's engine waits for its answer at a time, whichever worker made
- * it: asked returns 0 (and sets asked->ms to 0) while another, younger
- * than answer_within milliseconds, waits, and the caller drops its own;
- * polled takes only the answer to the ask that waits; an ask that gets no
- * answer to take (failed, refused, junk) is given up with unanswered, so
- * that the next need not wait for answer_within to pass.  Routing
+ * it: asked returns 0 (and sets asked->ms to 0) while another, made less
+ * than answer_within milliseconds before or after by the clock, waits,
+ * and the caller drops its own (awaits says so before the engine is even
+ * called); polled takes only the answer to the ask that waits, and
+ * returns 1 if it took it; an ask that gets no answer to take (failed,
+ * junk) is given up with unanswered, so that the next need not wait for
+ * answer_within to pass.  Routing
  * then counts the peer as max(in-flight here, engine's running + waiting
  * + the requests that started less those that ended since it was asked,
  * here and, as the others said, elsewhere), while the figure is younger
@@ -796,10 +798,12 @@ typedef struct {
  * reported is kept until it reports another: with no prefix_capacity, the
  * prefix index models the peer's cache with it.
  */
+AFFINITY_API int affinity_zone_peer_awaits(const affinity_zone_t *zone,
+    uint32_t slot, uint64_t ms, uint64_t answer_within) AFFINITY_NOEXCEPT;
 AFFINITY_API int affinity_zone_peer_asked(affinity_zone_t *zone,
     uint32_t slot, uint64_t ms, uint64_t answer_within,
     affinity_engine_asked_t *asked) AFFINITY_NOEXCEPT;
-AFFINITY_API void affinity_zone_peer_polled(affinity_zone_t *zone,
+AFFINITY_API int affinity_zone_peer_polled(affinity_zone_t *zone,
     uint32_t slot, const affinity_engine_load_t *load, uint32_t now,
     const affinity_engine_asked_t *asked) AFFINITY_NOEXCEPT;
 AFFINITY_API void affinity_zone_peer_unanswered(affinity_zone_t *zone,
