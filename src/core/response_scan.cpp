@@ -480,7 +480,8 @@ void ResponseScan::end_string() noexcept
 void ResponseScan::begin_data() noexcept
 {
     if (data_seen_) {
-        json("\n", "\n" + 1);
+        static constexpr char kLineFeed[] = "\n";
+        json(kLineFeed, kLineFeed + 1);
     }
 
     data_seen_ = true;
