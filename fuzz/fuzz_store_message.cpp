@@ -48,6 +48,10 @@ void check_zone(affinity_zone_t *zone)
     CHECK(info.used <= info.capacity);
 }
 
+// How long an ask of an engine waits for its answer (affinity_metrics
+// timeout=, in milliseconds): every ask here is answered before the next.
+constexpr uint64_t kAnswerWithin = 1000;
+
 // A request's start or end on its peer, as the reader counts it: the peer's
 // engine asked at a moment the message itself picks (before, at or after
 // its stamp; a wall clock's, never 0), the news read either before the
@@ -69,7 +73,8 @@ void apply_request_news(affinity_zone_t *zone,
     load.running = 1;
     load.found = AFFINITY_ENGINE_RUNNING;
     affinity_engine_asked_t asked;
-    CHECK(affinity_zone_peer_asked(zone, slot, asked_ms, 1000, &asked) == 1);
+    CHECK(affinity_zone_peer_asked(zone, slot, asked_ms, kAnswerWithin,
+                                   &asked) == 1);
 
     if (!while_answering) {
         affinity_zone_peer_polled(zone, slot, &load, m.time | 1, &asked);

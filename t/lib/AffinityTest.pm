@@ -878,17 +878,16 @@ sub nginx_at_least {
 }
 
 # $t->error_log - full text of logs/error.log.
-sub error_log {
-    my ($self) = @_;
-    my $file = $self->path('logs/error.log');
-    return -e $file ? _slurp($file) : '';
-}
+sub error_log { $_[0]->_log_text('error.log') }
 
 # $t->access_log - the http{} access log so far (servers without one of
-# their own write to it), or '' when there is none yet.
-sub access_log {
-    my ($self) = @_;
-    my $file = $self->path('logs/access.log');
+# their own write to it).
+sub access_log { $_[0]->_log_text('access.log') }
+
+# The text of logs/$name, or '' when there is none yet.
+sub _log_text {
+    my ($self, $name) = @_;
+    my $file = $self->path("logs/$name");
     return -e $file ? _slurp($file) : '';
 }
 

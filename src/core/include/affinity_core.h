@@ -790,13 +790,12 @@ typedef struct {
  * called); polled takes only the answer to the ask that waits, and
  * returns 1 if it took it; an ask that gets no answer to take (failed,
  * junk) is given up with unanswered, so that the next need not wait for
- * answer_within to pass.  Routing
- * then counts the peer as max(in-flight here, engine's running + waiting
- * + the requests that started less those that ended since it was asked,
- * here and, as the others said, elsewhere), while the figure is younger
- * than the balance's engine_ttl.  A KV cache size it
- * reported is kept until it reports another: with no prefix_capacity, the
- * prefix index models the peer's cache with it.
+ * answer_within to pass.  Routing then counts the peer as max(in-flight
+ * here, engine's running + waiting + the requests that started less those
+ * that ended since it was asked, here and, as the others said,
+ * elsewhere), while the figure is younger than the balance's engine_ttl.
+ * A KV cache size it reported is kept until it reports another: with no
+ * prefix_capacity, the prefix index models the peer's cache with it.
  */
 AFFINITY_API int affinity_zone_peer_awaits(const affinity_zone_t *zone,
     uint32_t slot, uint64_t ms, uint64_t answer_within) AFFINITY_NOEXCEPT;
