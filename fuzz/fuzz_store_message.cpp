@@ -2,17 +2,23 @@
 // (affinity_store_decode), which any client of the store can write, and
 // applying it to this instance's zones.
 //
-// The input is the message, copied into a heap block of its exact size so
-// that AddressSanitizer reports any read past it.  Checked:
+// The input is decoded twice, each time from a heap block of its exact
+// size so that AddressSanitizer reports any read past it: as it is (a
+// forger's entry: nothing is read past a wrong authenticator), and sealed
+// with the instances' key (affinity_store_seal), as if an instance had
+// written it, so that every layout reaches the parser.  Checked:
 //
-//   - a message decoded is written back (affinity_store_encode) byte for
-//     byte: the decoder accepts nothing the encoder would not write;
-//   - its key lies inside the input, its levels fit the caller's array;
+//   - only a sealed input decodes; a message decoded is written back
+//     (affinity_store_encode) byte for byte: the decoder accepts nothing
+//     the encoder would not write;
+//   - its digest lies inside the input, its levels fit the caller's array;
 //   - applying it to a sessions, a prefixes and a responses zone (as the
 //     module does) keeps their counts consistent: entries never exceed the
-//     capacity; a request sent elsewhere or ended there, and characters
-//     filled into a peer's modelled cache, are taken for any peer id and
-//     count (a slot claimed in the prefixes zone, or none left).
+//     capacity; a pin or response id read twice changes nothing the
+//     second time; a request sent elsewhere or ended there, and
+//     characters filled into a peer's modelled cache, are taken for any
+//     peer id and count (a slot claimed in the prefixes zone, or none
+//     left).
 
 #include <algorithm>
 #include <cstddef>
@@ -60,10 +66,11 @@ constexpr uint64_t kAnswerWithin = 1000;
 void apply_request_news(affinity_zone_t *zone,
                         const affinity_store_message_t &m)
 {
-    uint64_t at = uint64_t(m.time) * 1000 + m.msec;
+    uint64_t at = m.ms;
+    uint32_t now = uint32_t(m.ms / 1000);
     uint64_t asked_ms = std::max<uint64_t>(at + m.peer % 3, 2) - 1;
     bool while_answering = (m.peer >> 8) & 1;
-    uint32_t slot = affinity_zone_peer_slot(zone, m.peer, m.time);
+    uint32_t slot = affinity_zone_peer_slot(zone, m.peer, now);
 
     if (slot == AFFINITY_NO_SLOT) {
         return;
@@ -77,7 +84,7 @@ void apply_request_news(affinity_zone_t *zone,
                                    &asked) == 1);
 
     if (!while_answering) {
-        affinity_zone_peer_polled(zone, slot, &load, m.time | 1, &asked);
+        affinity_zone_peer_polled(zone, slot, &load, now | 1, &asked);
     }
 
     if (m.kind == AFFINITY_STORE_SENT) {
@@ -87,7 +94,7 @@ void apply_request_news(affinity_zone_t *zone,
     }
 
     if (while_answering) {
-        affinity_zone_peer_polled(zone, slot, &load, m.time | 1, &asked);
+        affinity_zone_peer_polled(zone, slot, &load, now | 1, &asked);
     }
 
     affinity_peer_stats_t stats;
@@ -95,6 +102,74 @@ void apply_request_news(affinity_zone_t *zone,
     int64_t moved = at >= asked_ms ? (m.kind == AFFINITY_STORE_SENT ? 1 : -1)
                                    : 0;
     CHECK(stats.engine_elsewhere == moved);
+}
+
+const char kStream[] = "nginx:affinity:fuzz";
+const char kSecret[] = "the fuzzer's secret, sixteen bytes or more";
+
+affinity_store_keys_t *keys;
+
+// A learned message applied twice: the second time, nothing changes.
+void apply(const affinity_store_message_t &m)
+{
+    uint32_t now = uint32_t(m.ms / 1000);
+    uint64_t hash;
+
+    switch (m.kind) {
+    case AFFINITY_STORE_PIN:
+        hash = affinity_zone_key_hash(zones.zone[0], m.digest,
+                                      AFFINITY_STORE_DIGEST);
+        affinity_sessions_learn(zones.zone[0], hash, m.peer, m.ms, now,
+                                3600);
+        CHECK(affinity_sessions_learn(zones.zone[0], hash, m.peer, m.ms,
+                                      now, 3600)
+              != AFFINITY_LEARNED);
+        check_zone(zones.zone[0]);
+        break;
+    case AFFINITY_STORE_LEVELS:
+        // With a cache capacity: the holder's clock is looked up.
+        affinity_prefixes_record(zones.zone[1], m.levels, m.nlevels, m.peer,
+                                 now, 600, 100000);
+        check_zone(zones.zone[1]);
+        break;
+    case AFFINITY_STORE_RESPONSE:
+        hash = affinity_zone_key_hash(zones.zone[2], m.digest,
+                                      AFFINITY_STORE_DIGEST);
+        if (affinity_responses_learn(zones.zone[2], hash, m.peer, m.ms, now,
+                                     3600)
+            == AFFINITY_LEARNED)
+        {
+            CHECK(affinity_responses_owner(zones.zone[2], hash, now, 3600)
+                  == m.peer);
+        }
+        check_zone(zones.zone[2]);
+        break;
+    case AFFINITY_STORE_SENT:
+    case AFFINITY_STORE_DONE:
+        apply_request_news(zones.zone[0], m);
+        break;
+    case AFFINITY_STORE_FILLED:
+        affinity_prefixes_filled(zones.zone[1], m.peer, m.chars, now, 100000);
+        check_zone(zones.zone[1]);
+        break;
+    default:
+        CHECK(false);
+    }
+}
+
+// Decodes size bytes of a heap copy; the message, if it is one.
+bool decode(const uint8_t *data, size_t size, uint8_t *copy,
+            affinity_store_message_t &m, uint64_t *levels)
+{
+    if (size) {
+        std::memcpy(copy, data, size);
+    }
+
+    int rc = affinity_store_decode(keys, kStream, sizeof(kStream) - 1, copy,
+                                   size, &m, levels, AFFINITY_MAX_LEVELS);
+    CHECK(rc == AFFINITY_STORE_OK || rc == AFFINITY_STORE_MALFORMED
+          || rc == AFFINITY_STORE_FORGED);
+    return rc == AFFINITY_STORE_OK;
 }
 
 }  // namespace
@@ -111,81 +186,54 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
                                    kinds[i], 4, &zones.zone[i], nullptr, 0)
               == AFFINITY_ATTACH_CREATED);
     }
+    keys = affinity_store_keys_create(kSecret, sizeof(kSecret) - 1);
+    CHECK(keys != nullptr);
     return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    uint8_t *copy = static_cast<uint8_t *>(std::malloc(size ? size : 1));
-    CHECK(copy != nullptr);
-    if (size) {
-        std::memcpy(copy, data, size);
-    }
-
     uint64_t levels[AFFINITY_MAX_LEVELS];
     affinity_store_message_t m;
 
-    if (affinity_store_decode(copy, size, &m, levels, AFFINITY_MAX_LEVELS)
-        == 0)
-    {
+    // As written to the store by someone without the secret.
+    std::vector<uint8_t> raw(size ? size : 1);
+    (void) decode(data, size, raw.data(), m, levels);
+
+    // Sealed with it: every layout reaches the parser.
+    std::vector<uint8_t> sealed(size + AFFINITY_STORE_MAC);
+    if (size) {
+        std::memcpy(sealed.data(), data, size);
+    }
+    size_t len = affinity_store_seal(keys, kStream, sizeof(kStream) - 1,
+                                     sealed.data(), size, sealed.size());
+    CHECK(len == size + AFFINITY_STORE_MAC);
+
+    uint8_t *copy = static_cast<uint8_t *>(std::malloc(len));
+    CHECK(copy != nullptr);
+
+    if (decode(sealed.data(), len, copy, m, levels)) {
         CHECK(m.peer != 0);
 
         if (m.kind == AFFINITY_STORE_LEVELS) {
             CHECK(m.levels == levels);
             CHECK(m.nlevels >= 1 && m.nlevels <= AFFINITY_MAX_LEVELS);
-        } else if (m.kind == AFFINITY_STORE_SENT
-                   || m.kind == AFFINITY_STORE_DONE)
+        } else if (m.kind == AFFINITY_STORE_PIN
+                   || m.kind == AFFINITY_STORE_RESPONSE)
         {
-            CHECK(m.key == nullptr && m.key_len == 0 && m.nlevels == 0);
-            CHECK(m.msec < 1000 && size == 26);
-        } else if (m.kind == AFFINITY_STORE_FILLED) {
-            CHECK(m.key == nullptr && m.nlevels == 0 && m.chars != 0);
-            CHECK(size == 28);
+            CHECK(m.digest >= copy);
+            CHECK(m.digest + AFFINITY_STORE_DIGEST <= copy + len);
         } else {
-            CHECK(m.key >= reinterpret_cast<const char *>(copy));
-            CHECK(m.key + m.key_len
-                  <= reinterpret_cast<const char *>(copy) + size);
-            CHECK(m.key_len >= 1 && m.key_len <= AFFINITY_STORE_KEY_MAX);
+            CHECK(m.digest == nullptr && m.nlevels == 0);
         }
 
         std::vector<uint8_t> again(AFFINITY_STORE_MESSAGE_MAX + 1024);
-        size_t n = affinity_store_encode(&m, again.data(), again.size());
-        CHECK(n == size);
-        CHECK(std::memcmp(again.data(), copy, size) == 0);
+        size_t n = affinity_store_encode(keys, kStream, sizeof(kStream) - 1,
+                                         &m, again.data(), again.size());
+        CHECK(n == len);
+        CHECK(std::memcmp(again.data(), copy, len) == 0);
 
-        uint32_t now = m.time % 100000;
-
-        switch (m.kind) {
-        case AFFINITY_STORE_PIN:
-            affinity_sessions_pin(zones.zone[0],
-                affinity_zone_key_hash(zones.zone[0], m.key, m.key_len),
-                m.peer, now, 3600);
-            check_zone(zones.zone[0]);
-            break;
-        case AFFINITY_STORE_LEVELS:
-            // With a cache capacity: the holder's clock is looked up.
-            affinity_prefixes_record(zones.zone[1], m.levels, m.nlevels,
-                                     m.peer, now, 600, 100000);
-            check_zone(zones.zone[1]);
-            break;
-        case AFFINITY_STORE_RESPONSE:
-            affinity_responses_learn(zones.zone[2],
-                affinity_zone_key_hash(zones.zone[2], m.key, m.key_len),
-                m.peer, now, 3600);
-            check_zone(zones.zone[2]);
-            break;
-        case AFFINITY_STORE_SENT:
-        case AFFINITY_STORE_DONE:
-            apply_request_news(zones.zone[0], m);
-            break;
-        case AFFINITY_STORE_FILLED:
-            affinity_prefixes_filled(zones.zone[1], m.peer, m.chars, now,
-                                     100000);
-            check_zone(zones.zone[1]);
-            break;
-        default:
-            CHECK(false);
-        }
+        apply(m);
     }
 
     std::free(copy);

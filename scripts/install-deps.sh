@@ -19,7 +19,6 @@ PACKAGES="
     libbenchmark-dev
     libclang-rt-dev
     libgtest-dev
-    libhiredis-dev
     libjansson-dev
     libpcre2-dev
     libsimdjson-dev
@@ -28,6 +27,7 @@ PACKAGES="
     lintian
     nginx
     nginx-dev
+    openssl
     perl
     python3
     python3-matplotlib

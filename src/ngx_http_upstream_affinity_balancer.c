@@ -182,9 +182,10 @@ ngx_http_upstream_init_affinity_peer(ngx_http_request_t *r,
     if (ctx->keyed) {
         ap->request.has_key = ctx->generated ? AFFINITY_KEY_GENERATED
                                              : AFFINITY_KEY_CLIENT;
-        ap->request.key_hash = affinity_zone_key_hash(ap->shctx->zone,
-                                                      ctx->key.data,
-                                                      ctx->key.len);
+        ap->request.key_hash = ngx_http_upstream_affinity_key_hash(ascf,
+                                                  ap->shctx->zone,
+                                                  AFFINITY_STORE_PIN,
+                                                  ctx->key.data, ctx->key.len);
         ap->request.ring_hash = affinity_ring_hash(ctx->key.data,
                                                    ctx->key.len);
     }
@@ -588,6 +589,7 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
 {
     ngx_uint_t                         i;
     uint64_t                           watched;
+    uint8_t                            digest[AFFINITY_STORE_DIGEST];
     uint64_t                           hashes[AFFINITY_MAX_LEVELS];
     affinity_store_message_t           m;
     ngx_http_upstream_affinity_ctx_t  *ctx;
@@ -634,9 +636,11 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
         && ap->conf->session_zone
         && decision->route != AFFINITY_ROUTE_SESSION_HIT)
     {
+        ngx_http_upstream_affinity_store_digest(ap->conf, AFFINITY_STORE_PIN,
+                                                ctx->key.data, ctx->key.len,
+                                                digest);
         m.kind = AFFINITY_STORE_PIN;
-        m.key = (char *) ctx->key.data;
-        m.key_len = ctx->key.len;
+        m.digest = digest;
         ngx_http_upstream_affinity_store_publish(ap->conf, &m);
     }
 
@@ -646,8 +650,7 @@ ngx_http_upstream_affinity_share(ngx_http_upstream_affinity_peer_data_t *ap,
         }
 
         m.kind = AFFINITY_STORE_LEVELS;
-        m.key = NULL;
-        m.key_len = 0;
+        m.digest = NULL;
         m.levels = hashes;
         m.nlevels = i;
         ngx_http_upstream_affinity_store_publish(ap->conf, &m);

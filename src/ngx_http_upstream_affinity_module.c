@@ -982,11 +982,9 @@ ngx_http_upstream_affinity_response(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 /*
- * affinity_store ADDRESS[:PORT] | unix:PATH [stream=KEY] [maxlen=NUMBER]
- *     [backlog=NUMBER]: the Redis (or Valkey) server through which the
- * nginx instances in front of the same servers share what they learn.
- * The address must be an IP address: a name would be resolved by blocking
- * the worker, each time it connects.
+ * affinity_store ...: the Redis (or Valkey) server through which the
+ * nginx instances in front of the same servers share what they learn
+ * (ngx_http_upstream_affinity_store_conf.c).
  */
 
 static char *
@@ -995,17 +993,18 @@ ngx_http_upstream_affinity_store(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_upstream_affinity_srv_conf_t  *ascf = conf;
 
-    u_char                                   *p, *colon;
-    ngx_int_t                                 n;
-    ngx_str_t                                *value, s, host;
-    ngx_uint_t                                i;
-    ngx_http_upstream_srv_conf_t             *uscf;
-    ngx_http_upstream_affinity_store_conf_t  *scf;
-
     static ngx_str_t  once[] = {
         ngx_string("stream="),
         ngx_string("maxlen="),
         ngx_string("backlog="),
+        ngx_string("timeout="),
+        ngx_string("auth="),
+        ngx_string("secret="),
+        ngx_string("tls"),
+        ngx_string("tls_name="),
+        ngx_string("tls_ca="),
+        ngx_string("tls_cert="),
+        ngx_string("tls_key="),
         ngx_null_string
     };
 
@@ -1017,164 +1016,14 @@ ngx_http_upstream_affinity_store(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    scf = ngx_pcalloc(cf->pool,
-                      sizeof(ngx_http_upstream_affinity_store_conf_t));
-    if (scf == NULL) {
+    if (ngx_http_upstream_affinity_store_conf(cf, ascf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
-
-    value = cf->args->elts;
-
-    /* the address */
-
-    if (ngx_strncmp(value[1].data, "unix:", 5) == 0) {
-        if (value[1].len == 5) {
-            goto invalid;
-        }
-
-        scf->unix_path.data = value[1].data + 5;
-        scf->unix_path.len = value[1].len - 5;
-
-    } else {
-        colon = ngx_strlchr(value[1].data, value[1].data + value[1].len, ':');
-
-        host.data = value[1].data;
-        host.len = colon ? (size_t) (colon - value[1].data) : value[1].len;
-        scf->port = 6379;
-
-        if (colon) {
-            n = ngx_atoi(colon + 1, value[1].data + value[1].len - colon - 1);
-
-            if (n < 1 || n > 65535) {
-                goto invalid;
-            }
-
-            scf->port = n;
-        }
-
-        if (host.len == 9 && ngx_strncmp(host.data, "localhost", 9) == 0) {
-            ngx_str_set(&host, "127.0.0.1");
-        }
-
-        if (ngx_inet_addr(host.data, host.len) == INADDR_NONE) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "\"affinity_store\" needs an IPv4 address "
-                               "or unix:PATH, not \"%V\"", &value[1]);
-            return NGX_CONF_ERROR;
-        }
-
-        scf->host.data = ngx_pnalloc(cf->pool, host.len + 1);
-        if (scf->host.data == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        (void) ngx_cpystrn(scf->host.data, host.data, host.len + 1);
-        scf->host.len = host.len;
-    }
-
-    scf->maxlen = 100000;
-    scf->backlog = 4096;
-    ngx_str_null(&s);
-
-    for (i = 2; i < cf->args->nelts; i++) {
-
-        if (ngx_strncmp(value[i].data, "stream=", 7) == 0) {
-            s.data = value[i].data + 7;
-            s.len = value[i].len - 7;
-
-            if (s.len == 0) {
-                goto invalid_parameter;
-            }
-
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "maxlen=", 7) == 0) {
-            n = ngx_atoi(value[i].data + 7, value[i].len - 7);
-
-            if (n < 1000) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\", it must be a number of "
-                                   "1000 or more", &value[i]);
-                return NGX_CONF_ERROR;
-            }
-
-            scf->maxlen = n;
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "backlog=", 8) == 0) {
-            n = ngx_atoi(value[i].data + 8, value[i].len - 8);
-
-            if (n < 1 || n > 1000000) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\", it must be a number "
-                                   "from 1 to 1000000", &value[i]);
-                return NGX_CONF_ERROR;
-            }
-
-            scf->backlog = n;
-            continue;
-        }
-
-        goto invalid_parameter;
-    }
-
-    /* the stream, by default named after the upstream */
-
-    if (s.data == NULL) {
-        uscf = ngx_http_conf_get_module_srv_conf(cf,
-                                                 ngx_http_upstream_module);
-
-        s.len = sizeof("nginx:affinity:") - 1 + uscf->host.len;
-        s.data = ngx_pnalloc(cf->pool, s.len + 1);
-        if (s.data == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        p = ngx_sprintf(s.data, "nginx:affinity:%V", &uscf->host);
-        *p = '\0';
-
-    } else {
-        p = ngx_pnalloc(cf->pool, s.len + 1);
-        if (p == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        (void) ngx_cpystrn(p, s.data, s.len + 1);
-        s.data = p;
-    }
-
-    scf->stream = s;
-
-    if (scf->unix_path.len) {
-        p = ngx_pnalloc(cf->pool, scf->unix_path.len + 1);
-        if (p == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        (void) ngx_cpystrn(p, scf->unix_path.data, scf->unix_path.len + 1);
-        scf->unix_path.data = p;
-    }
-
-    ascf->store_conf = scf;
 
     /* alone, it would do nothing: the balancer then says what it needs */
 
     return ngx_http_upstream_affinity_set_method(cf, ascf) == NGX_OK
            ? NGX_CONF_OK : NGX_CONF_ERROR;
-
-invalid:
-
-    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "invalid address \"%V\"", &value[1]);
-    return NGX_CONF_ERROR;
-
-invalid_parameter:
-
-    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "invalid parameter \"%V\"", &value[i]);
-    return NGX_CONF_ERROR;
 }
 
 

@@ -14,6 +14,8 @@
 
 #include <ngx_config.h>
 #include <ngx_core.h>
+#include <ngx_event.h>
+#include <ngx_event_connect.h>
 #include <ngx_http.h>
 
 #include <affinity_core.h>
@@ -54,6 +56,38 @@ typedef struct {
 /* the streams whose reading a zone's head records */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STREAMS  4
 
+/*
+ * What the store of an upstream did, counted by all the workers of the
+ * instance (ngx_http_upstream_affinity_store.c), for the status.
+ */
+typedef struct {
+    ngx_atomic_t                            published;  /* taken by it */
+    ngx_atomic_t                            dropped;    /* never sent:
+                                                           backlog full */
+    ngx_atomic_t                            refused;    /* writes it
+                                                           refused */
+    ngx_atomic_t                            outages;    /* connections lost
+                                                           or refused */
+    ngx_atomic_t                            read;       /* entries read */
+    ngx_atomic_t                            applied;    /* others' news and
+                                                           lessons taken */
+    ngx_atomic_t                            forged;     /* authenticator
+                                                           wrong */
+    ngx_atomic_t                            malformed;
+    ngx_atomic_t                            stale;      /* older than what
+                                                           the zone holds,
+                                                           or expired */
+    ngx_atomic_t                            future;     /* stamped ahead of
+                                                           this clock */
+    ngx_atomic_t                            unknown;    /* naming a server
+                                                           this instance
+                                                           does not have */
+    ngx_atomic_t                            limited;    /* news beyond a
+                                                           sender's rate */
+    ngx_atomic_t                            rewound;    /* the stream's ids
+                                                           went back */
+} ngx_http_upstream_affinity_store_counters_t;
+
 /* how far the instance's reader read a stream (affinity_store) */
 typedef struct {
     uint32_t                                stream; /* its name's crc32;
@@ -61,6 +95,7 @@ typedef struct {
     ngx_atomic_t                            reading; /* its pid, 0: none */
     uint64_t                                ms;     /* last entry's id, */
     uint64_t                                seq;    /* "ms-seq" */
+    ngx_http_upstream_affinity_store_counters_t  counters;
 } ngx_http_upstream_affinity_stream_read_t;
 
 /*
@@ -114,6 +149,7 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TRUNCATED,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ID,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_NO_EVENT,
+    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TAKEN,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_USAGE_NONE,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST
 } ngx_http_upstream_affinity_warning_e;
@@ -159,18 +195,62 @@ typedef struct {
 
 /* affinity_store: where the instances share what they learn */
 typedef struct {
-    ngx_str_t                               host;   /* NUL-terminated */
-    ngx_uint_t                              port;
-    ngx_str_t                               unix_path;  /* NUL-terminated */
+    ngx_addr_t                              addr;
     ngx_str_t                               stream; /* NUL-terminated */
     ngx_uint_t                              maxlen;
     ngx_uint_t                              backlog;
+    ngx_msec_t                              timeout;
+    ngx_msec_t                              connect_timeout;
+    ngx_str_t                               auth_user;  /* auth=FILE */
+    ngx_str_t                               auth_pass;
+    affinity_store_keys_t                  *keys;   /* of secret=FILE */
+    unsigned                                secret:1;
+#if (NGX_SSL)
+    ngx_ssl_t                              *ssl;    /* tls */
+    ngx_str_t                               tls_name;   /* NUL-terminated */
+#endif
 } ngx_http_upstream_affinity_store_conf_t;
 
 typedef struct ngx_http_upstream_affinity_store_s
     ngx_http_upstream_affinity_store_t;
 typedef struct ngx_http_upstream_affinity_announcement_s
     ngx_http_upstream_affinity_announcement_t;
+
+
+/* a connection to the store (ngx_http_upstream_affinity_link.c) */
+typedef struct ngx_http_upstream_affinity_link_s
+    ngx_http_upstream_affinity_link_t;
+
+typedef void (*ngx_http_upstream_affinity_link_ready_pt)(
+    ngx_http_upstream_affinity_link_t *link);
+typedef void (*ngx_http_upstream_affinity_link_reply_pt)(
+    ngx_http_upstream_affinity_link_t *link, affinity_store_reply_t *reply);
+typedef void (*ngx_http_upstream_affinity_link_lost_pt)(
+    ngx_http_upstream_affinity_link_t *link, const char *why);
+
+struct ngx_http_upstream_affinity_link_s {
+    ngx_peer_connection_t                   pc;
+    ngx_http_upstream_affinity_store_conf_t *conf;
+    affinity_store_link_t                  *proto;
+    ngx_buf_t                              *out;
+    u_char                                 *in;
+    ngx_log_t                              *log;
+    ngx_msec_t                              wait;   /* for each reply */
+
+    /* the owner's: the greeting answered; a reply (no root: none came,
+       the connection went); the connection failed, and why */
+    ngx_http_upstream_affinity_link_ready_pt    ready_handler;
+    ngx_http_upstream_affinity_link_reply_pt    reply;
+    ngx_http_upstream_affinity_link_lost_pt     lost;
+    void                                   *data;
+
+    /* what the store (or TLS) said of the failure, for the log */
+    ngx_str_t                               detail;
+    u_char                                  detail_buf[128];
+
+    unsigned                                connected:1;
+    unsigned                                ready:1;
+};
 
 
 /* affinity_metrics: the engines' own load */
@@ -352,6 +432,28 @@ ngx_int_t ngx_http_upstream_affinity_init_usage_filter(ngx_conf_t *cf);
 /* ngx_http_upstream_affinity_metrics.c: the engines' own load */
 void ngx_http_upstream_affinity_metrics_init(ngx_cycle_t *cycle);
 
+/* ngx_http_upstream_affinity_store_conf.c: the affinity_store directive */
+char *ngx_http_upstream_affinity_store_conf(ngx_conf_t *cf,
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
+
+/* ngx_http_upstream_affinity_link.c: a connection to the store */
+ngx_int_t ngx_http_upstream_affinity_link_init(
+    ngx_http_upstream_affinity_link_t *link,
+    ngx_http_upstream_affinity_store_conf_t *scf,
+    affinity_resp_limits_t *limits, size_t out, ngx_pool_t *pool,
+    ngx_log_t *log);
+void ngx_http_upstream_affinity_link_open(
+    ngx_http_upstream_affinity_link_t *link);
+ngx_int_t ngx_http_upstream_affinity_link_send(
+    ngx_http_upstream_affinity_link_t *link, size_t argc,
+    const char *const *argv, const size_t *lens, uint32_t tag, uint64_t arg);
+size_t ngx_http_upstream_affinity_link_room(
+    ngx_http_upstream_affinity_link_t *link);
+void ngx_http_upstream_affinity_link_close(
+    ngx_http_upstream_affinity_link_t *link);
+void ngx_http_upstream_affinity_link_detail(
+    ngx_http_upstream_affinity_link_t *link, u_char *text, size_t len);
+
 /* ngx_http_upstream_affinity_store.c: several instances, one routing */
 void ngx_http_upstream_affinity_store_init(ngx_cycle_t *cycle);
 void ngx_http_upstream_affinity_store_exit(ngx_cycle_t *cycle);
@@ -365,6 +467,15 @@ ngx_http_upstream_affinity_announcement_t *
 void ngx_http_upstream_affinity_store_ended(
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_announcement_t *announcement);
+ngx_http_upstream_affinity_store_counters_t *
+    ngx_http_upstream_affinity_store_counters(
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
+void ngx_http_upstream_affinity_store_digest(
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint32_t kind,
+    u_char *id, size_t len, uint8_t *digest);
+uint64_t ngx_http_upstream_affinity_key_hash(
+    ngx_http_upstream_affinity_srv_conf_t *ascf, affinity_zone_t *zone,
+    uint32_t kind, u_char *id, size_t len);
 
 /* ngx_http_upstream_affinity_status.c: affinity_status */
 char *ngx_http_upstream_affinity_status(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -138,7 +138,9 @@ ngx_http_upstream_affinity_continued(ngx_http_request_t *r,
 
     shctx = ascf->response_zone->data;
 
-    hash = affinity_zone_key_hash(shctx->zone, id.data, id.len);
+    hash = ngx_http_upstream_affinity_key_hash(ascf, shctx->zone,
+                                               AFFINITY_STORE_RESPONSE,
+                                               id.data, id.len);
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
     ctx->owner = affinity_responses_owner(shctx->zone, hash,
@@ -468,7 +470,9 @@ static void
 ngx_http_upstream_affinity_learn(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx)
 {
+    int                                     rc;
     size_t                                  len;
+    uint8_t                                 digest[AFFINITY_STORE_DIGEST];
     uint64_t                                hash, peer;
     ngx_str_t                              *name;
     const char                             *id;
@@ -492,19 +496,34 @@ ngx_http_upstream_affinity_learn(ngx_http_request_t *r,
     ascf = ctx->conf;
     shctx = ascf->response_zone->data;
     peer = affinity_peer_id((char *) name->data, name->len);
-    hash = affinity_zone_key_hash(shctx->zone, id, len);
+    hash = ngx_http_upstream_affinity_key_hash(ascf, shctx->zone,
+                                               AFFINITY_STORE_RESPONSE,
+                                               (u_char *) id, len);
+
+    /* the first server to produce an id keeps it while it lives */
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
-    affinity_responses_learn(shctx->zone, hash, peer, (uint32_t) ngx_time(),
-                             (uint32_t) ascf->response_timeout);
+    rc = affinity_responses_learn(shctx->zone, hash, peer,
+                                  ngx_http_upstream_affinity_wall_msec(),
+                                  (uint32_t) ngx_time(),
+                                  (uint32_t) ascf->response_timeout);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    if (rc == AFFINITY_LEARNED_TAKEN) {
+        ngx_http_upstream_affinity_warn(r,
+            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TAKEN,
+            "affinity: a reply of %V reused the id of a response another "
+            "server stores; it is not learned", name);
+        return;
+    }
 
     if (ascf->store) {
         ngx_memzero(&m, sizeof(affinity_store_message_t));
+        ngx_http_upstream_affinity_store_digest(ascf, AFFINITY_STORE_RESPONSE,
+                                                (u_char *) id, len, digest);
         m.kind = AFFINITY_STORE_RESPONSE;
         m.peer = peer;
-        m.key = id;
-        m.key_len = len;
+        m.digest = digest;
         ngx_http_upstream_affinity_store_publish(ascf, &m);
     }
 

@@ -84,6 +84,56 @@ typedef struct {
 } ngx_http_upstream_affinity_text_t;
 
 
+/* the store's counters, in both formats: name, offset, help */
+typedef struct {
+    const char                             *name;
+    size_t                                  offset;
+    const char                             *help;
+} ngx_http_upstream_affinity_store_event_t;
+
+#define ngx_http_upstream_affinity_store_event(name, help)                    \
+    { #name, offsetof(ngx_http_upstream_affinity_store_counters_t, name),     \
+      help }
+
+static ngx_http_upstream_affinity_store_event_t
+    ngx_http_upstream_affinity_store_events[] =
+{
+    ngx_http_upstream_affinity_store_event(published,
+        "messages the store took"),
+    ngx_http_upstream_affinity_store_event(dropped,
+        "messages never sent: the backlog was full"),
+    ngx_http_upstream_affinity_store_event(refused,
+        "writes the store refused"),
+    ngx_http_upstream_affinity_store_event(outages,
+        "connections lost, timed out or refused"),
+    ngx_http_upstream_affinity_store_event(read,
+        "entries read from the stream"),
+    ngx_http_upstream_affinity_store_event(applied,
+        "messages of other instances applied"),
+    ngx_http_upstream_affinity_store_event(forged,
+        "entries whose authenticator is wrong"),
+    ngx_http_upstream_affinity_store_event(malformed,
+        "entries that are not messages"),
+    ngx_http_upstream_affinity_store_event(stale,
+        "messages older than what the zones hold, or read again"),
+    ngx_http_upstream_affinity_store_event(future,
+        "messages stamped ahead of this clock"),
+    ngx_http_upstream_affinity_store_event(unknown,
+        "messages naming a server this instance does not have"),
+    ngx_http_upstream_affinity_store_event(limited,
+        "news beyond a sender's rate"),
+    ngx_http_upstream_affinity_store_event(rewound,
+        "times the stream's ids went back")
+};
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_EVENTS                               \
+    (sizeof(ngx_http_upstream_affinity_store_events)                          \
+     / sizeof(ngx_http_upstream_affinity_store_events[0]))
+
+#define ngx_http_upstream_affinity_store_value(counters, event)               \
+    (*(ngx_atomic_t *) ((u_char *) (counters) + (event)->offset))
+
+
 static ngx_int_t ngx_http_upstream_affinity_status_handler(
     ngx_http_request_t *r);
 static ngx_int_t ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
@@ -93,6 +143,8 @@ static void ngx_http_upstream_affinity_zone_info(ngx_shm_zone_t *shm_zone,
 static ngx_int_t ngx_http_upstream_affinity_json(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out);
 static json_t *ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone);
+static json_t *ngx_http_upstream_affinity_json_store(
+    ngx_http_upstream_affinity_srv_conf_t *ascf);
 static ngx_int_t ngx_http_upstream_affinity_join(ngx_pool_t *pool,
     ngx_str_t *list, ngx_str_t *name);
 static ngx_int_t ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
@@ -391,6 +443,13 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
             goto failed;
         }
 
+        if (us[i].conf->store_conf
+            && json_object_set_new(u, "store",
+                   ngx_http_upstream_affinity_json_store(us[i].conf)))
+        {
+            goto failed;
+        }
+
         if (us[i].conf->session_zone
             && json_object_set_new(zones, "sessions",
                    ngx_http_upstream_affinity_json_zone(
@@ -555,7 +614,7 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
 
     ngx_http_upstream_affinity_zone_info(shm_zone, &info);
 
-    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+    return json_pack("{s:s%,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
                      "s:{s:I,s:I,s:I,s:I,s:I}}",
                      "name", (char *) shm_zone->shm.name.data,
                      shm_zone->shm.name.len,
@@ -570,6 +629,7 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
                      (json_int_t) info.peer_slots_reclaimed,
                      "peer_slots_missing",
                      (json_int_t) info.peer_slots_missing,
+                     "conflicts", (json_int_t) info.conflicts,
                      "workers",
                      "rows", (json_int_t) info.rows,
                      "rows_used", (json_int_t) info.rows_used,
@@ -577,6 +637,44 @@ ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone)
                      "reaped", (json_int_t) info.rows_reaped,
                      "inflight_recovered",
                      (json_int_t) info.inflight_recovered);
+}
+
+
+/* the store's counters of an upstream, summed over the instance's workers */
+
+static json_t *
+ngx_http_upstream_affinity_json_store(
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    json_t                                       *o;
+    ngx_uint_t                                    k;
+    ngx_http_upstream_affinity_store_event_t     *e;
+    ngx_http_upstream_affinity_store_counters_t  *c;
+
+    c = ngx_http_upstream_affinity_store_counters(ascf);
+    o = json_object();
+
+    if (o == NULL || c == NULL
+        || json_object_set_new(o, "secret",
+                               json_boolean(ascf->store_conf->secret)))
+    {
+        json_decref(o);
+        return NULL;
+    }
+
+    for (k = 0; k < NGX_HTTP_UPSTREAM_AFFINITY_STORE_EVENTS; k++) {
+        e = &ngx_http_upstream_affinity_store_events[k];
+
+        if (json_object_set_new(o, e->name,
+                json_integer((json_int_t)
+                             ngx_http_upstream_affinity_store_value(c, e))))
+        {
+            json_decref(o);
+            return NULL;
+        }
+    }
+
+    return o;
 }
 
 
@@ -642,7 +740,8 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_USED,
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_ROWS_MISSING,
     NGX_HTTP_UPSTREAM_AFFINITY_ZONE_REAPED,
-    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED,
+    NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CONFLICTS
 } ngx_http_upstream_affinity_zone_value_e;
 
 
@@ -686,7 +785,10 @@ static ngx_http_upstream_affinity_metric_t
       NGX_HTTP_UPSTREAM_AFFINITY_ZONE_REAPED },
     { "nginx_upstream_affinity_zone_inflight_recovered_total", "counter",
       "In-flight requests of dead workers given back.",
-      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED }
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED },
+    { "nginx_upstream_affinity_zone_conflicts_total", "counter",
+      "Response ids refused to a server because another one holds them.",
+      NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CONFLICTS }
 };
 
 
@@ -717,8 +819,10 @@ ngx_http_upstream_affinity_zone_value(affinity_zone_info_t *info,
         return info->rows_missing;
     case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_REAPED:
         return info->rows_reaped;
-    default: /* NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED */
+    case NGX_HTTP_UPSTREAM_AFFINITY_ZONE_RECOVERED:
         return info->inflight_recovered;
+    default: /* NGX_HTTP_UPSTREAM_AFFINITY_ZONE_CONFLICTS */
+        return info->conflicts;
     }
 }
 
@@ -758,9 +862,13 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                                       NGX_HTTP_UPSTREAM_AFFINITY_STATUS_ZONES];
     ngx_http_upstream_affinity_peer_status_t      *ps;
     ngx_http_upstream_affinity_upstream_status_t  *us;
+    ngx_http_upstream_affinity_store_event_t      *event;
+    ngx_http_upstream_affinity_store_counters_t   *counters;
+    ngx_uint_t                                     stores;
     affinity_zone_info_t                           info;
 
     ngx_memzero(&t, sizeof(ngx_http_upstream_affinity_text_t));
+    stores = 0;
     t.r = r;
     t.last = &t.out;
 
@@ -933,6 +1041,41 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                     "reason=\"%s\"} %uL\n",
                     us[i].label, ngx_http_upstream_affinity_fallback_names[k],
                     info.fallbacks[k])
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    /* the store's counters, by event, where an upstream has a store */
+
+    for (i = 0; i < upstreams->nelts; i++) {
+        counters = ngx_http_upstream_affinity_store_counters(us[i].conf);
+
+        if (counters == NULL) {
+            continue;
+        }
+
+        if (!stores++
+            && ngx_http_upstream_affinity_printf(&t,
+                "# HELP nginx_upstream_affinity_store_events_total What the "
+                "store of the upstream took, refused and sent, by event "
+                "(affinity_store).\n"
+                "# TYPE nginx_upstream_affinity_store_events_total counter\n")
+               != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        for (k = 0; k < NGX_HTTP_UPSTREAM_AFFINITY_STORE_EVENTS; k++) {
+            event = &ngx_http_upstream_affinity_store_events[k];
+
+            if (ngx_http_upstream_affinity_printf(&t,
+                    "nginx_upstream_affinity_store_events_total{upstream="
+                    "\"%V\",event=\"%s\"} %uA\n",
+                    us[i].label, event->name,
+                    ngx_http_upstream_affinity_store_value(counters, event))
                 != NGX_OK)
             {
                 return NGX_ERROR;

@@ -4,19 +4,24 @@
  * pins, response ids, the peers that served a prompt's levels) is appended
  * to a Redis stream, and every instance reads the stream and applies what
  * the others learned to its own zones.  A request never waits for the
- * store: publishing appends to the connection's output buffer, reading is
- * done by the event loop; when the store is away, each instance routes on
- * its own state, keeps what it learned meanwhile in a bounded backlog, and
- * sends it when the store returns.
+ * store: publishing queues a message, which nginx's event loop writes
+ * after the current event; when the store is away, each instance routes on
+ * its own state, keeps what it learned meanwhile in a bounded backlog,
+ * and sends it when the store takes writes again.
  *
- * The connections use hiredis' asynchronous API on nginx's event loop: a
- * connection of nginx's own wraps the socket hiredis opened, and its read
- * and write handlers call hiredis (level-triggered, since hiredis reads
- * one buffer per call).  Each worker has a connection per upstream that
- * appends (XADD); the first worker has another that waits on the stream
- * (XREAD BLOCK): it applies what the other instances learned to the zones,
- * which all workers share, and reads every worker's announcements back.
- * Redis sends each entry to one reader per instance.
+ * Each worker has a connection per upstream that appends (XADD); the
+ * first worker has another that waits on the stream (XREAD BLOCK): it
+ * applies what the other instances learned to the zones, which all
+ * workers share, and reads every worker's announcements back.  Redis
+ * sends each entry to one reader per instance.
+ *
+ * The store is outside the trust boundary.  Its replies are read by the
+ * core's bounded reader (ngx_http_upstream_affinity_link.c); an entry
+ * counts only if its authenticator, made with the instances' secret,
+ * holds; session keys and response ids cross it as keyed digests; a
+ * message about a server this instance does not have, stamped ahead of
+ * this clock, or older than what the zone holds changes nothing.  Every
+ * such case is counted in the status.
  */
 
 
@@ -25,17 +30,31 @@
 #include <ngx_event.h>
 #include <ngx_http.h>
 
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
-#include <hiredis/sds.h>
-
 #include "ngx_http_upstream_affinity_module.h"
 
 
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_CONNECT   2000    /* ms */
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY     1000    /* ms */
+/* the owner's tags of the commands sent to the store */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_XADD      1
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_XREAD     2
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_TIP       3
+
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY     1000    /* ms, first */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX 30000   /* ms */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK     5000    /* ms */
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     1000    /* per read */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     128     /* per read */
+
+/*
+ * What a connection keeps of one reply: the writer's are ids and errors;
+ * the reader's, ..._STORE_COUNT entries of the largest message with room
+ * to spare.  An entry larger than a message can be is read past.
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_STRING    2048
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_NODES     2048
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BYTES     (384 * 1024)
+
+/* commands awaiting their replies on the writer, and the bytes queued */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PIPELINE  512
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_OUT       (256 * 1024)
 
 /*
  * News of a request (sent, how far it filled a cache, ended) is counted, not
@@ -48,11 +67,15 @@
  * against the asking instance's clock (affinity_zone_peer_sent_elsewhere()),
  * however late it is read: a request's start and end, both read, count
  * both or neither.  How far a prompt filled a cache counts only this old:
- * read after the store was away, it would age the model late.  In whole
- * seconds of the senders' and the readers' clocks: news up to 2 s old is
- * taken.
+ * read after the store was away, it would age the model late.
  */
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     1       /* s */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH     2000    /* ms */
+
+/* how far ahead of this clock another instance's stamps may be */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_SKEW      2000    /* ms */
+
+/* news counted of one other instance in a second, at most */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_NEWS_RATE 20000
 
 /* the worker that reads the stream for its instance */
 #define ngx_http_upstream_affinity_store_reads()  (ngx_worker == 0)
@@ -63,19 +86,23 @@
 
 /*
  * The other instances this worker heard from, each told to the counter
- * zone at most once a second (affinity_zone_instance_seen()).
+ * zone at most once a second (affinity_zone_instance_seen()), and the news
+ * each sent in that second.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD     8
 
-/* output not yet written to the store beyond which messages are dropped */
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING   (8 * 1024 * 1024)
+#define ngx_http_upstream_affinity_store_count(store, name)                   \
+    (void) ngx_atomic_fetch_add(&(store)->counters->name, 1)
 
 
-/* a message kept while the store is away */
+/* a message queued for the store, sent or not */
 typedef struct {
-    size_t                                  len;
+    ngx_http_upstream_affinity_announcement_t  *announcement;  /* SENT */
+    uint64_t                                ms;
+    uint32_t                                kind;
+    uint32_t                                len;
     u_char                                  data[AFFINITY_STORE_MESSAGE_MAX];
-} ngx_http_upstream_affinity_backlog_t;
+} ngx_http_upstream_affinity_queued_t;
 
 
 /*
@@ -97,6 +124,7 @@ struct ngx_http_upstream_affinity_announcement_s {
 typedef struct {
     uint64_t                                instance;
     time_t                                  time;
+    ngx_uint_t                              news;   /* in that second */
 } ngx_http_upstream_affinity_heard_t;
 
 
@@ -104,27 +132,38 @@ typedef struct {
 struct ngx_http_upstream_affinity_store_s {
     ngx_http_upstream_affinity_srv_conf_t  *conf;
     ngx_log_t                              *log;
-    redisAsyncContext                      *writer;
-    redisAsyncContext                      *reader;
-    ngx_event_t                             retry;
-    ngx_event_t                             timeout;
+    ngx_http_upstream_affinity_store_counters_t  *counters;
+
+    ngx_http_upstream_affinity_link_t       writer;
+    ngx_http_upstream_affinity_link_t       reader;
+    ngx_event_t                             write_retry;
+    ngx_event_t                             read_retry;
+    ngx_msec_t                              write_backoff;
+    ngx_msec_t                              read_backoff;
+
     uint64_t                                instance;
     uint32_t                                stream;     /* name's crc32 */
 
     /* the id of the last stream entry read */
-    char                                    last[64];
+    uint64_t                                last_ms;
+    uint64_t                                last_seq;
+    u_char                                  last[48];  /* as text */
 
-    /* messages learned while the store was away: a ring */
-    ngx_http_upstream_affinity_backlog_t   *backlog;
+    /*
+     * The messages not yet taken by the store, oldest first: the first
+     * "sent" await its answer, the others wait to be sent.
+     */
+    ngx_http_upstream_affinity_queued_t    *queue;
     ngx_uint_t                              first;
     ngx_uint_t                              queued;
+    ngx_uint_t                              sent;
+    ngx_uint_t                              dropped;   /* in this outage */
 
     ngx_http_upstream_affinity_heard_t
                               heard[NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD];
 
-    ngx_uint_t                              dropped;
-    unsigned                                up:1;       /* all connected */
-    unsigned                                warned:1;   /* since it left */
+    unsigned                                warned:1;   /* this outage */
+    unsigned                                refusing:1; /* writes refused */
     unsigned                                exiting:1;
 };
 
@@ -135,62 +174,66 @@ static void ngx_http_upstream_affinity_store_open_upstream(
 static void ngx_http_upstream_affinity_store_close_upstream(
     ngx_cycle_t *cycle, ngx_http_upstream_srv_conf_t *uscf,
     ngx_http_upstream_affinity_srv_conf_t *ascf);
-static void ngx_http_upstream_affinity_store_connect(
+static void ngx_http_upstream_affinity_store_outage(
+    ngx_http_upstream_affinity_store_t *store, const char *what,
+    const char *why, ngx_str_t *detail);
+static void ngx_http_upstream_affinity_store_back(
     ngx_http_upstream_affinity_store_t *store);
-static redisAsyncContext *ngx_http_upstream_affinity_store_open(
-    ngx_http_upstream_affinity_store_t *store);
-static void ngx_http_upstream_affinity_store_connected(
-    const redisAsyncContext *ac, int status);
-static void ngx_http_upstream_affinity_store_disconnected(
-    const redisAsyncContext *ac, int status);
-static void ngx_http_upstream_affinity_store_lost(
-    ngx_http_upstream_affinity_store_t *store, const char *why);
 static void ngx_http_upstream_affinity_store_retry(ngx_event_t *ev);
-static void ngx_http_upstream_affinity_store_timeout(ngx_event_t *ev);
+static ngx_msec_t ngx_http_upstream_affinity_store_backoff(
+    ngx_msec_t *backoff);
+static void ngx_http_upstream_affinity_store_writer_ready(
+    ngx_http_upstream_affinity_link_t *link);
+static void ngx_http_upstream_affinity_store_writer_lost(
+    ngx_http_upstream_affinity_link_t *link, const char *why);
+static void ngx_http_upstream_affinity_store_written(
+    ngx_http_upstream_affinity_link_t *link, affinity_store_reply_t *reply);
+static void ngx_http_upstream_affinity_store_reader_ready(
+    ngx_http_upstream_affinity_link_t *link);
+static void ngx_http_upstream_affinity_store_reader_lost(
+    ngx_http_upstream_affinity_link_t *link, const char *why);
+static void ngx_http_upstream_affinity_store_replied(
+    ngx_http_upstream_affinity_link_t *link, affinity_store_reply_t *reply);
+static ngx_http_upstream_affinity_queued_t *
+    ngx_http_upstream_affinity_store_enqueue(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_flush(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_rewind(
+    ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_unanswered(
+    ngx_http_upstream_affinity_store_t *store,
+    ngx_http_upstream_affinity_announcement_t *a);
 static size_t ngx_http_upstream_affinity_store_encode(
     ngx_http_upstream_affinity_store_t *store,
     affinity_store_message_t *message, u_char *buf);
-static ngx_int_t ngx_http_upstream_affinity_store_send(
-    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    uintptr_t ticket, uint32_t number, redisCallbackFn *callback,
-    void *privdata);
-static void ngx_http_upstream_affinity_store_flush(
+static void ngx_http_upstream_affinity_store_tip(
     ngx_http_upstream_affinity_store_t *store);
-static void ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac,
-    void *reply, void *data);
-static void ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac,
-    void *reply, void *data);
 static void ngx_http_upstream_affinity_store_read(
     ngx_http_upstream_affinity_store_t *store);
-static void ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac,
-    void *reply, void *data);
+static void ngx_http_upstream_affinity_store_tipped(
+    ngx_http_upstream_affinity_store_t *store,
+    const affinity_resp_node_t *reply);
+static void ngx_http_upstream_affinity_store_entries(
+    ngx_http_upstream_affinity_store_t *store,
+    const affinity_resp_node_t *reply);
 static void ngx_http_upstream_affinity_store_apply(
-    ngx_http_upstream_affinity_store_t *store, redisReply *fields,
-    ngx_uint_t unseen);
+    ngx_http_upstream_affinity_store_t *store,
+    affinity_store_message_t *m, ngx_uint_t unseen);
 static ngx_uint_t ngx_http_upstream_affinity_store_unseen(
-    ngx_http_upstream_affinity_store_t *store);
+    ngx_http_upstream_affinity_store_t *store, uint64_t ms, uint64_t seq);
 static ngx_http_upstream_affinity_stream_read_t *
     ngx_http_upstream_affinity_store_record(
-    ngx_http_upstream_affinity_store_t *store);
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint32_t stream);
 static void ngx_http_upstream_affinity_store_reader_is(
     ngx_http_upstream_affinity_store_t *store, ngx_pid_t pid);
 static ngx_uint_t ngx_http_upstream_affinity_store_reading(
     ngx_http_upstream_affinity_store_t *store);
-static off_t ngx_http_upstream_affinity_store_number(redisReply *fields,
-    u_char name);
-static void ngx_http_upstream_affinity_store_heard_from(
+static ngx_uint_t ngx_http_upstream_affinity_store_heard_from(
     ngx_http_upstream_affinity_store_t *store, uint64_t instance,
-    time_t now);
-
-static ngx_int_t ngx_http_upstream_affinity_store_attach(
-    redisAsyncContext *ac, ngx_log_t *log);
-static void ngx_http_upstream_affinity_store_add_read(void *data);
-static void ngx_http_upstream_affinity_store_del_read(void *data);
-static void ngx_http_upstream_affinity_store_add_write(void *data);
-static void ngx_http_upstream_affinity_store_del_write(void *data);
-static void ngx_http_upstream_affinity_store_cleanup(void *data);
-static void ngx_http_upstream_affinity_store_readable(ngx_event_t *ev);
-static void ngx_http_upstream_affinity_store_writable(ngx_event_t *ev);
+    time_t now, ngx_uint_t news);
+static ngx_uint_t ngx_http_upstream_affinity_store_knows(
+    ngx_http_upstream_affinity_store_t *store, uint64_t peer);
 
 
 /* each worker opens the stores of the upstreams that have one */
@@ -216,11 +259,15 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     ngx_http_upstream_srv_conf_t *uscf,
     ngx_http_upstream_affinity_srv_conf_t *ascf)
 {
-    affinity_zone_info_t                 info;
-    ngx_http_upstream_affinity_store_t  *store;
-    ngx_http_upstream_affinity_shctx_t  *shctx;
+    affinity_zone_info_t                      info;
+    affinity_resp_limits_t                    limits;
+    ngx_http_upstream_affinity_store_t       *store;
+    ngx_http_upstream_affinity_shctx_t       *shctx;
+    ngx_http_upstream_affinity_store_conf_t  *scf;
 
-    if (ascf->store_conf == NULL) {
+    scf = ascf->store_conf;
+
+    if (scf == NULL) {
         return;
     }
 
@@ -230,17 +277,48 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
         return;
     }
 
-    store->backlog = ngx_alloc(ascf->store_conf->backlog
-                               * sizeof(ngx_http_upstream_affinity_backlog_t),
-                               cycle->log);
-    if (store->backlog == NULL) {
+    store->queue = ngx_alloc(scf->backlog
+                             * sizeof(ngx_http_upstream_affinity_queued_t),
+                             cycle->log);
+    if (store->queue == NULL) {
+        return;
+    }
+
+    limits.nodes = 16;
+    limits.bytes = 4096;
+    limits.string_max = 1024;
+    limits.depth = 4;
+    limits.pending = NGX_HTTP_UPSTREAM_AFFINITY_STORE_PIPELINE;
+
+    if (ngx_http_upstream_affinity_link_init(&store->writer, scf, &limits,
+                                        NGX_HTTP_UPSTREAM_AFFINITY_STORE_OUT,
+                                        cycle->pool, cycle->log)
+        != NGX_OK)
+    {
+        ngx_free(store->queue);
+        return;
+    }
+
+    limits.nodes = NGX_HTTP_UPSTREAM_AFFINITY_STORE_NODES;
+    limits.bytes = NGX_HTTP_UPSTREAM_AFFINITY_STORE_BYTES;
+    limits.string_max = NGX_HTTP_UPSTREAM_AFFINITY_STORE_STRING;
+    limits.depth = 8;
+    limits.pending = 4;
+
+    if (ngx_http_upstream_affinity_store_reads()
+        && ngx_http_upstream_affinity_link_init(&store->reader, scf,
+                                                &limits, 1024, cycle->pool,
+                                                cycle->log)
+           != NGX_OK)
+    {
+        ngx_free(store->queue);
         return;
     }
 
     /*
-     * The instance is known by the random seed of its counter zone: every
-     * worker of one nginx shares it, across reloads, and another nginx has
-     * its own.
+     * The instance is known by the id of its counter zone, which every
+     * worker of one nginx shares, across reloads, and which tells nothing
+     * of the zone's hash seed.
      */
 
     shctx = ascf->counter_zone->data;
@@ -248,27 +326,48 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
 
     store->conf = ascf;
     store->log = cycle->log;
-    store->instance = info.seed;
-    store->stream = ngx_crc32_short(ascf->store_conf->stream.data,
-                                    ascf->store_conf->stream.len);
+    store->instance = info.instance;
+    store->stream = ngx_crc32_short(scf->stream.data, scf->stream.len);
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    store->counters = &ngx_http_upstream_affinity_store_record(ascf,
+                                                  store->stream)->counters;
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
 
     /* entries still in the stream are applied if not expired */
-    ngx_cpystrn((u_char *) store->last, (u_char *) "0-0",
-                sizeof(store->last));
+    ngx_cpystrn(store->last, (u_char *) "0-0", sizeof(store->last));
 
-    store->retry.handler = ngx_http_upstream_affinity_store_retry;
-    store->retry.data = store;
-    store->retry.log = cycle->log;
-    store->retry.cancelable = 1;
+    store->writer.data = store;
+    store->writer.ready_handler = ngx_http_upstream_affinity_store_writer_ready;
+    store->writer.reply = ngx_http_upstream_affinity_store_written;
+    store->writer.lost = ngx_http_upstream_affinity_store_writer_lost;
 
-    store->timeout.handler = ngx_http_upstream_affinity_store_timeout;
-    store->timeout.data = store;
-    store->timeout.log = cycle->log;
-    store->timeout.cancelable = 1;
+    store->reader.data = store;
+    store->reader.ready_handler = ngx_http_upstream_affinity_store_reader_ready;
+    store->reader.reply = ngx_http_upstream_affinity_store_replied;
+    store->reader.lost = ngx_http_upstream_affinity_store_reader_lost;
+    store->reader.wait = NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK + scf->timeout;
+
+    store->write_retry.handler = ngx_http_upstream_affinity_store_retry;
+    store->write_retry.data = &store->writer;
+    store->write_retry.log = cycle->log;
+    store->write_retry.cancelable = 1;
+
+    store->read_retry.handler = ngx_http_upstream_affinity_store_retry;
+    store->read_retry.data = &store->reader;
+    store->read_retry.log = cycle->log;
+    store->read_retry.cancelable = 1;
+
+    store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+    store->read_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
 
     ascf->store = store;
 
-    ngx_http_upstream_affinity_store_connect(store);
+    ngx_http_upstream_affinity_link_open(&store->writer);
+
+    if (ngx_http_upstream_affinity_store_reads()) {
+        ngx_http_upstream_affinity_link_open(&store->reader);
+    }
 }
 
 
@@ -288,229 +387,224 @@ ngx_http_upstream_affinity_store_close_upstream(ngx_cycle_t *cycle,
     store->exiting = 1;
     ngx_http_upstream_affinity_store_reader_is(store, 0);
 
-    if (store->writer) {
-        redisAsyncFree(store->writer);
+    ngx_http_upstream_affinity_link_close(&store->writer);
+    ngx_http_upstream_affinity_link_close(&store->reader);
+
+    /* what is still queued has no answer to come: its records go */
+
+    while (store->queued) {
+        if (store->queue[store->first].announcement) {
+            ngx_http_upstream_affinity_store_unanswered(store,
+                                    store->queue[store->first].announcement);
+        }
+
+        store->first = (store->first + 1) % ascf->store_conf->backlog;
+        store->queued--;
     }
 
-    if (store->reader) {
-        redisAsyncFree(store->reader);
-    }
-
-    ngx_free(store->backlog);
+    ngx_free(store->queue);
     ascf->store = NULL;
 }
 
 
+/*
+ * The store is away, for writing or reading: said once per outage, with
+ * the reason and what the store said, if anything.
+ */
+
 static void
-ngx_http_upstream_affinity_store_connect(
-    ngx_http_upstream_affinity_store_t *store)
+ngx_http_upstream_affinity_store_outage(
+    ngx_http_upstream_affinity_store_t *store, const char *what,
+    const char *why, ngx_str_t *detail)
 {
-    store->writer = ngx_http_upstream_affinity_store_open(store);
-    store->reader = NULL;
+    ngx_http_upstream_affinity_store_count(store, outages);
 
-    if (ngx_http_upstream_affinity_store_reads()) {
-        store->reader = ngx_http_upstream_affinity_store_open(store);
-    }
-
-    if (store->writer == NULL
-        || (ngx_http_upstream_affinity_store_reads() && store->reader == NULL))
-    {
-        ngx_http_upstream_affinity_store_lost(store, "cannot connect");
+    if (store->warned || store->exiting) {
         return;
     }
 
-    ngx_add_timer(&store->timeout, NGX_HTTP_UPSTREAM_AFFINITY_STORE_CONNECT);
-}
+    store->warned = 1;
 
-
-static redisAsyncContext *
-ngx_http_upstream_affinity_store_open(
-    ngx_http_upstream_affinity_store_t *store)
-{
-    redisAsyncContext                       *ac;
-    ngx_http_upstream_affinity_store_conf_t *scf;
-
-    scf = store->conf->store_conf;
-
-    if (scf->unix_path.len) {
-        ac = redisAsyncConnectUnix((char *) scf->unix_path.data);
-
-    } else {
-        ac = redisAsyncConnect((char *) scf->host.data, (int) scf->port);
-    }
-
-    if (ac == NULL) {
-        return NULL;
-    }
-
-    if (ac->err
-        || ngx_http_upstream_affinity_store_attach(ac, store->log) != NGX_OK)
-    {
-        redisAsyncFree(ac);
-        return NULL;
-    }
-
-    ac->data = store;
-
-    redisAsyncSetConnectCallback(ac,
-                                 ngx_http_upstream_affinity_store_connected);
-    redisAsyncSetDisconnectCallback(ac,
-                              ngx_http_upstream_affinity_store_disconnected);
-
-    return ac;
-}
-
-
-static void
-ngx_http_upstream_affinity_store_connected(const redisAsyncContext *ac,
-    int status)
-{
-    ngx_http_upstream_affinity_store_t  *store = ac->data;
-
-    if (ac != store->writer && ac != store->reader) {
-        return;     /* given up on already */
-    }
-
-    if (status != REDIS_OK) {
-        /* hiredis frees the context after this callback */
-
-        if (ac == store->writer) {
-            store->writer = NULL;
-
-        } else if (ac == store->reader) {
-            store->reader = NULL;
-        }
-
-        ngx_http_upstream_affinity_store_lost(store, ac->errstr);
-        return;
-    }
-
-    if (!(store->writer && (store->writer->c.flags & REDIS_CONNECTED)
-          && (!ngx_http_upstream_affinity_store_reads()
-              || (store->reader
-                  && (store->reader->c.flags & REDIS_CONNECTED)))))
-    {
-        return;
-    }
-
-    if (store->timeout.timer_set) {
-        ngx_del_timer(&store->timeout);
-    }
-
-    store->up = 1;
-    ngx_http_upstream_affinity_store_reader_is(store, ngx_pid);
-
-    if (store->warned) {
-        ngx_log_error(NGX_LOG_NOTICE, store->log, 0,
-                      "affinity: store of upstream \"%V\" is back, "
-                      "%ui messages to send, %ui dropped",
-                      &store->conf->name, store->queued, store->dropped);
-        store->warned = 0;
-        store->dropped = 0;
-    }
-
-    ngx_http_upstream_affinity_store_flush(store);
-    ngx_http_upstream_affinity_store_read(store);
-}
-
-
-static void
-ngx_http_upstream_affinity_store_disconnected(const redisAsyncContext *ac,
-    int status)
-{
-    ngx_http_upstream_affinity_store_t  *store = ac->data;
-
-    if (store->exiting || (ac != store->writer && ac != store->reader)) {
-        return;     /* closed on purpose */
-    }
-
-    if (ac == store->writer) {
-        store->writer = NULL;
-
-    } else {
-        store->reader = NULL;
-    }
-
-    ngx_http_upstream_affinity_store_lost(store,
-                            ac->errstr ? ac->errstr : "connection closed");
+    ngx_log_error(NGX_LOG_WARN, store->log, 0,
+                  "affinity: store of upstream \"%V\" unavailable for %s "
+                  "(%s%s%V%s), routing on this instance's own state",
+                  &store->conf->name, what, why,
+                  detail->len ? ": \"" : "", detail,
+                  detail->len ? "\"" : "");
 }
 
 
 /*
- * A connection failed: all are closed and opened again after a
- * while.  Said once per outage, with the reason.
+ * Back once writes are taken again (after a refusal, only once one is),
+ * and, in the worker that reads, once the reader reads.
  */
 
 static void
-ngx_http_upstream_affinity_store_lost(
-    ngx_http_upstream_affinity_store_t *store, const char *why)
+ngx_http_upstream_affinity_store_back(ngx_http_upstream_affinity_store_t *store)
 {
-    redisAsyncContext  *ac;
-
-    if (store->exiting) {
+    if (!store->warned || store->refusing || !store->writer.ready
+        || (ngx_http_upstream_affinity_store_reads() && !store->reader.ready))
+    {
         return;
     }
 
-    if (!store->warned) {
-        ngx_log_error(NGX_LOG_WARN, store->log, 0,
-                      "affinity: store of upstream \"%V\" unavailable (%s), "
-                      "routing on this instance's own state",
-                      &store->conf->name, why ? why : "unknown");
-        store->warned = 1;
-    }
+    ngx_log_error(NGX_LOG_NOTICE, store->log, 0,
+                  "affinity: store of upstream \"%V\" is back, "
+                  "%ui messages to send, %ui dropped",
+                  &store->conf->name, store->queued - store->sent,
+                  store->dropped);
 
-    store->up = 0;
-    ngx_http_upstream_affinity_store_reader_is(store, 0);
-
-    if (store->timeout.timer_set) {
-        ngx_del_timer(&store->timeout);
-    }
-
-    /* the disconnect callbacks find the pointers cleared already */
-
-    ac = store->writer;
-    store->writer = NULL;
-
-    if (ac) {
-        redisAsyncFree(ac);
-    }
-
-    ac = store->reader;
-    store->reader = NULL;
-
-    if (ac) {
-        redisAsyncFree(ac);
-    }
-
-    if (!store->retry.timer_set) {
-        ngx_add_timer(&store->retry, NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY);
-    }
+    store->warned = 0;
+    store->dropped = 0;
 }
 
 
 static void
 ngx_http_upstream_affinity_store_retry(ngx_event_t *ev)
 {
-    ngx_http_upstream_affinity_store_t  *store = ev->data;
+    ngx_http_upstream_affinity_link_t   *link = ev->data;
+    ngx_http_upstream_affinity_store_t  *store = link->data;
 
-    if (ngx_exiting || ngx_terminate || ngx_quit) {
+    if (ngx_exiting || ngx_terminate || ngx_quit || store->exiting) {
         return;
     }
 
-    ngx_http_upstream_affinity_store_connect(store);
+    ngx_http_upstream_affinity_link_open(link);
+}
+
+
+/* the wait before the next try: doubled after each failure, with jitter */
+
+static ngx_msec_t
+ngx_http_upstream_affinity_store_backoff(ngx_msec_t *backoff)
+{
+    ngx_msec_t  wait;
+
+    wait = *backoff - *backoff / 4 + ngx_random() % (*backoff / 2 + 1);
+
+    *backoff = ngx_min(*backoff * 2, NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX);
+
+    return wait;
+}
+
+
+/* ---- writing -------------------------------------------------------- */
+
+static void
+ngx_http_upstream_affinity_store_writer_ready(
+    ngx_http_upstream_affinity_link_t *link)
+{
+    ngx_http_upstream_affinity_store_t  *store = link->data;
+
+    if (!store->refusing) {
+        store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+    }
+
+    ngx_http_upstream_affinity_store_flush(store);
+
+    if (link->ready) {
+        ngx_http_upstream_affinity_store_back(store);
+    }
 }
 
 
 static void
-ngx_http_upstream_affinity_store_timeout(ngx_event_t *ev)
+ngx_http_upstream_affinity_store_writer_lost(
+    ngx_http_upstream_affinity_link_t *link, const char *why)
 {
-    ngx_http_upstream_affinity_store_lost(ev->data, "connect timed out");
+    ngx_http_upstream_affinity_store_t  *store = link->data;
+
+    if (store->exiting) {
+        return;
+    }
+
+    ngx_http_upstream_affinity_store_rewind(store);
+    ngx_http_upstream_affinity_store_outage(store, "writing", why,
+                                            &link->detail);
+
+    if (!store->write_retry.timer_set) {
+        ngx_add_timer(&store->write_retry,
+                      ngx_http_upstream_affinity_store_backoff(
+                          &store->write_backoff));
+    }
 }
 
 
 /*
- * What this instance learned, for the others: sent at once when the store
- * is there, else kept in the backlog (the oldest give way).  Never blocks.
+ * The store's answer to the oldest message sent: taken (its id), or
+ * refused (an error: a read-only replica, out of memory, no permission);
+ * no answer (the connection went) leaves it queued, for the next
+ * connection.  A refusal keeps the message and every one after it, and
+ * the store is away for writing until a write is taken.
+ */
+
+static void
+ngx_http_upstream_affinity_store_written(
+    ngx_http_upstream_affinity_link_t *link, affinity_store_reply_t *reply)
+{
+    const affinity_resp_node_t                 *r;
+    ngx_http_upstream_affinity_queued_t        *q;
+    ngx_http_upstream_affinity_store_t         *store = link->data;
+    ngx_http_upstream_affinity_announcement_t  *a;
+
+    r = reply->root;
+
+
+    if (r == NULL || store->sent == 0) {
+        return;     /* lost with the connection: rewound */
+    }
+
+    q = &store->queue[store->first];
+
+    if (r->type == AFFINITY_RESP_ERROR) {
+        ngx_http_upstream_affinity_store_count(store, refused);
+        ngx_http_upstream_affinity_link_detail(link, (u_char *) r->str,
+                                               r->len);
+        store->refusing = 1;
+
+        /* the connection is dropped: what followed is rewound with it */
+
+        ngx_http_upstream_affinity_link_close(link);
+        ngx_http_upstream_affinity_store_writer_lost(link,
+                                                     "writes refused");
+        link->detail.len = 0;
+        return;
+    }
+
+    ngx_http_upstream_affinity_store_count(store, published);
+
+    a = q->announcement;
+
+    if (a) {
+        a->answered = 1;
+        a->taken = 1;
+
+        if (a->ended) {
+            ngx_free(a);
+        }
+    }
+
+    store->first = (store->first + 1) % store->conf->store_conf->backlog;
+    store->queued--;
+    store->sent--;
+
+    if (store->refusing) {
+        store->refusing = 0;
+        store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+        ngx_http_upstream_affinity_store_back(store);
+    }
+
+    ngx_http_upstream_affinity_store_flush(store);
+}
+
+
+/*
+ * What this instance learned, for the others: queued, and written after
+ * the current event when the store takes writes.  Never blocks.  News is
+ * not kept while the store is away (..._STORE_FRESH), but for the end of
+ * a request the others were told of: without it they would count the
+ * request until its engine reports again, and read late it still counts
+ * right (affinity_zone_peer_ended_elsewhere()).
  */
 
 void
@@ -518,15 +612,21 @@ ngx_http_upstream_affinity_store_publish(
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     affinity_store_message_t *message)
 {
-    size_t                                 len;
-    ngx_uint_t                             n;
-    ngx_http_upstream_affinity_store_t    *store;
-    ngx_http_upstream_affinity_backlog_t  *b;
-    u_char                                 buf[AFFINITY_STORE_MESSAGE_MAX];
+    size_t                                len;
+    ngx_http_upstream_affinity_store_t   *store;
+    ngx_http_upstream_affinity_queued_t  *q;
+    u_char                                buf[AFFINITY_STORE_MESSAGE_MAX];
 
     store = ascf->store;
 
     if (store == NULL) {
+        return;
+    }
+
+    if (ngx_http_upstream_affinity_store_news(message->kind)
+        && message->kind != AFFINITY_STORE_DONE
+        && (!store->writer.ready || store->refusing))
+    {
         return;
     }
 
@@ -536,55 +636,202 @@ ngx_http_upstream_affinity_store_publish(
         return;
     }
 
-    if (store->up && store->queued == 0) {
-        (void) ngx_http_upstream_affinity_store_send(store, buf, len, 0, 0,
-                                   ngx_http_upstream_affinity_store_sent,
-                                   store);
+    q = ngx_http_upstream_affinity_store_enqueue(store);
+
+    if (q == NULL) {
         return;
     }
 
-    /*
-     * news is not kept (..._STORE_FRESH), but for the end of a request
-     * the others were told of: without it they would count the request
-     * until its engine reports again, and read late it still counts
-     * right (affinity_zone_peer_ended_elsewhere())
-     */
+    q->kind = message->kind;
+    q->ms = message->ms;
+    q->len = len;
+    ngx_memcpy(q->data, buf, len);
 
-    if (ngx_http_upstream_affinity_store_news(message->kind)
-        && message->kind != AFFINITY_STORE_DONE)
-    {
-        return;
-    }
+    ngx_http_upstream_affinity_store_flush(store);
+}
+
+
+/*
+ * A place at the end of the queue.  When it is full, the oldest message
+ * gives way, unless it awaits its answer: then the new one is dropped.
+ */
+
+static ngx_http_upstream_affinity_queued_t *
+ngx_http_upstream_affinity_store_enqueue(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    ngx_uint_t                            n;
+    ngx_http_upstream_affinity_queued_t  *q;
 
     n = store->conf->store_conf->backlog;
 
     if (store->queued == n) {
+        ngx_http_upstream_affinity_store_count(store, dropped);
+        store->dropped++;
+
+        if (store->sent) {
+            return NULL;
+        }
+
+        q = &store->queue[store->first];
+
+        if (q->announcement) {
+            ngx_http_upstream_affinity_store_unanswered(store,
+                                                        q->announcement);
+        }
+
         store->first = (store->first + 1) % n;
         store->queued--;
-        store->dropped++;
     }
 
-    b = &store->backlog[(store->first + store->queued) % n];
-    b->len = len;
-    ngx_memcpy(b->data, buf, len);
+    q = &store->queue[(store->first + store->queued) % n];
+    q->announcement = NULL;
     store->queued++;
+
+    return q;
+}
+
+
+/* sends what is queued and not sent, as far as the connection has room */
+
+static void
+ngx_http_upstream_affinity_store_flush(ngx_http_upstream_affinity_store_t *store)
+{
+    size_t                                    lens[8];
+    ngx_int_t                                 rc;
+    ngx_uint_t                                n;
+    const char                               *argv[8];
+    u_char                                    maxlen[NGX_INT_T_LEN];
+    ngx_http_upstream_affinity_queued_t      *q;
+    ngx_http_upstream_affinity_store_conf_t  *scf;
+
+    if (!store->writer.ready || store->sent == store->queued) {
+        return;
+    }
+
+    scf = store->conf->store_conf;
+    n = scf->backlog;
+
+    argv[0] = "XADD";
+    lens[0] = 4;
+    argv[1] = (char *) scf->stream.data;
+    lens[1] = scf->stream.len;
+    argv[2] = "MAXLEN";
+    lens[2] = 6;
+    argv[3] = "~";
+    lens[3] = 1;
+    argv[4] = (char *) maxlen;
+    lens[4] = ngx_sprintf(maxlen, "%ui", scf->maxlen) - maxlen;
+    argv[5] = "*";
+    lens[5] = 1;
+    argv[6] = "m";
+    lens[6] = 1;
+
+    /* after a refusal, one message at a time until one is taken */
+
+    while (store->sent < store->queued
+           && (!store->refusing || store->sent == 0))
+    {
+        q = &store->queue[(store->first + store->sent) % n];
+        argv[7] = (char *) q->data;
+        lens[7] = q->len;
+
+        rc = ngx_http_upstream_affinity_link_send(&store->writer, 8, argv,
+                                       lens,
+                                       NGX_HTTP_UPSTREAM_AFFINITY_STORE_XADD,
+                                       0);
+        if (rc != NGX_OK) {
+            return;
+        }
+
+        store->sent++;
+    }
+}
+
+
+/*
+ * The connection went: what it sent and got no answer for waits to be
+ * sent again, but for news that will be stale by then, which goes (with
+ * an announcement, as unanswered).  A message the store took just before
+ * the connection went is sent twice: what is learned is applied by
+ * version, so a copy changes nothing.
+ */
+
+static void
+ngx_http_upstream_affinity_store_rewind(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    ngx_uint_t                            i, j, n, kept;
+    ngx_http_upstream_affinity_queued_t  *q;
+
+    n = store->conf->store_conf->backlog;
+    kept = 0;
+
+    for (i = 0; i < store->queued; i++) {
+        q = &store->queue[(store->first + i) % n];
+
+        if (q->kind == AFFINITY_STORE_SENT
+            || q->kind == AFFINITY_STORE_FILLED)
+        {
+            if (q->announcement) {
+                ngx_http_upstream_affinity_store_unanswered(store,
+                                                            q->announcement);
+            }
+
+            continue;
+        }
+
+        j = (store->first + kept) % n;
+
+        if (j != (store->first + i) % n) {
+            store->queue[j] = *q;
+        }
+
+        kept++;
+    }
+
+    store->queued = kept;
+    store->sent = 0;
+}
+
+
+/*
+ * An announcement that will have no answer: not heard by the others, it
+ * is heard now (its ticket given back), and its end will not be told.
+ */
+
+static void
+ngx_http_upstream_affinity_store_unanswered(
+    ngx_http_upstream_affinity_store_t *store,
+    ngx_http_upstream_affinity_announcement_t *a)
+{
+    ngx_http_upstream_affinity_shctx_t  *shctx;
+
+    shctx = store->conf->counter_zone->data;
+    affinity_zone_peer_heard(shctx->zone, a->ticket);
+
+    a->answered = 1;
+    a->taken = 0;
+
+    if (a->ended) {
+        ngx_free(a);
+    }
 }
 
 
 /*
  * A request this instance sends a peer, with affinity_metrics: the others
- * count it on the peer's load once they read it, and NGX_OK tells that
- * they may (its end is then announced too, kept if the store goes away
- * meanwhile).  Until this instance reads it back from the stream, as they
- * do, it is announced in the counter zone, and routing here counts the
- * peer as if each other instance were sending it some unseen
- * (affinity_zone_peer_announced()).  The ticket of the announcement goes
- * with the message, for the instance's reader, and, when its decision
- * weighed a peer (watched) where requests of this instance were unheard,
- * the number the instance's watch gave it (in the zone's head): read
- * back, it tells how many of the other instances' requests those met
- * (affinity_zone_unheard_met()).  Not kept while the store is away
- * (..._STORE_FRESH).
+ * count it on the peer's load once they read it, and a record is returned
+ * when they may (its end is then announced too).  Until this instance
+ * reads it back from the stream, as they do, it is announced in the
+ * counter zone, and routing here counts the peer as if each other
+ * instance were sending it some unseen (affinity_zone_peer_announced()).
+ * The ticket of the announcement goes with the message, for the
+ * instance's reader, and, when its decision weighed a peer (watched) where
+ * requests of this instance were unheard, the number the instance's watch
+ * gave it (in the zone's head): read back, it tells how many of the other
+ * instances' requests those met (affinity_zone_unheard_met()).  Not while
+ * the store is away (..._STORE_FRESH).
  */
 
 ngx_http_upstream_affinity_announcement_t *
@@ -596,6 +843,7 @@ ngx_http_upstream_affinity_store_announce(
     uint32_t                                    number;
     uintptr_t                                   ticket;
     affinity_store_message_t                    m;
+    ngx_http_upstream_affinity_queued_t        *q;
     ngx_http_upstream_affinity_store_t         *store;
     ngx_http_upstream_affinity_shctx_t         *shctx;
     ngx_http_upstream_affinity_announcement_t  *a;
@@ -603,17 +851,11 @@ ngx_http_upstream_affinity_store_announce(
 
     store = ascf->store;
 
-    if (store == NULL || !store->up || store->queued) {
-        return NULL;
-    }
 
-    ngx_memzero(&m, sizeof(affinity_store_message_t));
-    m.kind = AFFINITY_STORE_SENT;
-    m.peer = peer;
-
-    len = ngx_http_upstream_affinity_store_encode(store, &m, buf);
-
-    if (len == 0) {
+    if (store == NULL || !store->writer.ready || store->refusing
+        || store->sent < store->queued
+        || store->queued == ascf->store_conf->backlog)
+    {
         return NULL;
     }
 
@@ -647,14 +889,28 @@ ngx_http_upstream_affinity_store_announce(
 
     a->ticket = ticket;
 
-    if (ngx_http_upstream_affinity_store_send(store, buf, len, ticket, number,
-                                   ngx_http_upstream_affinity_store_heard, a)
-        != NGX_OK)
-    {
+    ngx_memzero(&m, sizeof(affinity_store_message_t));
+    m.kind = AFFINITY_STORE_SENT;
+    m.peer = peer;
+    m.ticket = ticket;
+    m.watch = number;
+
+    len = ngx_http_upstream_affinity_store_encode(store, &m, buf);
+    q = len ? ngx_http_upstream_affinity_store_enqueue(store) : NULL;
+
+    if (q == NULL) {
         affinity_zone_peer_heard(shctx->zone, ticket);
         ngx_free(a);
         return NULL;
     }
+
+    q->kind = AFFINITY_STORE_SENT;
+    q->ms = m.ms;
+    q->len = len;
+    q->announcement = a;
+    ngx_memcpy(q->data, buf, len);
+
+    ngx_http_upstream_affinity_store_flush(store);
 
     return a;
 }
@@ -696,184 +952,161 @@ ngx_http_upstream_affinity_store_encode(
     ngx_http_upstream_affinity_store_t *store,
     affinity_store_message_t *message, u_char *buf)
 {
-    ngx_time_t  *tp;
-
-    tp = ngx_timeofday();
-
-    message->instance = store->instance;
-    message->time = (uint32_t) tp->sec;
-    message->msec = (uint32_t) tp->msec;
-
-    return affinity_store_encode(message, buf, AFFINITY_STORE_MESSAGE_MAX);
-}
-
-
-/*
- * A message as a stream entry's field "m", with an announcement's ticket
- * (if not 0) as its field "t" and its number in the instance's watch as
- * "w" (0: not watched), which other instances skip.  NGX_OK when the
- * command is on its way: its callback will be called.
- */
-
-static ngx_int_t
-ngx_http_upstream_affinity_store_send(
-    ngx_http_upstream_affinity_store_t *store, u_char *data, size_t len,
-    uintptr_t ticket, uint32_t number, redisCallbackFn *callback,
-    void *privdata)
-{
-    int                                       rc;
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
     scf = store->conf->store_conf;
 
-    /* a store that takes nothing in must not fill the worker's memory */
+    message->instance = store->instance;
+    message->ms = ngx_http_upstream_affinity_wall_msec();
 
-    if (sdslen(store->writer->c.obuf)
-        > NGX_HTTP_UPSTREAM_AFFINITY_STORE_PENDING)
-    {
-        store->dropped++;
-        return NGX_DECLINED;
-    }
-
-    if (ticket) {
-        rc = redisAsyncCommand(store->writer, callback, privdata,
-                               "XADD %s MAXLEN ~ %lu * m %b t %lu w %u",
-                               scf->stream.data, (unsigned long) scf->maxlen,
-                               data, len, (unsigned long) ticket,
-                               (unsigned) number);
-
-    } else {
-        rc = redisAsyncCommand(store->writer, callback, privdata,
-                               "XADD %s MAXLEN ~ %lu * m %b",
-                               scf->stream.data, (unsigned long) scf->maxlen,
-                               data, len);
-    }
-
-    return rc == REDIS_OK ? NGX_OK : NGX_ERROR;
-}
-
-
-static void
-ngx_http_upstream_affinity_store_flush(
-    ngx_http_upstream_affinity_store_t *store)
-{
-    ngx_uint_t                             n;
-    ngx_http_upstream_affinity_backlog_t  *b;
-
-    n = store->conf->store_conf->backlog;
-
-    while (store->queued && store->writer) {
-        b = &store->backlog[store->first];
-        (void) ngx_http_upstream_affinity_store_send(store, b->data, b->len,
-                                       0, 0,
-                                       ngx_http_upstream_affinity_store_sent,
-                                       store);
-        store->first = (store->first + 1) % n;
-        store->queued--;
-    }
-}
-
-
-static void
-ngx_http_upstream_affinity_store_sent(redisAsyncContext *ac, void *reply,
-    void *data)
-{
-    redisReply                          *r = reply;
-    ngx_http_upstream_affinity_store_t  *store = data;
-
-    static ngx_uint_t  warned;
-
-    if (r && r->type == REDIS_REPLY_ERROR && !warned) {
-        ngx_log_error(NGX_LOG_WARN, store->log, 0,
-                      "affinity: store of upstream \"%V\" refused a "
-                      "message: %*s", &store->conf->name,
-                      (size_t) r->len, r->str);
-        warned = 1;
-    }
+    return affinity_store_encode(scf->keys, scf->stream.data, scf->stream.len,
+                                 message, buf, AFFINITY_STORE_MESSAGE_MAX);
 }
 
 
 /*
- * The store's answer to an announced request.  Taken, the request is heard
- * when the instance's reader reads it back (..._store_apply()): the others
- * read it about then, which on a busy host may be milliseconds after this
- * answer.  Refused, it will not be read: heard now.  Without an answer
- * (the connection went, and hiredis calls back without one) it is heard
- * now too, although the store may have taken it just before: read back
- * after the store returns, it then takes off one request more, until the
- * engine's next report (which changes the ticket's epoch) clears the
- * count; and its end is not announced, which the others then count until
- * the engine reports again.
+ * A session key or response id as it crosses the store, and as the zones
+ * of an upstream with a store know it: its keyed digest, which every
+ * instance with the secret computes alike.
+ */
+
+void
+ngx_http_upstream_affinity_store_digest(
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint32_t kind, u_char *id,
+    size_t len, uint8_t *digest)
+{
+    affinity_store_digest(ascf->store_conf->keys, kind, id, len, digest);
+}
+
+
+/*
+ * The hash by which a zone knows a session key or response id: of the id,
+ * or, with a store, of its digest, by which the other instances' messages
+ * name it.
+ */
+
+uint64_t
+ngx_http_upstream_affinity_key_hash(ngx_http_upstream_affinity_srv_conf_t *ascf,
+    affinity_zone_t *zone, uint32_t kind, u_char *id, size_t len)
+{
+    uint8_t  digest[AFFINITY_STORE_DIGEST];
+
+    if (ascf->store_conf == NULL) {
+        return affinity_zone_key_hash(zone, id, len);
+    }
+
+    affinity_store_digest(ascf->store_conf->keys, kind, id, len, digest);
+
+    return affinity_zone_key_hash(zone, digest, AFFINITY_STORE_DIGEST);
+}
+
+
+ngx_http_upstream_affinity_store_counters_t *
+ngx_http_upstream_affinity_store_counters(
+    ngx_http_upstream_affinity_srv_conf_t *ascf)
+{
+    uint32_t                                   stream;
+    ngx_http_upstream_affinity_shctx_t        *shctx;
+    ngx_http_upstream_affinity_stream_read_t  *record;
+
+    if (ascf->store_conf == NULL) {
+        return NULL;
+    }
+
+    stream = ngx_crc32_short(ascf->store_conf->stream.data,
+                             ascf->store_conf->stream.len);
+    shctx = ascf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+    record = ngx_http_upstream_affinity_store_record(ascf, stream);
+    ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+    return &record->counters;
+}
+
+
+/* ---- reading -------------------------------------------------------- */
+
+/*
+ * The reader first asks for the stream's last entry: a stream whose ids
+ * went back below what the instance read (deleted and written again, a
+ * store restored or failed over with its clock behind) is then read from
+ * its end, and its record starts again there, so that nothing stored
+ * keeps the instance deaf.  Asked again whenever the stream is quiet for
+ * the block time.
  */
 
 static void
-ngx_http_upstream_affinity_store_heard(redisAsyncContext *ac, void *reply,
-    void *data)
+ngx_http_upstream_affinity_store_reader_ready(
+    ngx_http_upstream_affinity_link_t *link)
 {
-    redisReply                                 *r = reply;
-    ngx_http_upstream_affinity_store_t         *store = ac->data;
-    ngx_http_upstream_affinity_shctx_t         *shctx;
-    ngx_http_upstream_affinity_announcement_t  *a = data;
+    ngx_http_upstream_affinity_store_t  *store = link->data;
 
-    a->answered = 1;
+    ngx_http_upstream_affinity_store_reader_is(store, ngx_pid);
+    ngx_http_upstream_affinity_store_tip(store);
+}
 
-    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
 
-        /* the ticket affinity_zone_peer_announced() gave */
+static void
+ngx_http_upstream_affinity_store_reader_lost(
+    ngx_http_upstream_affinity_link_t *link, const char *why)
+{
+    ngx_http_upstream_affinity_store_t  *store = link->data;
 
-        shctx = store->conf->counter_zone->data;
-        affinity_zone_peer_heard(shctx->zone, a->ticket);
-
-    } else {
-        a->taken = 1;
+    if (store->exiting) {
+        return;
     }
 
-    if (a->ended) {
-        ngx_free(a);
-    }
+    ngx_http_upstream_affinity_store_reader_is(store, 0);
+    ngx_http_upstream_affinity_store_outage(store, "reading", why,
+                                            &link->detail);
 
-    ngx_http_upstream_affinity_store_sent(ac, reply, store);
+    if (!store->read_retry.timer_set) {
+        ngx_add_timer(&store->read_retry,
+                      ngx_http_upstream_affinity_store_backoff(
+                          &store->read_backoff));
+    }
+}
+
+
+static void
+ngx_http_upstream_affinity_store_tip(ngx_http_upstream_affinity_store_t *store)
+{
+    size_t                                    lens[6];
+    const char                               *argv[6];
+    ngx_http_upstream_affinity_store_conf_t  *scf;
+
+    scf = store->conf->store_conf;
+
+    argv[0] = "XREVRANGE";
+    lens[0] = 9;
+    argv[1] = (char *) scf->stream.data;
+    lens[1] = scf->stream.len;
+    argv[2] = "+";
+    lens[2] = 1;
+    argv[3] = "-";
+    lens[3] = 1;
+    argv[4] = "COUNT";
+    lens[4] = 5;
+    argv[5] = "1";
+    lens[5] = 1;
+
+    (void) ngx_http_upstream_affinity_link_send(&store->reader, 6, argv, lens,
+                                        NGX_HTTP_UPSTREAM_AFFINITY_STORE_TIP,
+                                        0);
 }
 
 
 /* the next entries of the stream, waiting for them on the store's side */
 
 static void
-ngx_http_upstream_affinity_store_read(
-    ngx_http_upstream_affinity_store_t *store)
+ngx_http_upstream_affinity_store_read(ngx_http_upstream_affinity_store_t *store)
 {
-    if (store->reader == NULL) {
-        return;
-    }
-
-    (void) redisAsyncCommand(store->reader,
-                             ngx_http_upstream_affinity_store_entries, store,
-                             "XREAD COUNT %d BLOCK %d STREAMS %s %s",
-                             NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT,
-                             NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK,
-                             store->conf->store_conf->stream.data,
-                             store->last);
-}
-
-
-/*
- * A reply of XREAD: nil when nothing came within the block time, else
- * [[stream, [[id, [field, value, ...]], ...]]].  Anything else in it is
- * skipped: the store is written by others.
- */
-
-static void
-ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
-    void *data)
-{
-    redisReply                          *r = reply;
-    redisReply                          *stream, *entries, *entry;
-    ngx_uint_t                           i, j;
-    ngx_http_upstream_affinity_store_t  *store = data;
-
-    if (r == NULL || store->reader != ac) {
-        return;     /* the connection is going away */
-    }
+    size_t                                    lens[8];
+    const char                               *argv[8];
+    u_char                                    count[NGX_INT_T_LEN];
+    u_char                                    block[NGX_INT_T_LEN];
+    ngx_http_upstream_affinity_store_conf_t  *scf;
 
     /*
      * A worker finishing its requests after a reload reads no more: the
@@ -884,44 +1117,203 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
         return;
     }
 
-    if (r->type == REDIS_REPLY_ERROR) {
-        ngx_http_upstream_affinity_store_lost(store, r->str);
+    scf = store->conf->store_conf;
+
+    argv[0] = "XREAD";
+    lens[0] = 5;
+    argv[1] = "COUNT";
+    lens[1] = 5;
+    argv[2] = (char *) count;
+    lens[2] = ngx_sprintf(count, "%d", NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT)
+              - count;
+    argv[3] = "BLOCK";
+    lens[3] = 5;
+    argv[4] = (char *) block;
+    lens[4] = ngx_sprintf(block, "%d", NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK)
+              - block;
+    argv[5] = "STREAMS";
+    lens[5] = 7;
+    argv[6] = (char *) scf->stream.data;
+    lens[6] = scf->stream.len;
+    argv[7] = (char *) store->last;
+    lens[7] = ngx_strlen(store->last);
+
+    (void) ngx_http_upstream_affinity_link_send(&store->reader, 8, argv, lens,
+                                       NGX_HTTP_UPSTREAM_AFFINITY_STORE_XREAD,
+                                       0);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_replied(
+    ngx_http_upstream_affinity_link_t *link, affinity_store_reply_t *reply)
+{
+    ngx_http_upstream_affinity_store_t  *store = link->data;
+
+
+    if (reply->root == NULL || store->exiting) {
+        return;     /* the connection is going away */
+    }
+
+    if (reply->root->type == AFFINITY_RESP_ERROR) {
+
+        /* a key that is not a stream, a store that lost its data... */
+
+        ngx_http_upstream_affinity_link_detail(link,
+                                               (u_char *) reply->root->str,
+                                               reply->root->len);
+        ngx_http_upstream_affinity_link_close(link);
+        ngx_http_upstream_affinity_store_reader_lost(link, "read refused");
+        link->detail.len = 0;
         return;
     }
 
-    if (r->type == REDIS_REPLY_ARRAY) {
-        for (i = 0; i < r->elements; i++) {
-            stream = r->element[i];
+    if (reply->tag == NGX_HTTP_UPSTREAM_AFFINITY_STORE_TIP) {
+        ngx_http_upstream_affinity_store_tipped(store, reply->root);
 
-            if (stream->type != REDIS_REPLY_ARRAY || stream->elements != 2
-                || stream->element[1]->type != REDIS_REPLY_ARRAY)
-            {
-                continue;
-            }
+    } else {
+        ngx_http_upstream_affinity_store_entries(store, reply->root);
+    }
+}
 
-            entries = stream->element[1];
 
-            for (j = 0; j < entries->elements; j++) {
-                entry = entries->element[j];
+static void
+ngx_http_upstream_affinity_store_tipped(
+    ngx_http_upstream_affinity_store_t *store,
+    const affinity_resp_node_t *reply)
+{
+    uint64_t                                   ms, seq;
+    affinity_store_entry_t                     entry;
+    affinity_store_entries_t                   entries;
+    ngx_http_upstream_affinity_shctx_t        *shctx;
+    ngx_http_upstream_affinity_stream_read_t  *record;
 
-                if (entry->type != REDIS_REPLY_ARRAY || entry->elements != 2
-                    || entry->element[0]->type != REDIS_REPLY_STRING
-                    || entry->element[0]->len >= sizeof(store->last))
-                {
-                    continue;
-                }
+    if (affinity_store_entries(store->reader.proto, reply, 1, &entries) != 0)
+    {
+        ngx_http_upstream_affinity_link_close(&store->reader);
+        ngx_http_upstream_affinity_store_reader_lost(&store->reader,
+                                                     "not a stream");
+        return;
+    }
 
-                ngx_memcpy(store->last, entry->element[0]->str,
-                           entry->element[0]->len);
-                store->last[entry->element[0]->len] = '\0';
+    ms = 0;
+    seq = 0;
 
-                if (entry->element[1]->type == REDIS_REPLY_ARRAY) {
-                    ngx_http_upstream_affinity_store_apply(store,
-                        entry->element[1],
-                        ngx_http_upstream_affinity_store_unseen(store));
-                }
-            }
+    if (affinity_store_entries_next(store->reader.proto, &entries, &entry)) {
+        ms = entry.ms;
+        seq = entry.seq;
+    }
+
+    shctx = store->conf->counter_zone->data;
+
+    ngx_shmtx_lock(&shctx->shpool->mutex);
+
+    record = ngx_http_upstream_affinity_store_record(store->conf,
+                                                     store->stream);
+
+    if (ms < record->ms || (ms == record->ms && seq < record->seq)
+        || ms < store->last_ms
+        || (ms == store->last_ms && seq < store->last_seq))
+    {
+        record->ms = ms;
+        record->seq = seq;
+
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+
+        ngx_http_upstream_affinity_store_count(store, rewound);
+
+        ngx_log_error(NGX_LOG_WARN, store->log, 0,
+                      "affinity: the stream of upstream \"%V\" went back "
+                      "from %s to %uL-%uL: reading from its end",
+                      &store->conf->name, store->last, ms, seq);
+
+        store->last_ms = ms;
+        store->last_seq = seq;
+        ngx_sprintf(store->last, "%uL-%uL%Z", ms, seq);
+
+    } else {
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+    }
+
+    ngx_http_upstream_affinity_store_read(store);
+    ngx_http_upstream_affinity_store_back(store);
+}
+
+
+/*
+ * A reply of XREAD: nil when nothing came within the block time (the tip
+ * is then looked at again), else the entries.  An entry not wholly kept
+ * is larger than any message: skipped when it comes first, else read
+ * first by the next XREAD, with room for it.
+ */
+
+static void
+ngx_http_upstream_affinity_store_entries(
+    ngx_http_upstream_affinity_store_t *store,
+    const affinity_resp_node_t *reply)
+{
+    int                                       rc;
+    ngx_uint_t                                n;
+    affinity_store_entry_t                    entry;
+    affinity_store_entries_t                  entries;
+    affinity_store_message_t                  m;
+    ngx_http_upstream_affinity_store_conf_t  *scf;
+    uint64_t                                  levels[AFFINITY_MAX_LEVELS];
+
+    scf = store->conf->store_conf;
+
+    if (affinity_store_entries(store->reader.proto, reply, 0, &entries) != 0)
+    {
+        ngx_http_upstream_affinity_link_close(&store->reader);
+        ngx_http_upstream_affinity_store_reader_lost(&store->reader,
+                                                     "not a stream");
+        return;
+    }
+
+    store->read_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+
+    if (reply->type == AFFINITY_RESP_NIL) {
+        ngx_http_upstream_affinity_store_tip(store);
+        return;
+    }
+
+    for (n = 0;
+         affinity_store_entries_next(store->reader.proto, &entries, &entry);
+         n++)
+    {
+        if (entry.cut && n > 0) {
+            break;
         }
+
+        store->last_ms = entry.ms;
+        store->last_seq = entry.seq;
+        ngx_sprintf(store->last, "%uL-%uL%Z", entry.ms, entry.seq);
+
+        ngx_http_upstream_affinity_store_count(store, read);
+
+        if (entry.message == NULL) {
+            ngx_http_upstream_affinity_store_count(store, malformed);
+            continue;
+        }
+
+        rc = affinity_store_decode(scf->keys, scf->stream.data,
+                                   scf->stream.len, entry.message,
+                                   entry.message_len, &m, levels,
+                                   AFFINITY_MAX_LEVELS);
+
+        if (rc == AFFINITY_STORE_FORGED) {
+            ngx_http_upstream_affinity_store_count(store, forged);
+            continue;
+        }
+
+        if (rc != AFFINITY_STORE_OK) {
+            ngx_http_upstream_affinity_store_count(store, malformed);
+            continue;
+        }
+
+        ngx_http_upstream_affinity_store_apply(store, &m,
+                     ngx_http_upstream_affinity_store_unseen(store, entry.ms,
+                                                             entry.seq));
     }
 
     ngx_http_upstream_affinity_store_read(store);
@@ -931,315 +1323,291 @@ ngx_http_upstream_affinity_store_entries(redisAsyncContext *ac, void *reply,
 /*
  * What another instance learned, into this instance's zones; and this
  * instance's own announcements, read back.  What is learned is applied
- * again from an entry the instance's reader read before (unseen 0: the
- * reader started again, after a reload or a worker's death, and reads the
- * stream from its beginning), since a zone may have been made afresh; what
- * is counted is counted once.
+ * by version, so reading an entry again (unseen 0: the reader started
+ * again, after a reload or a worker's death, and reads the stream from
+ * its beginning) changes nothing a zone holds since; news and a prompt's
+ * levels, which carry no version, are taken once.
  */
 
 static void
 ngx_http_upstream_affinity_store_apply(
-    ngx_http_upstream_affinity_store_t *store, redisReply *fields,
+    ngx_http_upstream_affinity_store_t *store, affinity_store_message_t *m,
     ngx_uint_t unseen)
 {
-    off_t                                   ticket, number;
+    int                                     rc;
     time_t                                  now;
-    uint32_t                                unheard, others;
-    uint64_t                                hash, at;
-    uint64_t                                levels[AFFINITY_MAX_LEVELS];
-    ngx_uint_t                              i, heard;
+    uint32_t                                unheard, others, used;
+    uint64_t                                hash, now_ms, age;
     ngx_shm_zone_t                         *zone;
-    affinity_store_message_t                m;
     ngx_http_upstream_affinity_shctx_t     *shctx;
     ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
     ascf = store->conf;
     now = ngx_time();
+    now_ms = ngx_http_upstream_affinity_wall_msec();
 
-    heard = 0;
+    if (m->ms > now_ms + NGX_HTTP_UPSTREAM_AFFINITY_STORE_SKEW) {
+        ngx_http_upstream_affinity_store_count(store, future);
+        return;
+    }
 
-    for (i = 0; i + 1 < fields->elements; i += 2) {
+    age = now_ms > m->ms ? now_ms - m->ms : 0;
 
-        if (fields->element[i]->type != REDIS_REPLY_STRING
-            || fields->element[i]->len != 1
-            || fields->element[i]->str[0] != 'm'
-            || fields->element[i + 1]->type != REDIS_REPLY_STRING)
-        {
-            continue;
-        }
-
-        if (affinity_store_decode(fields->element[i + 1]->str,
-                                  fields->element[i + 1]->len, &m, levels,
-                                  AFFINITY_MAX_LEVELS)
-            != 0)
-        {
-            continue;
-        }
-
-        if (m.instance == store->instance) {
-
-            /*
-             * This instance's own announcement, read back as the others
-             * read it: they count the request from about now, so it is
-             * no longer unheard here.  Once, by the instance's reader,
-             * whichever worker sent it.
-             */
-
-            if (m.kind != AFFINITY_STORE_SENT || heard || !unseen) {
-                continue;
-            }
-
-            heard = 1;
-            shctx = ascf->counter_zone->data;
-
-            /* the ticket affinity_zone_peer_announced() gave (..._send()) */
-
-            ticket = ngx_http_upstream_affinity_store_number(fields, 't');
-
-            if (ticket > 0 && (uint64_t) ticket <= UINTPTR_MAX) {
-                affinity_zone_peer_heard(shctx->zone, (uintptr_t) ticket);
-            }
-
-            /* what the unheard requests beside it met (..._announce()) */
-
-            number = ngx_http_upstream_affinity_store_number(fields, 'w');
-
-            if (number > 0 && number <= UINT32_MAX) {
-                ngx_shmtx_lock(&shctx->shpool->mutex);
-
-                if (affinity_watch_read_back(&shctx->head->watch,
-                                             (uint32_t) number, &unheard,
-                                             &others))
-                {
-                    affinity_zone_unheard_met(shctx->zone, unheard, others);
-                }
-
-                ngx_shmtx_unlock(&shctx->shpool->mutex);
-            }
-
-            continue;
-        }
+    if (m->instance == store->instance) {
 
         /*
-         * Another instance's request, which the instance's announcements
-         * not yet read back met, however late it is read.
+         * This instance's own announcement, read back as the others
+         * read it: they count the request from about now, so it is no
+         * longer unheard here.  Once, by the instance's reader, whichever
+         * worker sent it.
          */
 
-        if (m.kind == AFFINITY_STORE_SENT && ascf->engine_ttl && unseen) {
-            shctx = ascf->counter_zone->data;
+        if (m->kind != AFFINITY_STORE_SENT || !unseen) {
+            return;
+        }
 
+        shctx = ascf->counter_zone->data;
+
+        if (m->ticket) {
+            affinity_zone_peer_heard(shctx->zone, (uintptr_t) m->ticket);
+        }
+
+        /* what the unheard requests beside it met (..._announce()) */
+
+        if (m->watch) {
             ngx_shmtx_lock(&shctx->shpool->mutex);
-            affinity_watch_sent_elsewhere(&shctx->head->watch, m.peer);
+
+            if (affinity_watch_read_back(&shctx->head->watch, m->watch,
+                                         &unheard, &others))
+            {
+                affinity_zone_unheard_met(shctx->zone, unheard, others);
+            }
+
             ngx_shmtx_unlock(&shctx->shpool->mutex);
         }
 
-        /*
-         * With affinity_metrics, the instances that route now (their news
-         * is fresh): each may be sending a peer requests this one cannot
-         * count yet (affinity_zone_instance_seen()).
-         */
+        return;
+    }
 
-        if (ascf->engine_ttl
-            && now - m.time <= NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)
-        {
-            ngx_http_upstream_affinity_store_heard_from(store, m.instance,
-                                                        now);
+    if (!ngx_http_upstream_affinity_store_knows(store, m->peer)) {
+        ngx_http_upstream_affinity_store_count(store, unknown);
+        return;
+    }
+
+    /*
+     * With affinity_metrics, the instances that route now (their messages
+     * are fresh): each may be sending a peer requests this one cannot
+     * count yet (affinity_zone_instance_seen()).  A sender's news is taken
+     * up to a rate.
+     */
+
+    if (ascf->engine_ttl
+        && age <= NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH
+        && !ngx_http_upstream_affinity_store_heard_from(store, m->instance,
+                            now, ngx_http_upstream_affinity_store_news(m->kind)))
+    {
+        ngx_http_upstream_affinity_store_count(store, limited);
+        return;
+    }
+
+    /* news once, a cache filled only while fresh (..._STORE_FRESH) */
+
+    if (ngx_http_upstream_affinity_store_news(m->kind)
+        && (!unseen
+            || (m->kind == AFFINITY_STORE_FILLED
+                && age > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)))
+    {
+        ngx_http_upstream_affinity_store_count(store, stale);
+        return;
+    }
+
+    /* the time of the other's decision, never ahead of this clock */
+
+    used = (uint32_t) ngx_min((uint64_t) now, m->ms / 1000);
+
+    switch (m->kind) {
+
+    case AFFINITY_STORE_PIN:
+        zone = ascf->session_zone;
+
+        if (zone == NULL) {
+            return;
         }
 
-        /* news once, a cache filled only while fresh (..._STORE_FRESH) */
+        shctx = zone->data;
+        hash = affinity_zone_key_hash(shctx->zone, m->digest,
+                                      AFFINITY_STORE_DIGEST);
 
-        if (ngx_http_upstream_affinity_store_news(m.kind)
-            && (!unseen
-                || (m.kind == AFFINITY_STORE_FILLED
-                    && now - m.time > NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH)))
-        {
-            continue;
-        }
-
-        switch (m.kind) {
-
-        case AFFINITY_STORE_PIN:
-            zone = ascf->session_zone;
-
-            if (zone == NULL || now - m.time > ascf->session_timeout) {
-                continue;
-            }
-
-            shctx = zone->data;
-            hash = affinity_zone_key_hash(shctx->zone, m.key, m.key_len);
-
-            ngx_shmtx_lock(&shctx->shpool->mutex);
-            affinity_sessions_pin(shctx->zone, hash, m.peer, (uint32_t) now,
-                                  (uint32_t) ascf->session_timeout);
-            ngx_shmtx_unlock(&shctx->shpool->mutex);
-            break;
-
-        case AFFINITY_STORE_RESPONSE:
-            zone = ascf->response_zone;
-
-            if (zone == NULL || now - m.time > ascf->response_timeout) {
-                continue;
-            }
-
-            shctx = zone->data;
-            hash = affinity_zone_key_hash(shctx->zone, m.key, m.key_len);
-
-            ngx_shmtx_lock(&shctx->shpool->mutex);
-            affinity_responses_learn(shctx->zone, hash, m.peer,
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        rc = affinity_sessions_learn(shctx->zone, hash, m->peer, m->ms,
                                      (uint32_t) now,
-                                     (uint32_t) ascf->response_timeout);
-            ngx_shmtx_unlock(&shctx->shpool->mutex);
-            break;
+                                     (uint32_t) ascf->session_timeout);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+        break;
 
-        case AFFINITY_STORE_LEVELS:
-            zone = ascf->prefix_zone;
+    case AFFINITY_STORE_RESPONSE:
+        zone = ascf->response_zone;
 
-            if (zone == NULL || now - m.time > ascf->prefix_timeout) {
-                continue;
-            }
+        if (zone == NULL) {
+            return;
+        }
 
-            shctx = zone->data;
+        shctx = zone->data;
+        hash = affinity_zone_key_hash(shctx->zone, m->digest,
+                                      AFFINITY_STORE_DIGEST);
 
-            ngx_shmtx_lock(&shctx->shpool->mutex);
-            affinity_prefixes_record(shctx->zone, m.levels, m.nlevels,
-                                     m.peer, (uint32_t) now,
-                                     (uint32_t) ascf->prefix_timeout,
-                                     ascf->prefix_cache);
-            ngx_shmtx_unlock(&shctx->shpool->mutex);
-            break;
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        rc = affinity_responses_learn(shctx->zone, hash, m->peer, m->ms,
+                                      (uint32_t) now,
+                                      (uint32_t) ascf->response_timeout);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+        break;
 
-        case AFFINITY_STORE_SENT:
-        case AFFINITY_STORE_DONE:
+    case AFFINITY_STORE_LEVELS:
+        zone = ascf->prefix_zone;
 
-            /*
-             * A request the other instance sent m.peer, or one that ended
-             * there: with affinity_metrics it counts on the peer's load
-             * here, or no longer, until the peer's engine reports again,
-             * if it came after the engine was asked.
-             */
+        if (zone == NULL) {
+            return;
+        }
 
-            zone = ascf->counter_zone;
-
-            if (ascf->engine_ttl == 0 || zone == NULL) {
-                continue;
-            }
-
-            shctx = zone->data;
-
-            ngx_shmtx_lock(&shctx->shpool->mutex);
-
-            at = (uint64_t) m.time * 1000 + m.msec;
-
-            if (m.kind == AFFINITY_STORE_SENT) {
-                affinity_zone_peer_sent_elsewhere(shctx->zone, m.peer, at);
-
-            } else {
-                affinity_zone_peer_ended_elsewhere(shctx->zone, m.peer, at);
-            }
-
-            ngx_shmtx_unlock(&shctx->shpool->mutex);
-            break;
-
-        case AFFINITY_STORE_FILLED:
-
-            /*
-             * How far a prompt the other instance sent m.peer filled its
-             * modelled cache: this instance's model of it ages as much.
-             * The message comes before the prompt's levels, which are then
-             * the most recent there.
-             */
-
-            zone = ascf->prefix_zone;
-
-            if (zone == NULL) {
-                continue;
-            }
-
-            shctx = zone->data;
-
-            ngx_shmtx_lock(&shctx->shpool->mutex);
-            affinity_prefixes_filled(shctx->zone, m.peer, m.chars,
-                                     (uint32_t) now, ascf->prefix_cache);
-            ngx_shmtx_unlock(&shctx->shpool->mutex);
+        if (!unseen || now - used > ascf->prefix_timeout) {
+            rc = AFFINITY_LEARNED_STALE;
             break;
         }
+
+        shctx = zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        affinity_prefixes_record(shctx->zone, m->levels, m->nlevels,
+                                 m->peer, used,
+                                 (uint32_t) ascf->prefix_timeout,
+                                 ascf->prefix_cache);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+        rc = AFFINITY_LEARNED;
+        break;
+
+    case AFFINITY_STORE_SENT:
+    case AFFINITY_STORE_DONE:
+
+        /*
+         * A request the other instance sent m->peer, or one that ended
+         * there: with affinity_metrics it counts on the peer's load here,
+         * or no longer, until the peer's engine reports again, if it came
+         * after the engine was asked.
+         */
+
+        zone = ascf->counter_zone;
+
+        if (ascf->engine_ttl == 0 || zone == NULL) {
+            return;
+        }
+
+        shctx = zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+
+        if (m->kind == AFFINITY_STORE_SENT) {
+            affinity_watch_sent_elsewhere(&shctx->head->watch, m->peer);
+            affinity_zone_peer_sent_elsewhere(shctx->zone, m->peer, m->ms);
+
+        } else {
+            affinity_zone_peer_ended_elsewhere(shctx->zone, m->peer, m->ms);
+        }
+
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+        rc = AFFINITY_LEARNED;
+        break;
+
+    case AFFINITY_STORE_FILLED:
+
+        /*
+         * How far a prompt the other instance sent m->peer filled its
+         * modelled cache: this instance's model of it ages as much.
+         * The message comes before the prompt's levels, which are then
+         * the most recent there.
+         */
+
+        zone = ascf->prefix_zone;
+
+        if (zone == NULL) {
+            return;
+        }
+
+        shctx = zone->data;
+
+        ngx_shmtx_lock(&shctx->shpool->mutex);
+        affinity_prefixes_filled(shctx->zone, m->peer, m->chars,
+                                 (uint32_t) now, ascf->prefix_cache);
+        ngx_shmtx_unlock(&shctx->shpool->mutex);
+        rc = AFFINITY_LEARNED;
+        break;
+
+    default:
+        return;
+    }
+
+    if (rc == AFFINITY_LEARNED) {
+        ngx_http_upstream_affinity_store_count(store, applied);
+
+    } else if (rc == AFFINITY_LEARNED_STALE) {
+        ngx_http_upstream_affinity_store_count(store, stale);
     }
 }
 
 
-/* the number in a stream entry's one-letter field, NGX_ERROR if none */
+/* whether a peer is one of this upstream's servers */
 
-static off_t
-ngx_http_upstream_affinity_store_number(redisReply *fields, u_char name)
+static ngx_uint_t
+ngx_http_upstream_affinity_store_knows(
+    ngx_http_upstream_affinity_store_t *store, uint64_t peer)
 {
-    ngx_uint_t   i;
-    redisReply  *field, *value;
+    ngx_uint_t                          i;
+    ngx_http_upstream_affinity_view_t  *view;
 
-    for (i = 0; i + 1 < fields->elements; i += 2) {
-        field = fields->element[i];
-        value = fields->element[i + 1];
+    view = store->conf->view;
 
-        if (field->type == REDIS_REPLY_STRING && field->len == 1
-            && (u_char) field->str[0] == name
-            && value->type == REDIS_REPLY_STRING)
-        {
-            return ngx_atoof((u_char *) value->str, value->len);
+    if (view == NULL) {
+        return 0;
+    }
+
+    for (i = 0; i < view->npeers; i++) {
+        if (view->peers[i].id == peer) {
+            return 1;
         }
     }
 
-    return NGX_ERROR;
+    return 0;
 }
 
 
 /*
- * Whether the entry just read (store->last, "ms-seq": the store gives them
- * in increasing order) comes after the last one the instance's reader read
- * from the stream, which it then becomes.  A reader that starts again (a
- * reload, a worker that died) reads the stream from its beginning: what it
- * read before is not counted again.  A store restarted with a clock behind
- * its last entry gives ids below it, counted by no reader either, until
- * the clock passes it (nor read, as the reader goes on from there).
+ * Whether an entry read (ms-seq: the store gives them in increasing order)
+ * comes after the last one the instance's reader read from the stream,
+ * which it then becomes.  A reader that starts again (a reload, a worker
+ * that died) reads the stream from its beginning: what it read before is
+ * not counted again.
  */
 
 static ngx_uint_t
 ngx_http_upstream_affinity_store_unseen(
-    ngx_http_upstream_affinity_store_t *store)
+    ngx_http_upstream_affinity_store_t *store, uint64_t ms, uint64_t seq)
 {
-    u_char                                    *p, *dash;
-    off_t                                      ms, seq;
-    size_t                                     len;
     ngx_uint_t                                 unseen;
     ngx_http_upstream_affinity_shctx_t        *shctx;
     ngx_http_upstream_affinity_stream_read_t  *record;
-
-    p = (u_char *) store->last;
-    len = ngx_strlen(p);
-    dash = ngx_strlchr(p, p + len, '-');
-
-    if (dash == NULL) {
-        return 0;
-    }
-
-    ms = ngx_atoof(p, dash - p);
-    seq = ngx_atoof(dash + 1, p + len - dash - 1);
-
-    if (ms == NGX_ERROR || seq == NGX_ERROR) {
-        return 0;
-    }
 
     shctx = store->conf->counter_zone->data;
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
 
-    record = ngx_http_upstream_affinity_store_record(store);
+    record = ngx_http_upstream_affinity_store_record(store->conf,
+                                                     store->stream);
 
-    unseen = (uint64_t) ms > record->ms
-             || ((uint64_t) ms == record->ms
-                 && (uint64_t) seq > record->seq);
+    unseen = ms > record->ms || (ms == record->ms && seq > record->seq);
 
     if (unseen) {
-        record->ms = (uint64_t) ms;
-        record->seq = (uint64_t) seq;
+        record->ms = ms;
+        record->seq = seq;
     }
 
     ngx_shmtx_unlock(&shctx->shpool->mutex);
@@ -1249,8 +1617,8 @@ ngx_http_upstream_affinity_store_unseen(
 
 
 /*
- * The record of the store's stream in the counter zone's head, found by
- * the stream's name: else a free one, else the one read longest ago, taken
+ * The record of a stream in the counter zone's head, found by the
+ * stream's name: else a free one, else the one read longest ago, taken
  * over (beyond ..._STREAMS upstreams with a store counting in one zone,
  * their readers count again what they read before when they start again).
  * The caller holds the zone lock.
@@ -1258,20 +1626,20 @@ ngx_http_upstream_affinity_store_unseen(
 
 static ngx_http_upstream_affinity_stream_read_t *
 ngx_http_upstream_affinity_store_record(
-    ngx_http_upstream_affinity_store_t *store)
+    ngx_http_upstream_affinity_srv_conf_t *ascf, uint32_t stream)
 {
     ngx_uint_t                                 i;
     ngx_http_upstream_affinity_shctx_t        *shctx;
     ngx_http_upstream_affinity_stream_read_t  *record, *spare, *oldest;
 
-    shctx = store->conf->counter_zone->data;
+    shctx = ascf->counter_zone->data;
     spare = NULL;
     oldest = &shctx->head->read[0];
 
     for (i = 0; i < NGX_HTTP_UPSTREAM_AFFINITY_STREAMS; i++) {
         record = &shctx->head->read[i];
 
-        if (record->stream == store->stream) {
+        if (record->stream == stream) {
             return record;
         }
 
@@ -1287,14 +1655,14 @@ ngx_http_upstream_affinity_store_record(
     record = spare ? spare : oldest;
 
     ngx_memzero(record, sizeof(ngx_http_upstream_affinity_stream_read_t));
-    record->stream = store->stream;
+    record->stream = stream;
 
     return record;
 }
 
 
 /*
- * The instance's reader of the stream: this worker from when it connects
+ * The instance's reader of the stream: this worker from when it reads
  * (pid), none from when it goes (0; a reader that went with the worker
  * is replaced when the next one connects).  The other workers announce
  * requests for reading back only while there is one (..._announce()).
@@ -1315,7 +1683,8 @@ ngx_http_upstream_affinity_store_reader_is(
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
 
-    record = ngx_http_upstream_affinity_store_record(store);
+    record = ngx_http_upstream_affinity_store_record(store->conf,
+                                                     store->stream);
 
     if (pid || record->reading == (ngx_atomic_uint_t) ngx_pid) {
         record->reading = (ngx_atomic_uint_t) pid;
@@ -1346,9 +1715,16 @@ ngx_http_upstream_affinity_store_reading(
 }
 
 
-static void
+/*
+ * news of another instance read now: its news this second counted, at
+ * most ..._NEWS_RATE (0: beyond it); the instance told to the counter zone
+ * once a second.  The least recently heard of gives way to a new one.
+ */
+
+static ngx_uint_t
 ngx_http_upstream_affinity_store_heard_from(
-    ngx_http_upstream_affinity_store_t *store, uint64_t instance, time_t now)
+    ngx_http_upstream_affinity_store_t *store, uint64_t instance, time_t now,
+    ngx_uint_t news)
 {
     ngx_uint_t                           i, oldest;
     ngx_http_upstream_affinity_heard_t  *heard;
@@ -1370,141 +1746,22 @@ ngx_http_upstream_affinity_store_heard_from(
     if (i == NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD) {
         i = oldest;
         heard[i].instance = instance;
+        heard[i].time = 0;
+    }
 
-    } else if (heard[i].time == now) {
-        return;
+    if (heard[i].time == now) {
+        heard[i].news += news;
+        return heard[i].news <= NGX_HTTP_UPSTREAM_AFFINITY_STORE_NEWS_RATE;
     }
 
     heard[i].time = now;
+    heard[i].news = news;
 
     shctx = store->conf->counter_zone->data;
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
     affinity_zone_instance_seen(shctx->zone, instance, (uint32_t) now);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
-}
 
-
-/*
- * hiredis on nginx's event loop: the socket hiredis opened gets a
- * connection of nginx's own, whose events call hiredis back.
- */
-
-static ngx_int_t
-ngx_http_upstream_affinity_store_attach(redisAsyncContext *ac,
-    ngx_log_t *log)
-{
-    ngx_connection_t  *c;
-
-    c = ngx_get_connection(ac->c.fd, log);
-    if (c == NULL) {
-        return NGX_ERROR;
-    }
-
-    c->data = ac;
-    c->log = log;
-    c->read->log = log;
-    c->write->log = log;
-    c->read->handler = ngx_http_upstream_affinity_store_readable;
-    c->write->handler = ngx_http_upstream_affinity_store_writable;
-
-    ac->ev.data = c;
-    ac->ev.addRead = ngx_http_upstream_affinity_store_add_read;
-    ac->ev.delRead = ngx_http_upstream_affinity_store_del_read;
-    ac->ev.addWrite = ngx_http_upstream_affinity_store_add_write;
-    ac->ev.delWrite = ngx_http_upstream_affinity_store_del_write;
-    ac->ev.cleanup = ngx_http_upstream_affinity_store_cleanup;
-
-    return NGX_OK;
-}
-
-
-static void
-ngx_http_upstream_affinity_store_add_read(void *data)
-{
-    ngx_connection_t  *c = data;
-
-    if (!c->read->active) {
-        (void) ngx_add_event(c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_upstream_affinity_store_del_read(void *data)
-{
-    ngx_connection_t  *c = data;
-
-    if (c->read->active) {
-        (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
-    }
-}
-
-
-static void
-ngx_http_upstream_affinity_store_add_write(void *data)
-{
-    ngx_connection_t  *c = data;
-
-    if (!c->write->active) {
-        (void) ngx_add_event(c->write, NGX_WRITE_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_upstream_affinity_store_del_write(void *data)
-{
-    ngx_connection_t  *c = data;
-
-    if (c->write->active) {
-        (void) ngx_del_event(c->write, NGX_WRITE_EVENT, 0);
-    }
-}
-
-
-/*
- * hiredis closes the socket itself, after this.  The connection may be
- * freed while its events wait in the posted queue (accept_mutex on: the
- * reader's error frees the writer's connection in the same batch of
- * events); they leave the queue with it, as ngx_close_connection() has
- * them do.
- */
-
-static void
-ngx_http_upstream_affinity_store_cleanup(void *data)
-{
-    ngx_connection_t  *c = data;
-
-    ngx_http_upstream_affinity_store_del_read(c);
-    ngx_http_upstream_affinity_store_del_write(c);
-
-    if (c->read->posted) {
-        ngx_delete_posted_event(c->read);
-    }
-
-    if (c->write->posted) {
-        ngx_delete_posted_event(c->write);
-    }
-
-    ngx_free_connection(c);
-    c->fd = (ngx_socket_t) -1;
-}
-
-
-static void
-ngx_http_upstream_affinity_store_readable(ngx_event_t *ev)
-{
-    ngx_connection_t  *c = ev->data;
-
-    redisAsyncHandleRead(c->data);
-}
-
-
-static void
-ngx_http_upstream_affinity_store_writable(ngx_event_t *ev)
-{
-    ngx_connection_t  *c = ev->data;
-
-    redisAsyncHandleWrite(c->data);
+    return 1;
 }

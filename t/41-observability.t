@@ -78,7 +78,8 @@ $EXPECTED{"nginx_upstream_affinity_zone_$_"} = [qw(zone kind upstream)]
     for qw(capacity entries inserts_total evictions_total expiries_total
            peer_slots peer_slots_reclaimed_total peer_slots_missing_total
            worker_rows_used worker_rows_missing_total workers_reaped_total
-           inflight_recovered_total);
+           inflight_recovered_total conflicts_total);
+$EXPECTED{nginx_upstream_affinity_store_events_total} = [qw(upstream event)];
 
 sub slurp {
     my ($file) = @_;
@@ -100,6 +101,17 @@ my ($evicting) = $t->start_mock_replicas(1, '--cache-tokens', 1000,
 my $status = $t->port;
 my $learning = $t->port;
 
+# The learning upstream shares through a store nobody listens at: its
+# counters are exported all the same.
+my $secret = $t->path('store.secret');
+{
+    open my $fh, '>', $secret or die "$secret: $!";
+    print {$fh} "a secret the instances share, 32 bytes\n";
+    close $fh;
+    chmod 0600, $secret;
+}
+my $no_store = $t->port;
+
 $t->write_conf(proxy_conf($t,
     servers(\@replicas) . servers([$spare], $spare => 'backup') . <<'UPSTREAM',
         session_affinity header=X-Session-ID zone=obs_sessions:1m;
@@ -112,7 +124,8 @@ UPSTREAM
           . "        location = /affinity/status { affinity_status; }\n"
           . "    }\n"
           . proxied_upstream(obs_learning => servers([$evicting])
-                . "        prefix_affinity zone=obs_learning_prefixes:1m;",
+                . "        prefix_affinity zone=obs_learning_prefixes:1m;\n"
+                . "        affinity_store 127.0.0.1:$no_store secret=$secret;",
                 $learning)));
 $t->start_nginx;
 
@@ -230,6 +243,10 @@ subtest 'the module exports the documented families and labels' => sub {
         [ sort qw(not_buffered not_json no_body too_large read_error
                   parse_error no_prompt no_memory) ],
         'every fallback reason';
+    is_deeply [ sort keys %{ $families{nginx_upstream_affinity_store_events_total}{event} } ],
+        [ sort qw(published dropped refused outages read applied forged
+                  malformed stale future unknown limited rewound) ],
+        'store_events_total: every event';
     is_deeply [ sort keys %{ $families{nginx_upstream_affinity_zone_entries}{kind} } ],
         [ qw(prefixes responses sessions) ], 'every kind of zone';
 };

@@ -55,9 +55,11 @@ $a->start_redis($redis);
 my $relay_pid = $a->start_service(relay => $relay, $^X,
     "$FindBin::Bin/store-relay.pl", '--port', $relay, '--to', $redis);
 
-# A reaches the store through the relay
+# A reaches the store through the relay.  The store pauses writes for
+# 4 s below: a timeout longer than that keeps A waiting for its answers
+# (with the default, 2 s, it would take the store for away: t/65).
 my $upstream = "        session_affinity header=X-Session-ID zone=%s:1m;\n"
-    . "        affinity_store 127.0.0.1:%d stream=$stream;\n"
+    . "        affinity_store 127.0.0.1:%d stream=$stream timeout=10s;\n"
     . "        affinity_metrics interval=30s timeout=1s;\n";
 
 $a->write_conf(proxy_conf($a, servers(\@replicas)
@@ -155,7 +157,8 @@ sub announcements {
         $reply .= $more;
     }
     close $s;
-    my $n = () = $reply =~ /\r\n\$1\r\nt\r\n/g;
+    # a request sent: field m, a message of version 2 and kind 4
+    my $n = () = $reply =~ /\r\n\$1\r\nm\r\n\$\d+\r\n\x02\x04/g;
     return $n;
 }
 
@@ -260,7 +263,8 @@ my $held = time;
 my $announced = announcements();
 my ($fourth, $pinned4) = sibling_in_flight('agent-4');
 ok eventually(sub { announcements() > $announced }, 2),
-    'agent-4: the store took the first sibling\'s announcement';
+    'agent-4: the store took the first sibling\'s announcement'
+    or diag explain [ $announced, announcements(), state_of_a()->{store} ];
 sleep 0.5;      # its answer reached A long ago
 is unheard()->{$pinned4}, 1,
     'agent-4: it is still unheard while A has not read it back';
@@ -271,8 +275,8 @@ sibling_ends($fourth, 'agent-4');
 
 # ---- the connection goes while the store takes nothing ---------------------
 
-# hiredis answers every command waiting on a connection that goes, without
-# a reply: the request is no more unheard, with no poll to clear it.
+# Every command waiting on a connection that goes is given up: the request
+# is no more unheard, with no poll to clear it.
 my ($third, $pinned3, $paused3) = paused_with_a_sibling('agent-3');
 like redis_command(qw(CLIENT KILL TYPE normal)), qr/^:[1-9]/,
     'the store drops its clients';

@@ -59,14 +59,28 @@ sub drop {
     }
 }
 
+# A signal (the hold's) may interrupt a read or a write: it is tried again.
 sub write_all {
     my ($s, $data) = @_;
     while (length $data) {
         my $n = syswrite $s, $data;
-        return 0 unless defined $n;
+        unless (defined $n) {
+            next if $!{EINTR};
+            return 0;
+        }
         substr($data, 0, $n) = '';
     }
     return 1;
+}
+
+sub read_some {
+    my ($s) = @_;
+    while (1) {
+        my $n = sysread $s, my $data, 65536;
+        return $data if $n;
+        return undef if defined $n;     # the other end closed
+        return undef unless $!{EINTR};
+    }
 }
 
 while (1) {
@@ -97,8 +111,8 @@ while (1) {
             next;
         }
         my $c = $conn{$s} or next;
-        my $n = sysread $s, my $data, 65536;
-        unless ($n) {
+        my $data = read_some($s);
+        unless (defined $data) {
             drop($s);
             next;
         }

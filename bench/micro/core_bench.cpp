@@ -299,7 +299,7 @@ void BM_ResponseLearn(benchmark::State &state)
         const char *found = affinity_response_scan_id(&scan, &len, &object);
         uint64_t hash = affinity_zone_key_hash(responses, found, len);
         affinity_responses_learn(responses, hash, fleet.peers[now % 4].id,
-                                 now, 3600);
+                                 uint64_t(now) * 1000, now, 3600);
         now++;
     }
 
@@ -323,7 +323,7 @@ void BM_ResponseOwner(benchmark::State &state)
                                  affinity_zone_key_hash(responses,
                                                         ids.back().data(),
                                                         ids.back().size()),
-                                 42, 1, 3600);
+                                 42, 1000, 1, 3600);
     }
     size_t i = 0;
 

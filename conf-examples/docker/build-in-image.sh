@@ -50,7 +50,7 @@ fi
 # What the module links to (config: ngx_module_libs) and what scripts/
 # build-module.sh runs (bash, flock from util-linux, make).
 deps="build-essential util-linux libsimdjson-dev libjansson-dev
-      libhiredis-dev libssl-dev libxxhash-dev"
+      libssl-dev libxxhash-dev"
 
 mkdir -p "$out"
 apt-get update -qq

@@ -18,7 +18,6 @@
 #include "session_table.h"
 #include "cache_model.h"
 #include "prefix_table.h"
-#include "store_message.h"
 #include "unheard_watch.h"
 #include "usage_scan.h"
 #include "worker_rows.h"
@@ -136,6 +135,8 @@ void affinity_zone_info(const affinity_zone_t *zone,
     info->rows_missing = h.rows_missing;
     info->rows_reaped = h.rows_reaped;
     info->inflight_recovered = h.inflight_recovered;
+    info->instance = h.instance;
+    info->conflicts = h.conflicts;
 
     for (size_t i = 0; i < AFFINITY_FALLBACKS; i++) {
         info->fallbacks[i] = atomic_load(&h.fallbacks[i]);
@@ -373,8 +374,8 @@ namespace {
 
 // A ticket names a slot and the epoch of the count a request was added to
 // (PeerSlot::unheard), in a pointer-sized integer the caller hands back
-// when the request is heard (it travels with the announcement, and as
-// hiredis' privdata for a refused or lost one): the slot + 1 in its low
+// when the request is heard (it travels in the announcement, and with the
+// shim's record of a refused or lost one): the slot + 1 in its low
 // bits, so that 0 names none, the epoch's low bits that fit above.  An
 // epoch comes round again in the same bits after 2^23 clears at the
 // least, long after any announcement is read.
@@ -469,7 +470,7 @@ void affinity_zone_instance_seen(affinity_zone_t *zone, uint64_t instance,
 {
     ZoneHeader &h = zone_of(zone).header();
 
-    if (instance == 0 || instance == h.seed) {
+    if (instance == 0 || instance == h.instance) {
         return;
     }
 
@@ -701,20 +702,31 @@ uint64_t affinity_responses_owner(affinity_zone_t *zone, uint64_t key_hash,
     return entry ? entry->peer : 0;
 }
 
-void affinity_responses_learn(affinity_zone_t *zone, uint64_t key_hash,
-                              uint64_t peer_id, uint32_t now,
-                              uint32_t timeout) noexcept
+int affinity_responses_learn(affinity_zone_t *zone, uint64_t key_hash,
+                             uint64_t peer_id, uint64_t version_ms,
+                             uint32_t now, uint32_t timeout) noexcept
 {
-    affinity_sessions_pin(zone, key_hash, peer_id, now, timeout);
+    Learned learned = SessionTable(zone_of(zone), now, timeout)
+                          .claim(key_hash, peer_id, version_ms);
+
+    if (learned == Learned::Taken) {
+        zone_of(zone).header().conflicts++;
+        return AFFINITY_LEARNED_TAKEN;
+    }
+
+    return learned == Learned::Applied ? AFFINITY_LEARNED
+                                       : AFFINITY_LEARNED_STALE;
 }
 
-void affinity_sessions_pin(affinity_zone_t *zone, uint64_t key_hash,
-                           uint64_t peer_id, uint32_t now,
-                           uint32_t timeout) noexcept
+int affinity_sessions_learn(affinity_zone_t *zone, uint64_t key_hash,
+                            uint64_t peer_id, uint64_t version_ms,
+                            uint32_t now, uint32_t timeout) noexcept
 {
-    if (peer_id != 0) {
-        SessionTable(zone_of(zone), now, timeout).pin(key_hash, peer_id);
-    }
+    Learned learned = SessionTable(zone_of(zone), now, timeout)
+                          .learn(key_hash, peer_id, version_ms);
+
+    return learned == Learned::Applied ? AFFINITY_LEARNED
+                                       : AFFINITY_LEARNED_STALE;
 }
 
 void affinity_prefixes_polled(affinity_zone_t *zone, uint64_t peer_id,
@@ -794,21 +806,6 @@ void affinity_prefixes_filled(affinity_zone_t *zone, uint64_t peer_id,
     CacheModel cache(zone_of(zone), &peer, 1, capacity, nullptr, now);
 
     cache.add(0, chars);
-}
-
-size_t affinity_store_encode(const affinity_store_message_t *message,
-                             void *out, size_t cap) noexcept
-{
-    return encode_store_message(*message, static_cast<uint8_t *>(out), cap);
-}
-
-int affinity_store_decode(const void *data, size_t len,
-                          affinity_store_message_t *message,
-                          uint64_t *levels, size_t levels_cap) noexcept
-{
-    return decode_store_message(static_cast<const uint8_t *>(data), len,
-                                *message, levels, levels_cap)
-           ? 0 : -1;
 }
 
 static_assert(sizeof(ResponseScan) <= sizeof(affinity_response_scan_t),

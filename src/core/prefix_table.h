@@ -36,12 +36,6 @@ struct alignas(64) PrefixBucket : LruBucket<PrefixEntry, kPrefixWays> {
 static_assert(sizeof(PrefixEntry) == 32, "an entry is half a cache line");
 static_assert(sizeof(PrefixBucket) == 256, "a bucket is four cache lines");
 
-inline uint32_t short_peer_id(uint64_t id) noexcept
-{
-    uint32_t s = static_cast<uint32_t>(id);
-    return s != 0 ? s : 1;
-}
-
 class PrefixTable {
 public:
     PrefixTable(Zone zone, uint32_t now, uint32_t timeout) noexcept

@@ -426,7 +426,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                   const CacheModel &cache, affinity_decision_t &decision)
     noexcept
 {
-    SessionTable table(zone, request.now, request.timeout);
+    SessionTable table(zone, request.now, request.timeout, request.now_ms);
     SessionEntry *entry = table.find(request.key_hash);
     affinity_decision_t by_prompt;
 
@@ -526,7 +526,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                          by_prompt);
 
     } else {
-        int spill = entry->spill ? load.index_of(entry->spill) : -1;
+        int spill = entry->spill ? load.index_of_short(entry->spill) : -1;
 
         if (spill >= 0 && spill != pinned && load.usable(spill)
             && load.accepts(spill))
@@ -559,7 +559,7 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     if (i >= 0) {
         uint64_t previous = entry->peer;
         table.repin(entry, peers[i].id);
-        entry->spill = previous;
+        entry->spill = short_peer_id(previous);
         decision = decided(i, AFFINITY_ROUTE_SESSION_SPILL,
                            by_prompt.prefix_len);
     }
@@ -894,7 +894,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         decision = decided(owner, AFFINITY_ROUTE_RESPONSE_HIT, 0);
 
         if (request.has_key && sessions) {
-            SessionTable(zone, request.now, request.timeout)
+            SessionTable(zone, request.now, request.timeout, request.now_ms)
                 .pin(request.key_hash, peers[owner].id);
         }
 

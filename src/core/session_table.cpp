@@ -1,5 +1,7 @@
 #include "session_table.h"
 
+#include <algorithm>
+
 namespace affinity {
 
 void SessionTable::drop(const SessionEntry &entry) noexcept
@@ -47,6 +49,7 @@ void SessionTable::repin(SessionEntry *entry, uint64_t peer) noexcept
 
     entry->peer = peer;
     entry->spill = 0;
+    entry->version = std::max(entry->version, now_ms_);
     zone_.add_pins(peer, 1);
 }
 
@@ -61,6 +64,96 @@ void SessionTable::pin(uint64_t key, uint64_t peer) noexcept
     if (entry->peer != peer) {
         repin(entry, peer);
     }
+}
+
+SessionEntry *SessionTable::peek(SessionBucket &bucket, uint64_t key,
+                                 size_t live, size_t *index) noexcept
+{
+    for (size_t i = 0; i < live; i++) {
+        if (bucket.entries[i].key == key) {
+            *index = i;
+            return &bucket.entries[i];
+        }
+    }
+    return nullptr;
+}
+
+// The entry of key made to hold peer as of version, used at the sender
+// then (never later than now): an existing one made the most recent, or
+// a new one.
+SessionEntry *SessionTable::learned(uint64_t key, uint64_t peer,
+                                    uint64_t version) noexcept
+{
+    SessionBucket &bucket = zone_.bucket_of<SessionBucket>(key);
+    size_t i;
+    uint32_t used = uint32_t(std::min<uint64_t>(version / 1000, now_));
+    SessionEntry *entry = peek(bucket, key, expire(bucket), &i);
+
+    if (entry) {
+        entry = bucket.promote(i);
+        entry->last_used = std::max(entry->last_used, used);
+
+    } else {
+        entry = insert(key);
+        entry->last_used = used;
+    }
+
+    if (entry->peer != peer) {
+        if (entry->peer != 0) {
+            zone_.add_pins(entry->peer, -1);
+        }
+        entry->peer = peer;
+        entry->spill = 0;
+        zone_.add_pins(peer, 1);
+    }
+
+    entry->version = version;
+    return entry;
+}
+
+Learned SessionTable::learn(uint64_t key, uint64_t peer, uint64_t version)
+    noexcept
+{
+    if (peer == 0 || now_ - std::min<uint64_t>(version / 1000, now_)
+                     > timeout_)
+    {
+        return Learned::Stale;
+    }
+
+    SessionBucket &bucket = zone_.bucket_of<SessionBucket>(key);
+    size_t i;
+    SessionEntry *entry = peek(bucket, key, expire(bucket), &i);
+
+    if (entry
+        && (version < entry->version
+            || (version == entry->version && peer <= entry->peer)))
+    {
+        return Learned::Stale;
+    }
+
+    learned(key, peer, version);
+    return Learned::Applied;
+}
+
+Learned SessionTable::claim(uint64_t key, uint64_t peer, uint64_t version)
+    noexcept
+{
+    if (peer == 0 || now_ - std::min<uint64_t>(version / 1000, now_)
+                     > timeout_)
+    {
+        return Learned::Stale;
+    }
+
+    SessionBucket &bucket = zone_.bucket_of<SessionBucket>(key);
+    size_t i;
+    SessionEntry *entry = peek(bucket, key, expire(bucket), &i);
+
+    if (entry && entry->peer != peer) {
+        return Learned::Taken;
+    }
+
+    learned(key, peer, entry ? std::max(entry->version, version) : version);
+    return Learned::Applied;
 }
 
 }  // namespace affinity

@@ -1,4 +1,5 @@
 // The session table: session key hash -> pinned peer, in a zone's buckets.
+// A responses zone keeps response ids in the same table.
 //
 // Set-associative: a key maps to one bucket of kSessionWays entries (four
 // cache lines); lookups and inserts touch that bucket only, so every
@@ -6,6 +7,11 @@
 // longer than the timeout are reclaimed first, then the least recently used
 // is evicted (exact LRU, see lru_bucket.h).  All functions require the zone
 // lock.
+//
+// Each pin carries the wall-clock millisecond it was made at, by whichever
+// instance made it: what other instances learned (learn(), claim()) is
+// applied only over an older pin, so that reading the store's stream again,
+// or late, never puts back a pin that was since moved.
 #pragma once
 
 #include <cstddef>
@@ -19,9 +25,10 @@ namespace affinity {
 struct SessionEntry {
     uint64_t key;           // seeded key hash; 0 = empty
     uint64_t peer;          // pinned peer id
-    uint64_t spill;         // peer that took this session's spills, or 0
+    uint64_t version;       // ms of the wall clock, when it was pinned
     uint32_t last_used;     // seconds
-    uint32_t reserved;
+    uint32_t spill;         // short id of the peer that took this
+                            // session's spills, or 0
 };
 
 constexpr uint32_t kSessionWays = 8;
@@ -31,10 +38,19 @@ struct alignas(64) SessionBucket : LruBucket<SessionEntry, kSessionWays> {
 
 static_assert(sizeof(SessionBucket) == 256, "a bucket is four cache lines");
 
+enum class Learned {
+    Applied,        // the entry holds it now
+    Stale,          // the entry holds a newer pin, or it expired already
+    Taken           // a response id another peer holds
+};
+
 class SessionTable {
 public:
-    SessionTable(Zone zone, uint32_t now, uint32_t timeout) noexcept
-        : zone_(zone), now_(now), timeout_(timeout) {}
+    // now_ms: the wall clock, for the pins made here (0: now's seconds).
+    SessionTable(Zone zone, uint32_t now, uint32_t timeout,
+                 uint64_t now_ms = 0) noexcept
+        : zone_(zone), now_(now), timeout_(timeout),
+          now_ms_(now_ms ? now_ms : uint64_t(now) * 1000) {}
 
     // The live entry of key, made the most recently used; nullptr if
     // absent.  Reclaims the expired entries of the bucket.
@@ -45,20 +61,37 @@ public:
     // Invalidates entries returned earlier.
     SessionEntry *insert(uint64_t key) noexcept;
 
-    // Points an entry at another peer, keeping the per-peer pin counts.
+    // Points an entry at another peer, as of now, keeping the per-peer pin
+    // counts.
     void repin(SessionEntry *entry, uint64_t peer) noexcept;
 
-    // Pins key to peer: its entry, made the most recently used, or a new
-    // one.
+    // Pins key to peer as of now: its entry, made the most recently used,
+    // or a new one.
     void pin(uint64_t key, uint64_t peer) noexcept;
+
+    // Another instance pinned key to peer at version (its ms): applied
+    // over an older pin, or as a new entry last used then; on a tie the
+    // higher peer id wins, so that every instance keeps the same.  Not
+    // applied, the entry is left as it was, not even made more recent.
+    Learned learn(uint64_t key, uint64_t peer, uint64_t version) noexcept;
+
+    // A response id that peer produced at version, here or at another
+    // instance: the first peer to hold it keeps it while its entry lives;
+    // the same peer's again refreshes it.
+    Learned claim(uint64_t key, uint64_t peer, uint64_t version) noexcept;
 
 private:
     size_t expire(SessionBucket &bucket) noexcept;
     void drop(const SessionEntry &entry) noexcept;
+    SessionEntry *peek(SessionBucket &bucket, uint64_t key, size_t live,
+                       size_t *index) noexcept;
+    SessionEntry *learned(uint64_t key, uint64_t peer, uint64_t version)
+        noexcept;
 
     Zone zone_;
     uint32_t now_;
     uint32_t timeout_;
+    uint64_t now_ms_;
 };
 
 }  // namespace affinity

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <openssl/rand.h>
+#include <openssl/sha.h>
 
 #include "hashing.h"
 #include "prefix_table.h"
@@ -20,6 +21,22 @@ static_assert(sizeof(SessionBucket) == sizeof(PrefixBucket)
               "session and prefix zones share their geometry");
 
 constexpr size_t kRowBytes = sizeof(WorkerRow) + kPeerSlots * sizeof(int32_t);
+
+// The instance's id, from the seed: what the store's readers may see.
+uint64_t instance_of(uint64_t seed) noexcept
+{
+    static const char label[] = "nginx affinity instance";
+    unsigned char in[sizeof(label) + sizeof(seed)];
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    uint64_t id;
+
+    std::memcpy(in, label, sizeof(label));
+    std::memcpy(in + sizeof(label), &seed, sizeof(seed));
+    SHA256(in, sizeof(in), digest);
+    std::memcpy(&id, digest, sizeof(id));
+
+    return id ? id : 1;
+}
 
 size_t align64(size_t n) noexcept
 {
@@ -121,6 +138,7 @@ affinity_attach_e Zone::initialize(void *region, size_t size, uint32_t kind,
     h->kind = kind;
     h->region_size = size;
     h->seed = seed;
+    h->instance = instance_of(seed);
     h->peers_offset = sizeof(ZoneHeader);
     h->probes_offset = kProbesOffset;
     h->rows_offset = l.rows_offset;

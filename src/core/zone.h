@@ -23,7 +23,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 9;
+constexpr uint32_t kLayoutVersion = 10;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -44,9 +44,18 @@ constexpr size_t kInstanceSlots = 16;
 constexpr uint64_t kInstanceMemory = 10;
 
 struct InstanceSeen {
-    uint64_t id;                // the instance's zone seed; 0: free
+    uint64_t id;                // the instance's id; 0: free
     uint64_t seen;              // seconds, its last message read
 };
+
+// A peer by the low 32 bits of its id, where entries keep a few peers
+// (prefix_table.h) or a second one (session_table.h): a collision between
+// two peers of one upstream has odds of about n^2/2^33.
+inline uint32_t short_peer_id(uint64_t id) noexcept
+{
+    uint32_t s = static_cast<uint32_t>(id);
+    return s != 0 ? s : 1;
+}
 
 // A slot per peer an upstream may have.
 static_assert(kPeerSlots >= AFFINITY_MAX_PEERS, "a slot for every peer");
@@ -93,11 +102,13 @@ struct alignas(64) ZoneHeader {
     // the other instances' requests in the high 32 bits, the unheard ones
     // in the low.  Written under the zone lock, read lock-free.
     uint64_t unheard_met;
+    // The instance's id in the store's messages: a one-way function of the
+    // seed, which it must not reveal (the seed places keys in buckets).
+    uint64_t instance;
+    uint64_t conflicts;         // response ids refused to another peer
 };
 
-// unheard_met took the header's last padding: zones made before it (of
-// the same layout version) hold 0 there, no lessons yet.
-static_assert(sizeof(ZoneHeader) == 512, "the header keeps its size");
+static_assert(sizeof(ZoneHeader) % 64 == 0, "the header fills lines");
 
 // The unheard requests' lessons (ZoneHeader::unheard_met): trusted once
 // kUnheardTrusted unheard requests are learned from, halved, the others'

@@ -320,7 +320,7 @@ TEST(Instances, TheOnesHeardFromInTheLastTenSeconds)
     EXPECT_EQ(affinity_zone_instances(z.get(), 1000), 1u);
 
     // Itself, or no id: not another instance.
-    affinity_zone_instance_seen(z.get(), info.seed, 1000);
+    affinity_zone_instance_seen(z.get(), info.instance, 1000);
     affinity_zone_instance_seen(z.get(), 0, 1000);
     EXPECT_EQ(affinity_zone_instances(z.get(), 1000), 1u);
 

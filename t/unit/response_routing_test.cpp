@@ -23,7 +23,7 @@ TEST(ResponseTable, LearnsAndForgetsAfterTheTimeout)
     uint64_t key = id_key(z.get(), "resp_abc");
 
     EXPECT_EQ(affinity_responses_owner(z.get(), key, 100, 60), 0u);
-    affinity_responses_learn(z.get(), key, peer, 100, 60);
+    affinity_responses_learn(z.get(), key, peer, 100000, 100, 60);
     EXPECT_EQ(affinity_responses_owner(z.get(), key, 150, 60), peer);
 
     // A lookup keeps it alive; idle past the timeout it is gone.
@@ -37,25 +37,36 @@ TEST(ResponseTable, LearnsAndForgetsAfterTheTimeout)
     EXPECT_EQ(info.expiries, 1u);
 }
 
-TEST(ResponseTable, RelearningMovesTheIdAndKeepsOneEntry)
+// An id stays with the peer that produced it first while it lives: a
+// reply reusing it elsewhere (an engine lets clients choose ids) cannot
+// take the owner's follow-ups.
+TEST(ResponseTable, AnIdKeepsItsFirstOwnerAndOneEntry)
 {
     TestZone z(1 << 20, AFFINITY_ZONE_RESPONSES);
     Upstream up(z.get(), {1, 1, 1});
     uint64_t key = id_key(z.get(), "resp_abc");
 
-    affinity_responses_learn(z.get(), key, up.peer(0).id, 10, 3600);
-    affinity_responses_learn(z.get(), key, up.peer(0).id, 11, 3600);
-    affinity_responses_learn(z.get(), key, up.peer(1).id, 12, 3600);
+    EXPECT_EQ(affinity_responses_learn(z.get(), key, up.peer(0).id, 10000,
+                                       10, 3600),
+              AFFINITY_LEARNED);
+    EXPECT_EQ(affinity_responses_learn(z.get(), key, up.peer(0).id, 11000,
+                                       11, 3600),
+              AFFINITY_LEARNED);
+    EXPECT_EQ(affinity_responses_learn(z.get(), key, up.peer(1).id, 12000,
+                                       12, 3600),
+              AFFINITY_LEARNED_TAKEN);
     EXPECT_EQ(affinity_responses_owner(z.get(), key, 13, 3600),
-              up.peer(1).id);
+              up.peer(0).id);
     EXPECT_EQ(z.info().used, 1u);
+    EXPECT_EQ(z.info().conflicts, 1u);
 
     // The pin counts of a responses zone are the ids each peer holds.
-    EXPECT_EQ(up.stats(0).pins, 0);
-    EXPECT_EQ(up.stats(1).pins, 1);
+    EXPECT_EQ(up.stats(0).pins, 1);
+    EXPECT_EQ(up.stats(1).pins, 0);
 
     // Peer id 0 is never learned.
-    affinity_responses_learn(z.get(), id_key(z.get(), "x"), 0, 14, 3600);
+    affinity_responses_learn(z.get(), id_key(z.get(), "x"), 0, 14000, 14,
+                             3600);
     EXPECT_EQ(z.info().used, 1u);
 }
 
@@ -69,7 +80,7 @@ TEST(ResponseTable, IsBoundedAndEvictsTheLeastRecentlyUsed)
     for (uint64_t i = 0; i < capacity * 3; i++) {
         affinity_responses_learn(z.get(),
                                  id_key(z.get(), "resp_" + std::to_string(i)),
-                                 peer, 10, 3600);
+                                 peer, 10000, 10, 3600);
     }
 
     affinity_zone_info_t info = z.info();

@@ -180,6 +180,9 @@ typedef struct {
     uint64_t    rows_reaped;    /* rows of dead workers freed */
     uint64_t    inflight_recovered;     /* their requests given back */
     uint64_t    fallbacks[AFFINITY_FALLBACKS];  /* by affinity_fallback_e */
+    uint64_t    instance;       /* the instance's id in the store's
+                                   messages: random, not the seed */
+    uint64_t    conflicts;      /* response ids refused to another peer */
 } affinity_zone_info_t;
 
 /* Caller holds the zone lock for exact figures. */
@@ -380,6 +383,8 @@ typedef struct {
                                holds sessions), and where it came from */
     uint32_t    now;        /* seconds, monotonic enough for idle expiry */
     uint32_t    timeout;    /* idle expiry of pins, seconds */
+    uint64_t    now_ms;     /* the wall clock in milliseconds: when a pin
+                               is made (0: now's seconds) */
     uint32_t    rotate;     /* varies per request: breaks fallback ties */
     uint32_t    row;        /* the worker's row, or AFFINITY_NO_ROW */
     uint32_t    continues;  /* continues a stored response or
@@ -638,10 +643,20 @@ AFFINITY_API affinity_prompt_e affinity_json_prompt(affinity_json_t *json,
 AFFINITY_API uint64_t affinity_responses_owner(affinity_zone_t *zone,
     uint64_t key_hash, uint32_t now, uint32_t timeout) AFFINITY_NOEXCEPT;
 
-/* Remembers that peer_id (non-zero) produced the id. */
-AFFINITY_API void affinity_responses_learn(affinity_zone_t *zone,
-    uint64_t key_hash, uint64_t peer_id, uint32_t now, uint32_t timeout)
-    AFFINITY_NOEXCEPT;
+typedef enum {
+    AFFINITY_LEARNED = 0,           /* the zone holds it now */
+    AFFINITY_LEARNED_STALE,         /* it holds a newer one, or it expired */
+    AFFINITY_LEARNED_TAKEN          /* the id belongs to another peer */
+} affinity_learned_e;
+
+/* Remembers that peer_id (non-zero) produced the id at version_ms (the
+ * wall clock in milliseconds, here or at the instance that learned it):
+ * the first peer to produce an id keeps it while its entry lives, so that
+ * a reply reusing a live id (an engine lets clients choose them) cannot
+ * take another's follow-ups; each such refusal is counted (conflicts). */
+AFFINITY_API int affinity_responses_learn(affinity_zone_t *zone,
+    uint64_t key_hash, uint64_t peer_id, uint64_t version_ms, uint32_t now,
+    uint32_t timeout) AFFINITY_NOEXCEPT;
 
 /* Longest id learned; a longer one is not (nor looked up). */
 #define AFFINITY_RESPONSE_ID_MAX  256
@@ -928,62 +943,20 @@ AFFINITY_API int affinity_zone_poll_due(affinity_zone_t *zone,
     uint64_t now_ms, uint32_t interval_ms) AFFINITY_NOEXCEPT;
 
 
-/* ---- several instances: what they share through a store ------------- */
-
-typedef enum {
-    AFFINITY_STORE_PIN = 1,         /* a session key pinned to a peer */
-    AFFINITY_STORE_RESPONSE,        /* a response id produced by a peer */
-    AFFINITY_STORE_LEVELS,          /* a prompt's levels served by a peer */
-    AFFINITY_STORE_SENT,            /* a request sent to a peer (with
-                                       affinity_metrics): a 16-bit body,
-                                       the msec of its time */
-    AFFINITY_STORE_FILLED,          /* characters a peer's modelled cache
-                                       took in (affinity_decision_t
-                                       .cache_chars): a 32-bit body */
-    AFFINITY_STORE_DONE             /* a request announced as SENT ended:
-                                       as SENT */
-} affinity_store_kind_e;
-
-/* Longest key a message carries: session keys and response ids. */
-#define AFFINITY_STORE_KEY_MAX       1024
-
-/* Longest message: its header and AFFINITY_MAX_LEVELS level hashes. */
-#define AFFINITY_STORE_MESSAGE_MAX   (24 + 8 * AFFINITY_MAX_LEVELS)
-
-typedef struct {
-    uint32_t                 kind;      /* affinity_store_kind_e */
-    uint32_t                 time;      /* seconds, when it was learned */
-    uint64_t                 instance;  /* who learned it */
-    uint64_t                 peer;      /* affinity_peer_id(), not 0 */
-    const char              *key;       /* PIN, RESPONSE: the raw key */
-    size_t                   key_len;
-    const uint64_t          *levels;    /* LEVELS: affinity_level_t.hash */
-    size_t                   nlevels;
-    uint32_t                 chars;     /* FILLED: not 0 */
-    uint32_t                 msec;      /* SENT, DONE: milliseconds past
-                                           time, below 1000 */
-} affinity_store_message_t;
-
-/* Writes a message to out (AFFINITY_STORE_MESSAGE_MAX bytes suffice);
- * returns its length, or 0 when it is not valid. */
-AFFINITY_API size_t affinity_store_encode(
-    const affinity_store_message_t *message, void *out, size_t cap)
-    AFFINITY_NOEXCEPT;
-
-/* Reads a message of len bytes: 0, or -1 when it is not one this version
- * knows.  key points into data; levels are copied to the caller's array
- * (AFFINITY_MAX_LEVELS entries suffice). */
-AFFINITY_API int affinity_store_decode(const void *data, size_t len,
-    affinity_store_message_t *message, uint64_t *levels, size_t levels_cap)
-    AFFINITY_NOEXCEPT;
+/* ---- several instances: applying what the others learned ----------- */
 
 /* Applying what another instance learned, to this instance's zones (caller
  * holds the zone lock; now and timeout in seconds). */
 
-/* Pins the session of key_hash (affinity_zone_key_hash()) to peer_id. */
-AFFINITY_API void affinity_sessions_pin(affinity_zone_t *zone,
-    uint64_t key_hash, uint64_t peer_id, uint32_t now, uint32_t timeout)
-    AFFINITY_NOEXCEPT;
+/* Another instance pinned the session of key_hash
+ * (affinity_zone_key_hash()) to peer_id at version_ms (its wall clock):
+ * applied only over an older pin (on a tie, the higher peer id wins), so
+ * that reading the stream again or late never puts back a pin since
+ * moved; not applied, the entry is not even made more recent.  Returns an
+ * affinity_learned_e. */
+AFFINITY_API int affinity_sessions_learn(affinity_zone_t *zone,
+    uint64_t key_hash, uint64_t peer_id, uint64_t version_ms, uint32_t now,
+    uint32_t timeout) AFFINITY_NOEXCEPT;
 
 /* Records that peer_id served the prompt levels of these hashes.  With a
  * capacity in tokens (affinity_request_t.prefix_capacity), the peer is
@@ -1040,5 +1013,7 @@ AFFINITY_API void affinity_prefixes_polled(affinity_zone_t *zone,
 #ifdef __cplusplus
 }
 #endif
+
+#include "affinity_store.h"
 
 #endif /* AFFINITY_CORE_H */
