@@ -24,12 +24,22 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_METRICS_MAX  (1024 * 1024)
 
 
+/* a server to fetch from, copied out of the peer list */
+typedef struct {
+    ngx_sockaddr_t                          sockaddr;
+    socklen_t                               socklen;
+    ngx_str_t                               name;
+    u_char                                  text[NGX_SOCKADDR_STRLEN];
+} ngx_http_upstream_affinity_target_t;
+
+
 typedef struct {
     ngx_http_upstream_affinity_srv_conf_t  *conf;
     ngx_http_upstream_srv_conf_t           *upstream;
     ngx_event_t                             timer;
     ngx_log_t                              *log;
     ngx_uint_t                              warned;
+    ngx_http_upstream_affinity_target_t    *targets;
 } ngx_http_upstream_affinity_poller_t;
 
 
@@ -54,7 +64,7 @@ static void ngx_http_upstream_affinity_metrics_start(ngx_cycle_t *cycle,
 static void ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev);
 static void ngx_http_upstream_affinity_metrics_fetch(
     ngx_http_upstream_affinity_poller_t *poller,
-    ngx_http_upstream_rr_peer_t *peer);
+    ngx_http_upstream_affinity_target_t *target);
 static void ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev);
 static void ngx_http_upstream_affinity_metrics_recv(ngx_event_t *rev);
 static void ngx_http_upstream_affinity_metrics_done(
@@ -88,6 +98,12 @@ ngx_http_upstream_affinity_metrics_start(ngx_cycle_t *cycle,
         return;
     }
 
+    poller->targets = ngx_palloc(cycle->pool, AFFINITY_MAX_PEERS
+                                 * sizeof(ngx_http_upstream_affinity_target_t));
+    if (poller->targets == NULL) {
+        return;
+    }
+
     poller->conf = ascf;
     poller->upstream = uscf;
     poller->log = cycle->log;
@@ -107,9 +123,10 @@ static void
 ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev)
 {
     ngx_msec_t                              interval;
-    ngx_uint_t                              n;
-    ngx_http_upstream_rr_peer_t            *peer, *list[AFFINITY_MAX_PEERS];
+    ngx_uint_t                              n, i;
+    ngx_http_upstream_rr_peer_t            *peer;
     ngx_http_upstream_rr_peers_t           *peers;
+    ngx_http_upstream_affinity_target_t    *t;
     ngx_http_upstream_affinity_shctx_t     *shctx;
     ngx_http_upstream_affinity_poller_t    *poller = ev->data;
 
@@ -135,10 +152,9 @@ ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev)
     }
 
     /*
-     * The list may change at run time (servers with "resolve"): only the
-     * peers are noted under the lock, the fetches start after it.  Peers
-     * stay allocated while the list they are in is current, and a fetch
-     * copies what it needs of them before it yields.
+     * The list may change at run time (servers with "resolve"), and other
+     * workers balance under its lock: only the addresses are copied under
+     * it, and the fetches connect after it.
      */
 
     n = 0;
@@ -148,23 +164,32 @@ ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev)
     for (peer = peers->peer; peer && n < AFFINITY_MAX_PEERS;
          peer = peer->next)
     {
-        if (!peer->down) {
-            list[n++] = peer;
+        if (peer->down || peer->socklen > sizeof(ngx_sockaddr_t)
+            || peer->name.len > NGX_SOCKADDR_STRLEN)
+        {
+            continue;
         }
-    }
 
-    while (n) {
-        ngx_http_upstream_affinity_metrics_fetch(poller, list[--n]);
+        t = &poller->targets[n++];
+        ngx_memcpy(&t->sockaddr, peer->sockaddr, peer->socklen);
+        t->socklen = peer->socklen;
+        t->name.len = peer->name.len;
+        t->name.data = t->text;
+        ngx_memcpy(t->text, peer->name.data, peer->name.len);
     }
 
     ngx_http_upstream_rr_peers_unlock(peers);
+
+    for (i = 0; i < n; i++) {
+        ngx_http_upstream_affinity_metrics_fetch(poller, &poller->targets[i]);
+    }
 }
 
 
 static void
 ngx_http_upstream_affinity_metrics_fetch(
     ngx_http_upstream_affinity_poller_t *poller,
-    ngx_http_upstream_rr_peer_t *peer)
+    ngx_http_upstream_affinity_target_t *peer)
 {
     int                                         awaits;
     uint64_t                                    id;
@@ -220,7 +245,7 @@ ngx_http_upstream_affinity_metrics_fetch(
         goto failed;
     }
 
-    ngx_memcpy(f->pc.sockaddr, peer->sockaddr, peer->socklen);
+    ngx_memcpy(f->pc.sockaddr, &peer->sockaddr, peer->socklen);
     f->pc.socklen = peer->socklen;
     f->pc.name = &f->name;
     f->pc.get = ngx_event_get_peer;
