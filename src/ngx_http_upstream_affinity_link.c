@@ -475,13 +475,21 @@ ngx_http_upstream_affinity_link_dispatch(
 
     case NGX_HTTP_UPSTREAM_AFFINITY_LINK_PING:
 
-        if (r == NULL || r->type != AFFINITY_RESP_SIMPLE) {
+        /* PONG, not any simple string: a stray +OK is not the answer */
+
+        if (r == NULL || r->type != AFFINITY_RESP_SIMPLE || r->len != 4
+            || ngx_strncmp(r->str, "PONG", 4) != 0)
+        {
             if (r && r->type == AFFINITY_RESP_ERROR) {
                 ngx_http_upstream_affinity_link_detail(link, (u_char *) r->str,
                                                        r->len);
+                ngx_http_upstream_affinity_link_fail(link,
+                                                     "the store refused");
+                return NGX_DONE;
             }
 
-            ngx_http_upstream_affinity_link_fail(link, "the store refused");
+            ngx_http_upstream_affinity_link_fail(link,
+                                                 "not a Redis greeting");
             return NGX_DONE;
         }
 

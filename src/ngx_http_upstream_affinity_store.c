@@ -39,7 +39,7 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_TIP       3
 
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY     1000    /* ms, first */
-#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX 30000   /* ms */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX 10000   /* ms */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK     5000    /* ms */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     128     /* per read */
 
@@ -164,6 +164,11 @@ struct ngx_http_upstream_affinity_store_s {
 
     unsigned                                warned:1;   /* this outage */
     unsigned                                refusing:1; /* writes refused */
+    unsigned                                writing:1;  /* a write taken
+                                                           since the
+                                                           connection */
+    unsigned                                reading:1;  /* a read answered
+                                                           since it */
     unsigned                                exiting:1;
 };
 
@@ -207,6 +212,8 @@ static void ngx_http_upstream_affinity_store_unanswered(
 static size_t ngx_http_upstream_affinity_store_encode(
     ngx_http_upstream_affinity_store_t *store,
     affinity_store_message_t *message, u_char *buf);
+static void ngx_http_upstream_affinity_store_readable(
+    ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_tip(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_read(
@@ -435,15 +442,18 @@ ngx_http_upstream_affinity_store_outage(
 
 
 /*
- * Back once writes are taken again (after a refusal, only once one is),
- * and, in the worker that reads, once the reader reads.
+ * Back once a write is taken again (or the writer is connected with
+ * nothing to write), and, in the worker that reads, once a read is
+ * answered: a store that answers the greeting and then nothing sensible
+ * stays away, said once.
  */
 
 static void
 ngx_http_upstream_affinity_store_back(ngx_http_upstream_affinity_store_t *store)
 {
-    if (!store->warned || store->refusing || !store->writer.ready
-        || (ngx_http_upstream_affinity_store_reads() && !store->reader.ready))
+    if (!store->warned
+        || !(store->writing || (store->writer.ready && store->queued == 0))
+        || (ngx_http_upstream_affinity_store_reads() && !store->reading))
     {
         return;
     }
@@ -490,21 +500,19 @@ ngx_http_upstream_affinity_store_backoff(ngx_msec_t *backoff)
 
 /* ---- writing -------------------------------------------------------- */
 
+/*
+ * The greeting was answered: what is queued is sent.  The waits between
+ * tries start again from the shortest only once a write is taken.
+ */
+
 static void
 ngx_http_upstream_affinity_store_writer_ready(
     ngx_http_upstream_affinity_link_t *link)
 {
     ngx_http_upstream_affinity_store_t  *store = link->data;
 
-    if (!store->refusing) {
-        store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
-    }
-
     ngx_http_upstream_affinity_store_flush(store);
-
-    if (link->ready) {
-        ngx_http_upstream_affinity_store_back(store);
-    }
+    ngx_http_upstream_affinity_store_back(store);
 }
 
 
@@ -518,6 +526,7 @@ ngx_http_upstream_affinity_store_writer_lost(
         return;
     }
 
+    store->writing = 0;
     ngx_http_upstream_affinity_store_rewind(store);
     ngx_http_upstream_affinity_store_outage(store, "writing", why,
                                             &link->detail);
@@ -556,6 +565,16 @@ ngx_http_upstream_affinity_store_written(
 
     q = &store->queue[store->first];
 
+    if (r->type != AFFINITY_RESP_BULK && r->type != AFFINITY_RESP_ERROR) {
+
+        /* not an answer to XADD: the connection is not with a store */
+
+        ngx_http_upstream_affinity_link_close(link);
+        ngx_http_upstream_affinity_store_writer_lost(link,
+                                                     "not an answer to XADD");
+        return;
+    }
+
     if (r->type == AFFINITY_RESP_ERROR) {
         ngx_http_upstream_affinity_store_count(store, refused);
         ngx_http_upstream_affinity_link_detail(link, (u_char *) r->str,
@@ -588,8 +607,10 @@ ngx_http_upstream_affinity_store_written(
     store->queued--;
     store->sent--;
 
-    if (store->refusing) {
-        store->refusing = 0;
+    store->refusing = 0;
+
+    if (!store->writing) {
+        store->writing = 1;
         store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
         ngx_http_upstream_affinity_store_back(store);
     }
@@ -1057,6 +1078,7 @@ ngx_http_upstream_affinity_store_reader_lost(
         return;
     }
 
+    store->reading = 0;
     ngx_http_upstream_affinity_store_reader_is(store, 0);
     ngx_http_upstream_affinity_store_outage(store, "reading", why,
                                             &link->detail);
@@ -1066,6 +1088,22 @@ ngx_http_upstream_affinity_store_reader_lost(
                       ngx_http_upstream_affinity_store_backoff(
                           &store->read_backoff));
     }
+}
+
+
+/* a read was answered as a stream's reads are */
+
+static void
+ngx_http_upstream_affinity_store_readable(
+    ngx_http_upstream_affinity_store_t *store)
+{
+    if (store->reading) {
+        return;
+    }
+
+    store->reading = 1;
+    store->read_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+    ngx_http_upstream_affinity_store_back(store);
 }
 
 
@@ -1236,15 +1274,15 @@ ngx_http_upstream_affinity_store_tipped(
     }
 
     ngx_http_upstream_affinity_store_read(store);
-    ngx_http_upstream_affinity_store_back(store);
+    ngx_http_upstream_affinity_store_readable(store);
 }
 
 
 /*
  * A reply of XREAD: nil when nothing came within the block time (the tip
- * is then looked at again), else the entries.  An entry not wholly kept
- * is larger than any message: skipped when it comes first, else read
- * first by the next XREAD, with room for it.
+ * is then looked at again), else the entries.  An entry larger than any
+ * message is skipped; one that found no room left in the reply is read
+ * first by the next XREAD, with room for it, unless it came first.
  */
 
 static void
@@ -1270,7 +1308,7 @@ ngx_http_upstream_affinity_store_entries(
         return;
     }
 
-    store->read_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+    ngx_http_upstream_affinity_store_readable(store);
 
     if (reply->type == AFFINITY_RESP_NIL) {
         ngx_http_upstream_affinity_store_tip(store);
@@ -1281,7 +1319,7 @@ ngx_http_upstream_affinity_store_entries(
          affinity_store_entries_next(store->reader.proto, &entries, &entry);
          n++)
     {
-        if (entry.cut && n > 0) {
+        if (entry.full && n > 0) {
             break;
         }
 

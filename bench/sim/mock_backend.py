@@ -1087,6 +1087,10 @@ class Connection:
         reply = FORMATS[kind](job, replica.next_id())
         if record is None:
             return await self.run(request, job, reply, arrived)
+        # vLLM names a response after the request's "request_id" when the
+        # client gives one: a client may choose its response's id.
+        if isinstance(body.get('request_id'), str) and body['request_id']:
+            reply.id = body['request_id']
         replica.start_response(record, reply)
         try:
             return await self.run(request, job, reply, arrived)

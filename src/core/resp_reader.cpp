@@ -107,7 +107,7 @@ uint32_t RespReader::begin(uint32_t type) noexcept
 
     if ((parent && parent->node == kRespNone) || nodes_used_ >= lim_.nodes) {
         if (parent && parent->node != kRespNone) {
-            nodes_[parent->node].flags |= AFFINITY_RESP_CUT;
+            nodes_[parent->node].flags |= AFFINITY_RESP_CUT | AFFINITY_RESP_FULL;
         }
         return kRespNone;
     }
@@ -149,7 +149,8 @@ void RespReader::keep_byte(uint8_t c) noexcept
 
     if (n.len >= lim_.string_max || bytes_used_ >= lim_.bytes) {
         // Cut strings keep nothing: a prefix would pass for the whole.
-        n.flags |= AFFINITY_RESP_CUT;
+        n.flags |= n.len >= lim_.string_max
+                   ? AFFINITY_RESP_CUT : AFFINITY_RESP_CUT | AFFINITY_RESP_FULL;
         bytes_used_ -= uint32_t(n.len);
         n.len = 0;
         return;
@@ -213,10 +214,11 @@ RespReader::Header RespReader::header_done() noexcept
         if (uint64_t(v) > kRespBulkMax) {
             return Header::Invalid;
         }
-        if (n && (uint64_t(v) > lim_.string_max
-                  || uint64_t(v) > uint64_t(lim_.bytes - bytes_used_)))
-        {
+        if (n && uint64_t(v) > lim_.string_max) {
             n->flags |= AFFINITY_RESP_CUT;
+
+        } else if (n && uint64_t(v) > uint64_t(lim_.bytes - bytes_used_)) {
+            n->flags |= AFFINITY_RESP_CUT | AFFINITY_RESP_FULL;
         }
         bulk_left_ = uint64_t(v);
         state_ = bulk_left_ ? State::Bulk : State::BulkEnd;

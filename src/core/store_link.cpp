@@ -40,6 +40,13 @@ bool whole(const affinity_resp_node_t *n) noexcept
     return n && !(n->flags & AFFINITY_RESP_CUT);
 }
 
+// Not wholly kept for want of room in the reply (an array whose elements
+// found no node is marked so too).
+bool full(const affinity_resp_node_t *n) noexcept
+{
+    return n && (n->flags & AFFINITY_RESP_FULL);
+}
+
 }  // namespace
 
 size_t StoreLink::size(const affinity_resp_limits_t &lim) noexcept
@@ -243,6 +250,7 @@ bool store_entries_next(const StoreLink &link,
         const affinity_resp_node_t *fields = element(link, e, 1);
 
         entry->cut = !whole(e) || !whole(fields) || e->integer != 2;
+        entry->full = full(e) || full(fields);
 
         if (fields == nullptr || fields->type != AFFINITY_RESP_ARRAY) {
             return true;
@@ -257,6 +265,7 @@ bool store_entries_next(const StoreLink &link,
 
             if (!whole(f) || (v && !whole(v))) {
                 entry->cut = 1;
+                entry->full |= full(f) || (v && full(v));
             }
             if (v == nullptr) {
                 break;

@@ -325,7 +325,27 @@ TEST(StoreLink, WalksStreamEntries)
     ASSERT_EQ(affinity_store_entries_next(small.get(), &it, &e), 1);
     EXPECT_EQ(e.ms, 5u);
     EXPECT_TRUE(e.cut);
+    EXPECT_FALSE(e.full) << "longer than any message: skipped, not read again";
     EXPECT_EQ(e.message, nullptr);
+
+    // Entries after the reply's room ran out: cut and full, to read again.
+    Link tight(affinity_resp_limits_t{13, 512, 64, 8, 4});
+    tight.expect(1);
+    std::string two = "*1\r\n*2\r\n$1\r\ns\r\n*2\r\n"
+                      "*2\r\n$3\r\n6-1\r\n*2\r\n$1\r\nm\r\n$1\r\na\r\n"
+                      "*2\r\n$3\r\n6-2\r\n*2\r\n$1\r\nm\r\n$1\r\nb\r\n";
+    ASSERT_EQ(affinity_store_link_feed(tight.get(), two.data(), two.size(),
+                                       &used, &reply),
+              AFFINITY_LINK_REPLY);
+    ASSERT_EQ(affinity_store_entries(tight.get(), reply.root, 0, &it), 0);
+    ASSERT_EQ(affinity_store_entries_next(tight.get(), &it, &e), 1);
+    EXPECT_FALSE(e.cut);
+    EXPECT_EQ(std::string(e.message, e.message_len), "a");
+    ASSERT_EQ(affinity_store_entries_next(tight.get(), &it, &e), 1);
+    EXPECT_EQ(e.ms, 6u);
+    EXPECT_EQ(e.seq, 2u);
+    EXPECT_TRUE(e.cut);
+    EXPECT_TRUE(e.full);
 }
 
 TEST(StoreLink, ParsesStreamIds)

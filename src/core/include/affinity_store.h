@@ -32,10 +32,12 @@ typedef enum {
 /* no node: the end of an array's elements */
 #define AFFINITY_RESP_NONE  UINT32_MAX
 
-/* affinity_resp_node_t.flags: not all of it was kept (a string longer
- * than the limits keep, of which no byte is kept; an array some of whose
- * elements found no room) */
+/* affinity_resp_node_t.flags: not all of it was kept (CUT: a string of
+ * which no byte is kept, an array some of whose elements were not kept);
+ * FULL too when that is because the reply's room ran out, not because the
+ * string is longer than any kept */
 #define AFFINITY_RESP_CUT   1
+#define AFFINITY_RESP_FULL  2
 
 /* One element of a reply, in the link's memory until the next feed. */
 typedef struct {
@@ -137,7 +139,8 @@ AFFINITY_API size_t affinity_resp_command(void *out, size_t cap,
  * The entries of an XREAD reply ([[stream, [[id, [field, value, ...]],
  * ...]]], or nil) or of an XRANGE / XREVRANGE one ([[id, fields], ...]),
  * in order.  An entry whose id is not "ms-seq" is skipped; one not wholly
- * kept (cut) is given with cut set, and its message only if whole.
+ * kept is given with cut set (and full, when the reply's room ran out
+ * before it: read again, it may fit), its message only if whole.
  */
 typedef struct {
     uint64_t     ms;            /* its id, ms-seq */
@@ -145,7 +148,7 @@ typedef struct {
     const char  *message;       /* its field "m", or NULL */
     size_t       message_len;
     uint32_t     cut;
-    uint32_t     reserved;
+    uint32_t     full;
 } affinity_store_entry_t;
 
 typedef struct {

@@ -1,0 +1,143 @@
+#!/usr/bin/env perl
+
+=head1 NAME
+
+fake-store.pl - a store endpoint that misbehaves, for the upstream affinity
+test suite
+
+=head1 SYNOPSIS
+
+    perl t/fake-store.pl --port 7001 --mode unsolicited --log conns.log
+
+=head1 DESCRIPTION
+
+Listens on 127.0.0.1:PORT and answers connections as a Redis server would,
+until the MODE's misbehaviour, built on core Perl only.  Each connection is
+logged as a line of LOG ("connect TIME") when it comes.  Modes:
+
+=over
+
+=item unsolicited
+
+a C<+OK> reply right after the connection is accepted, before any command;
+
+=item greeting
+
+an HTTP error, as a web server on the store's port would send;
+
+=item junk
+
+PING is answered, then every command gets random bytes;
+
+=item resp3
+
+PING is answered, then every command gets a RESP3 map;
+
+=item deep
+
+PING is answered, then every command gets arrays nested a thousand deep;
+
+=item extra
+
+every command gets its reply twice;
+
+=item silent
+
+nothing is ever answered;
+
+=item halfclose
+
+PING is answered, then the connection is shut down for writing while it
+is read on.
+
+=back
+
+=cut
+
+use strict;
+use warnings;
+
+use Getopt::Long;
+use IO::Select;
+use IO::Socket::INET;
+use Socket qw(SHUT_WR);
+use Time::HiRes qw(time);
+
+my ($port, $mode, $log);
+GetOptions('port=i' => \$port, 'mode=s' => \$mode, 'log=s' => \$log)
+    && $port && $mode && $log
+    or die "usage: $0 --port PORT --mode MODE --log FILE\n";
+
+$SIG{PIPE} = 'IGNORE';
+$SIG{TERM} = sub { exit 0 };
+
+my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+    LocalPort => $port, Listen => 64, ReuseAddr => 1)
+    or die "listen on $port: $!\n";
+
+open my $logfh, '>>', $log or die "$log: $!\n";
+$logfh->autoflush(1);
+
+my $select = IO::Select->new($listen);
+my %pinged;
+
+sub reply_to {
+    my ($s, $command) = @_;
+    my $ok = $command eq 'PING' ? "+PONG\r\n"
+           : $command eq 'AUTH' ? "+OK\r\n"
+           : $command eq 'XADD' ? "\$15\r\n1700000000000-0\r\n"
+           : "*0\r\n";
+
+    if ($mode eq 'extra') {
+        return $ok . $ok;
+    }
+    if ($mode eq 'silent') {
+        return '';
+    }
+    if ($command eq 'PING' || $command eq 'AUTH') {
+        $pinged{$s} = 1;
+        return $ok;
+    }
+    if ($mode eq 'junk') {
+        return join '', map { chr int rand 256 } 1 .. 512;
+    }
+    if ($mode eq 'resp3') {
+        return "%1\r\n+key\r\n+value\r\n";
+    }
+    if ($mode eq 'deep') {
+        return ("*1\r\n" x 1000) . ":1\r\n";
+    }
+    return $ok;
+}
+
+while (1) {
+    for my $s ($select->can_read(0.1)) {
+        if ($s == $listen) {
+            my $c = $listen->accept or next;
+            printf {$logfh} "connect %.3f\n", time;
+            if ($mode eq 'unsolicited') {
+                syswrite $c, "+OK\r\n";
+            } elsif ($mode eq 'greeting') {
+                syswrite $c, "HTTP/1.1 400 Bad Request\r\n"
+                           . "Content-Length: 0\r\n\r\n";
+            }
+            $select->add($c);
+            next;
+        }
+        my $n = sysread $s, my $data, 65536;
+        unless ($n) {
+            $select->remove($s);
+            delete $pinged{$s};
+            close $s;
+            next;
+        }
+        my $out = '';
+        while ($data =~ /\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n/g) {
+            $out .= reply_to($s, uc $1);
+        }
+        syswrite $s, $out if length $out;
+        if ($mode eq 'halfclose' && $pinged{$s}) {
+            shutdown $s, SHUT_WR;
+        }
+    }
+}
