@@ -38,6 +38,8 @@ static void ngx_http_upstream_affinity_link_connected(
     ngx_http_upstream_affinity_link_t *link);
 #if (NGX_SSL)
 static void ngx_http_upstream_affinity_link_handshaked(ngx_connection_t *c);
+static ngx_int_t ngx_http_upstream_affinity_link_check_name(
+    ngx_connection_t *c, ngx_str_t *name);
 #endif
 static void ngx_http_upstream_affinity_link_greet(
     ngx_http_upstream_affinity_link_t *link);
@@ -92,6 +94,16 @@ ngx_http_upstream_affinity_link_init(ngx_http_upstream_affinity_link_t *link,
     link->log = log;
     link->wait = scf->timeout;
 
+    /*
+     * nginx logs what fails on a connection (connect(), SSL) at its own
+     * levels, some at crit: once per outage, with the owner's line, not at
+     * every try after it.
+     */
+
+    link->quiet = *log;
+    link->quiet.log_level = NGX_LOG_EMERG;
+    link->quiet.next = NULL;
+
     return NGX_OK;
 }
 
@@ -102,18 +114,20 @@ void
 ngx_http_upstream_affinity_link_open(ngx_http_upstream_affinity_link_t *link)
 {
     ngx_int_t                                 rc;
+    ngx_log_t                                *log;
     ngx_pool_t                               *pool;
     ngx_connection_t                         *c;
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
     scf = link->conf;
+    log = link->hush ? &link->quiet : link->log;
 
     ngx_memzero(&link->pc, sizeof(ngx_peer_connection_t));
     link->pc.sockaddr = scf->addr.sockaddr;
     link->pc.socklen = scf->addr.socklen;
     link->pc.name = &scf->addr.name;
     link->pc.get = ngx_event_get_peer;
-    link->pc.log = link->log;
+    link->pc.log = log;
     link->pc.log_error = NGX_ERROR_INFO;
     link->pc.tries = 1;
 
@@ -132,7 +146,7 @@ ngx_http_upstream_affinity_link_open(ngx_http_upstream_affinity_link_t *link)
 
     c = link->pc.connection;
 
-    pool = ngx_create_pool(512, link->log);
+    pool = ngx_create_pool(512, log);
     if (pool == NULL) {
         ngx_close_connection(c);
         link->pc.connection = NULL;
@@ -142,9 +156,9 @@ ngx_http_upstream_affinity_link_open(ngx_http_upstream_affinity_link_t *link)
 
     c->pool = pool;
     c->data = link;
-    c->log = link->log;
-    c->read->log = link->log;
-    c->write->log = link->log;
+    c->log = log;
+    c->read->log = log;
+    c->write->log = log;
     c->read->handler = ngx_http_upstream_affinity_link_read;
     c->write->handler = ngx_http_upstream_affinity_link_write;
 
@@ -241,7 +255,9 @@ ngx_http_upstream_affinity_link_handshaked(ngx_connection_t *c)
         return;
     }
 
-    if (ngx_ssl_check_host(c, &link->conf->tls_name) != NGX_OK) {
+    if (ngx_http_upstream_affinity_link_check_name(c, &link->conf->tls_name)
+        != NGX_OK)
+    {
         ngx_http_upstream_affinity_link_fail(link,
                      "the store's certificate does not match its tls_name");
         return;
@@ -251,6 +267,41 @@ ngx_http_upstream_affinity_link_handshaked(ngx_connection_t *c)
     c->write->handler = ngx_http_upstream_affinity_link_write;
 
     ngx_http_upstream_affinity_link_greet(link);
+}
+
+
+/*
+ * The certificate names the store: a host name as ngx_ssl_check_host()
+ * checks it, an IP address (the store given by its address, tls_name
+ * unset) against the certificate's IP addresses.
+ */
+
+static ngx_int_t
+ngx_http_upstream_affinity_link_check_name(ngx_connection_t *c,
+    ngx_str_t *name)
+{
+    int        rc;
+    X509      *cert;
+    ngx_cidr_t cidr;
+
+    if (ngx_ptocidr(name, &cidr) != NGX_OK) {
+        return ngx_ssl_check_host(c, name);
+    }
+
+#ifdef SSL_get1_peer_certificate
+    cert = SSL_get1_peer_certificate(c->ssl->connection);
+#else
+    cert = SSL_get_peer_certificate(c->ssl->connection);
+#endif
+
+    if (cert == NULL) {
+        return NGX_ERROR;
+    }
+
+    rc = X509_check_ip_asc(cert, (char *) name->data, 0);
+    X509_free(cert);
+
+    return rc == 1 ? NGX_OK : NGX_ERROR;
 }
 
 #endif

@@ -235,6 +235,10 @@ struct ngx_http_upstream_affinity_link_s {
     ngx_buf_t                              *out;
     u_char                                 *in;
     ngx_log_t                              *log;
+    ngx_log_t                               quiet;  /* for nginx's own
+                                                       lines while the
+                                                       owner's outage is
+                                                       said already */
     ngx_msec_t                              wait;   /* for each reply */
 
     /* the owner's: the greeting answered; a reply (no root: none came,
@@ -250,6 +254,8 @@ struct ngx_http_upstream_affinity_link_s {
 
     unsigned                                connected:1;
     unsigned                                ready:1;
+    unsigned                                hush:1; /* set by the owner:
+                                                       use quiet */
 };
 
 

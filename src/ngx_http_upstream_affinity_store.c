@@ -479,6 +479,7 @@ ngx_http_upstream_affinity_store_retry(ngx_event_t *ev)
         return;
     }
 
+    link->hush = store->warned;
     ngx_http_upstream_affinity_link_open(link);
 }
 
@@ -1051,9 +1052,11 @@ ngx_http_upstream_affinity_store_counters(
 /*
  * The reader first asks for the stream's last entry: a stream whose ids
  * went back below what the instance read (deleted and written again, a
- * store restored or failed over with its clock behind) is then read from
- * its end, and its record starts again there, so that nothing stored
- * keeps the instance deaf.  Asked again whenever the stream is quiet for
+ * store restored or failed over with its clock behind) is read again from
+ * its start, its record starting again too, so that nothing stored keeps
+ * the instance deaf, and what was written since the ids went back is not
+ * lost.  What is read again changes nothing newer (versions), news that
+ * old counts for nothing.  Asked again whenever the stream is quiet for
  * the block time.
  */
 
@@ -1253,21 +1256,25 @@ ngx_http_upstream_affinity_store_tipped(
         || ms < store->last_ms
         || (ms == store->last_ms && seq < store->last_seq))
     {
-        record->ms = ms;
-        record->seq = seq;
+        ngx_log_error(NGX_LOG_WARN, store->log, 0,
+                      "affinity: the stream of upstream \"%V\" went back "
+                      "from %uL-%uL to %uL-%uL: reading it again from its "
+                      "start", &store->conf->name,
+                      ngx_max(record->ms, store->last_ms),
+                      record->ms > store->last_ms ? record->seq
+                                                  : store->last_seq,
+                      ms, seq);
+
+        record->ms = 0;
+        record->seq = 0;
 
         ngx_shmtx_unlock(&shctx->shpool->mutex);
 
         ngx_http_upstream_affinity_store_count(store, rewound);
 
-        ngx_log_error(NGX_LOG_WARN, store->log, 0,
-                      "affinity: the stream of upstream \"%V\" went back "
-                      "from %s to %uL-%uL: reading from its end",
-                      &store->conf->name, store->last, ms, seq);
-
-        store->last_ms = ms;
-        store->last_seq = seq;
-        ngx_sprintf(store->last, "%uL-%uL%Z", ms, seq);
+        store->last_ms = 0;
+        store->last_seq = 0;
+        ngx_cpystrn(store->last, (u_char *) "0-0", sizeof(store->last));
 
     } else {
         ngx_shmtx_unlock(&shctx->shpool->mutex);
