@@ -46,6 +46,14 @@ sub inflight {
     return map { $_->{inflight} } @{ $s->{upstreams}{llm}{peers} };
 }
 
+# How many sockets a process has open.
+sub sockets {
+    my ($pid) = @_;
+    opendir my $dh, "/proc/$pid/fd" or return 0;
+    return scalar grep { (readlink("/proc/$pid/fd/$_") // '') =~ /^socket:/ }
+                  readdir $dh;
+}
+
 # Starts $n slow requests in a child process; returns its pid.
 sub load_in_background {
     my ($n, $prefix) = @_;
@@ -66,8 +74,12 @@ for my $round (1 .. 3) {
     my $before = sum(0, inflight());
     ok $before >= $N - 2, "round $round: $before requests in flight";
 
-    my @workers = $t->worker_pids;
-    my $victim = $workers[$round % @workers];
+    # The worker holding the requests: the one with the most sockets open
+    # (a client's and a backend's for each).  Either may have accepted
+    # them all.
+    my ($victim) = sort { sockets($b) <=> sockets($a) } $t->worker_pids;
+    cmp_ok sockets($victim), '>=', $N / 2,
+        "round $round: worker $victim holds requests";
     ok kill('KILL', $victim), "round $round: worker $victim killed";
 
     waitpid $child, 0;
