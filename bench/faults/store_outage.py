@@ -1,32 +1,37 @@
 #!/usr/bin/env python3
-"""The shared store killed and restored under load: what two nginx
-instances sharing it (affinity_store) lose, and how fast they agree again.
+"""The shared store faulted under load: what two nginx instances sharing
+it (affinity_store) lose, and how fast they agree again.
 
 Two nginx instances (2 workers each) in front of the same 4 backends
-(backend.py) share a redis-server.  Instance A has three of the backends
-`down`, so every session it pins goes to the first; instance B has all four
-up, so a session it has not heard of goes where its ring says (three times
-in four elsewhere).  A steady load of keyed requests goes to both at
-random; every --probe-every seconds a new session is opened on A, and asked
-for once on B after a delay: B sends it to the first backend only if it
-learned A's pin through the store.  A session is asked for on B only once,
-since B's own answer pins it there too.
+(backend.py) share a redis-server, with a secret.  Instance A has three of
+the backends `down`, so every session it pins goes to the first; instance B
+has all four up, so a session it has not heard of goes where its ring says
+(three times in four elsewhere).  A steady load of keyed and unkeyed
+requests goes to both at random; every --probe-every seconds a new session
+is opened on A, and asked for once on B after a delay: B sends it to the
+first backend only if it learned A's pin through the store.  A session is
+asked for on B only once, since B's own answer pins it there too.
 
-    phase      seconds (defaults)
-    before     --before 10      the store up: how fast a pin reaches B
-    outage     --outage 10      redis-server killed (SIGKILL)
-    after      --after 15       redis-server restarted, empty: how long
-                                until what A learned meanwhile reaches B
+The store's faults, one after the other (--faults), each --outage seconds,
+--after seconds apart, after --before seconds of the store up:
+
+    kill      redis-server killed (SIGKILL), then started again empty
+    stall     redis-server stopped (SIGSTOP) without closing, then continued
+    demote    made a replica of a master that is not there (it refuses
+              writes, still answers reads), then promoted again
+    junk      replaced by a fake store that answers commands with random
+              bytes (t/fake-store.pl), then by redis-server again, empty
 
 Figures, per run: requests and failures (any answer but 200, or none) per
-phase, client latency p50/p99 per phase, the share of sessions B routed by
-A's pin by the delay after it was set (store up) or after the store was
-back (sessions pinned during the outage), and the probes' own failed
-requests.  --runs N repeats the
-whole run (each with fresh processes); results go to
-bench/results/<--name>/ (results.json, results.md).
+phase, client latency p50/p99 per phase; worker crashes (nginx's "exited
+on signal"); the share of sessions B routed by A's pin by the delay after
+it was set (store up) or after the fault ended (sessions pinned during
+it): those never routed by it, at the longest delays, are lost; and the
+probes' own failed requests.  --runs N repeats the whole run (each with
+fresh processes); results go to build/bench-faults/<--name>/, or to
+bench/results/<--name>/ with --record (results.json, results.md).
 
-    bench/faults/store_outage.py [--runs 3] [--rate 200] [--name store-outage]
+    bench/faults/store_outage.py [--runs 3] [--rate 200] [--faults ...]
 
 Environment: NGINX_BIN (/usr/sbin/nginx), AFFINITY_MODULE
 (build/ngx_http_upstream_affinity_module.so).
@@ -39,6 +44,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -56,12 +62,16 @@ from bench.sim import core_policy, http1     # noqa: E402
 NBACKENDS = 4
 WORKERS = 2
 # Delays after which a session is asked for on B: after its pin on A with
-# the store up, after the store's restart for those pinned without it.
+# the store up, after the fault's end for those pinned during it.
 UP_DELAYS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5)
-BACK_DELAYS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
+BACK_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0)
+# A session not routed by its pin this long after the fault ended is lost.
+LOST_AFTER = 8.0
+FAULTS = ('kill', 'stall', 'demote', 'junk')
+SECRET = 'the store-faults benchmark secret'
 
 
-def nginx_conf(d, module, port, backends, redis, down):
+def nginx_conf(d, module, port, backends, redis, down, secret):
     servers = '\n'.join(
         '        server 127.0.0.1:%d%s;' % (p, ' down' if i in down else '')
         for i, p in enumerate(backends))
@@ -80,7 +90,8 @@ http {{
     upstream fleet {{
 {servers}
         session_affinity zone=outage_sessions:8m;
-        affinity_store 127.0.0.1:{redis} stream=outage;
+        prefix_affinity zone=outage_prefixes:8m;
+        affinity_store 127.0.0.1:{redis} stream=outage secret={secret};
     }}
 
     server {{
@@ -96,7 +107,7 @@ http {{
 
 
 class Processes:
-    """The backends, redis-server and the two nginx instances of a run."""
+    """The backends, the store and the two nginx instances of a run."""
 
     def __init__(self, workdir, nginx, module):
         self.dir = workdir
@@ -108,7 +119,12 @@ class Processes:
         self.ports = {'A': ports[NBACKENDS + 1], 'B': ports[NBACKENDS + 2]}
         self.procs = []
         self.redis = None
+        self.fake = None
         self.logs = []
+        self.secret = os.path.join(workdir, 'secret')
+        with open(self.secret, 'w') as f:
+            f.write(SECRET + '\n')
+        os.chmod(self.secret, 0o600)
 
     def spawn(self, cmd, name, sig=signal.SIGKILL):
         out = open(os.path.join(self.dir, name + '.log'), 'a')
@@ -132,7 +148,7 @@ class Processes:
             with open(os.path.join(d, 'nginx.conf'), 'w') as f:
                 f.write(nginx_conf(d, self.module, self.ports[name],
                                    self.backend_ports, self.redis_port,
-                                   down))
+                                   down, self.secret))
             p = self.spawn([self.nginx_bin, '-p', d, '-c',
                             os.path.join(d, 'nginx.conf'),
                             '-g', 'daemon off;'], 'nginx-' + name,
@@ -152,12 +168,62 @@ class Processes:
         self.redis.wait()
         self.redis = None
 
+    def redis_command(self, *args):
+        """A command to the store: the first line of its reply."""
+        with socket.create_connection(('127.0.0.1', self.redis_port),
+                                      5) as s:
+            s.sendall(('*%d\r\n' % len(args) + ''.join(
+                '$%d\r\n%s\r\n' % (len(a), a) for a in args)).encode())
+            return s.recv(4096).split(b'\r\n')[0].decode()
+
+    def start_fault(self, fault):
+        if fault == 'kill':
+            self.kill_redis()
+        elif fault == 'stall':
+            self.redis.send_signal(signal.SIGSTOP)
+        elif fault == 'demote':
+            nowhere = run.free_ports(1)[0]
+            self.redis_command('REPLICAOF', '127.0.0.1', str(nowhere))
+        else:
+            self.kill_redis()
+            self.fake = self.spawn([
+                'perl', os.path.join(REPO, 't', 'fake-store.pl'), '--port',
+                str(self.redis_port), '--mode', 'junk', '--log',
+                os.path.join(self.dir, 'fake-store.conns')], 'fake-store')
+            run.wait_port(self.redis_port, 10, self.fake)
+
+    def end_fault(self, fault):
+        if fault == 'kill':
+            self.start_redis()
+        elif fault == 'stall':
+            self.redis.send_signal(signal.SIGCONT)
+        elif fault == 'demote':
+            self.redis_command('REPLICAOF', 'NO', 'ONE')
+        else:
+            self.fake.kill()
+            self.fake.wait()
+            self.fake = None
+            self.start_redis()
+
+    def crashes(self):
+        """The lines of the instances' error logs on workers that crashed."""
+        lines = []
+        for name in ('A', 'B'):
+            with open(os.path.join(self.dir, name, 'error.log'),
+                      errors='replace') as f:
+                lines += [line.strip() for line in f
+                          if 'exited on signal' in line]
+        return lines
+
     def stop(self):
-        for p in reversed(self.procs + ([self.redis] if self.redis else [])):
+        if self.redis and self.redis.poll() is None:
+            self.redis.send_signal(signal.SIGCONT)
+        others = [p for p in (self.redis, self.fake) if p]
+        for p in reversed(self.procs + others):
             if p.poll() is None:
                 p.send_signal(signal.SIGQUIT if 'nginx' in str(p.args[0])
                               else signal.SIGTERM)
-        for p in self.procs + ([self.redis] if self.redis else []):
+        for p in self.procs + others:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
@@ -167,21 +233,23 @@ class Processes:
             f.close()
 
 
-async def request(port, session, timeout=5.0):
+async def request(port, session, timeout=5.0, keyed=True):
     """(status or None, the backend that answered or None, seconds,
-    $affinity_route or None)."""
+    $affinity_route or None).  Unkeyed, the session names the prompt."""
     head = ('POST /v1/chat/completions HTTP/1.1\r\nHost: outage\r\n'
-            'Content-Type: application/json\r\nX-Session-ID: %s\r\n'
+            'Content-Type: application/json\r\n%s'
             'Content-Length: %d\r\nConnection: close\r\n\r\n')
     body = json.dumps({'model': 'm', 'messages': [
+        {'role': 'system', 'content': 'You answer questions. ' * 10},
         {'role': 'user', 'content': 'hello from ' + session}]}).encode()
+    key = 'X-Session-ID: %s\r\n' % session if keyed else ''
     started = time.monotonic()
     resp = http1.Response()
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection('127.0.0.1', port), timeout)
         try:
-            writer.write((head % (session, len(body))).encode() + body)
+            writer.write((head % (key, len(body))).encode() + body)
             await asyncio.wait_for(http1.read_response(reader, resp),
                                    timeout)
         finally:
@@ -200,9 +268,9 @@ class Run:
         self.args = args
         self.rng = rng
         self.t0 = None
-        self.events = {}
+        self.events = []        # [fault, start, end]
         self.load = []          # (t, status, seconds)
-        self.probes = []        # (kind, delay, routed as pinned)
+        self.probes = []        # (kind, delay, routed as pinned, there)
         self.ring = core_policy.Ring(core_policy.library(),
                                      ['127.0.0.1:%d' % port
                                       for port in procs.backend_ports])
@@ -213,15 +281,23 @@ class Run:
         return time.monotonic() - self.t0
 
     def phase(self, t):
-        e = self.events
-        if t < e['kill']:
-            return 'before'
-        if t < e['restart']:
-            return 'outage'
-        return 'after'
+        """'before', a fault's name while it lasts, '<fault> after' from
+        its end to the next one."""
+        name = 'before'
+        for fault, start, end in self.events:
+            if t >= start:
+                name = fault if end is None or t < end else fault + ' after'
+        return name
+
+    def phases(self):
+        names = ['before']
+        for fault in self.args.faults:
+            names += [fault, fault + ' after']
+        return names
 
     async def steady_load(self, stop):
-        """--rate requests a second, keyed, to A or B at random."""
+        """--rate requests a second, to A or B at random, keyed three times
+        in four."""
         interval = 1.0 / self.args.rate
         pool = ['load-%d' % i for i in range(2000)]
         tasks = set()
@@ -229,10 +305,12 @@ class Run:
         while not stop.is_set():
             target = self.p.ports[self.rng.choice('AB')]
             session = self.rng.choice(pool)
+            keyed = self.rng.random() < 0.75
 
-            async def one(target=target, session=session):
+            async def one(target=target, session=session, keyed=keyed):
                 t = self.now()
-                status, _, seconds, _ = await request(target, session)
+                status, _, seconds, _ = await request(target, session,
+                                                      keyed=keyed)
                 self.load.append((t, status, seconds))
             task = asyncio.ensure_future(one())
             tasks.add(task)
@@ -243,9 +321,9 @@ class Run:
         if tasks:
             await asyncio.gather(*tasks)
 
-    async def probe(self, session, delay, kind, after_restart=False):
+    async def probe(self, session, delay, kind, fault=None):
         """Pin session on A now; ask B once, delay seconds after the pin,
-        or delay to delay + 0.1 s after the store is back (at random: the
+        or delay to delay + 0.1 s after the fault ended (at random: the
         probes of one delay reaching B at once would pass the load bound
         and spill).  B knew the pin if it routed the request by it: to its
         pinned peer, or spilled from it."""
@@ -254,10 +332,10 @@ class Run:
             self.failed_probes += 1
         if status != 200 or backend != 'b1':
             return
-        if after_restart:
-            while 'restart' not in self.events:
+        if fault is not None:
+            while self.events[fault][2] is None:
                 await asyncio.sleep(0.01)
-            when = self.t0 + self.events['restart'] + delay \
+            when = self.t0 + self.events[fault][2] + delay \
                 + self.rng.random() * 0.1
         else:
             when = time.monotonic() + delay
@@ -286,42 +364,47 @@ class Run:
         while not stop.is_set():
             t = self.now()
             k += 1
-            if t < self.events.get('kill', float('inf')) - 1.0:
-                delay = UP_DELAYS[k % len(UP_DELAYS)]
-                tasks.append(asyncio.ensure_future(
-                    self.probe(self.probe_name('up'), delay, 'up')))
-            elif 'kill' in self.events and 'restart' not in self.events \
-                    and t > self.events['kill'] + 2.5:
-                # pinned while the store is away (its absence noticed)
+            current = self.events[-1] if self.events else None
+            if current is None or current[2] is not None:
+                # the store up: before the first fault, or 1 s after one
+                # ended until 1 s before the next
+                if current is None or (t > current[2] + 1.0
+                                       and t < current[2]
+                                       + self.args.after - 1.0):
+                    delay = UP_DELAYS[k % len(UP_DELAYS)]
+                    tasks.append(asyncio.ensure_future(
+                        self.probe(self.probe_name('up'), delay, 'up')))
+            elif t > current[1] + 2.5:
+                # pinned during the fault, its effect noticed
                 delay = BACK_DELAYS[k % len(BACK_DELAYS)]
                 tasks.append(asyncio.ensure_future(
-                    self.probe(self.probe_name('outage'), delay, 'back',
-                               after_restart=True)))
+                    self.probe(self.probe_name(current[0]), delay,
+                               current[0], len(self.events) - 1)))
             await asyncio.sleep(self.args.probe_every)
         await asyncio.gather(*tasks)
 
     async def main(self):
         a = self.args
         self.t0 = time.monotonic()
-        self.events = {}
         stop = asyncio.Event()
         jobs = [asyncio.ensure_future(self.steady_load(stop)),
                 asyncio.ensure_future(self.probes_loop(stop))]
         await asyncio.sleep(a.before)
-        self.events['kill'] = self.now()
-        self.p.kill_redis()
-        await asyncio.sleep(a.outage)
-        self.p.start_redis()
-        self.events['restart'] = self.now()     # listening again
-        await asyncio.sleep(a.after)
+        for fault in a.faults:
+            self.events.append([fault, self.now(), None])
+            self.p.start_fault(fault)
+            await asyncio.sleep(a.outage)
+            self.p.end_fault(fault)
+            self.events[-1][2] = self.now()
+            await asyncio.sleep(a.after)
         stop.set()
         await asyncio.gather(*jobs)
-        self.events['end'] = self.now()
 
     def figures(self):
-        out = {'events': {k: round(v, 3) for k, v in self.events.items()}}
+        out = {'events': [[f, round(s, 3), round(e, 3)]
+                          for f, s, e in self.events]}
         phases = {}
-        for name in ('before', 'outage', 'after'):
+        for name in self.phases():
             rows = [r for r in self.load if self.phase(r[0]) == name]
             ok = [s for _, st, s in rows if st == 200]
             phases[name] = {
@@ -333,7 +416,7 @@ class Run:
                     int(0.99 * (len(ok) - 1))], 2) if ok else None}
         out['phases'] = phases
         share = {}
-        for kind in ('up', 'back'):
+        for kind in ('up',) + tuple(self.args.faults):
             by_delay = {}
             for k, delay, knew, there in self.probes:
                 if k == kind:
@@ -344,50 +427,75 @@ class Run:
                            for d, v in sorted(by_delay.items())}
         out['knew_the_pin'] = share
         out['failed_probes'] = self.failed_probes
+        out['crashes'] = self.p.crashes()
         return out
 
 
 def report(doc):
     runs = doc['runs']
+    delays = sorted(set(UP_DELAYS + BACK_DELAYS))
     lines = ['# ' + doc['name'], '',
              'bench/faults/store_outage.py: two nginx instances (2 workers '
              'each) sharing a redis-server in front of 4 backends; %d '
-             'keyed requests a second to either at random; the store '
-             'killed after %g s, restarted empty %g s later, the run going '
-             'on %g s more.  %d runs.' % (doc['rate'], doc['before'],
-                                          doc['outage'], doc['after'],
-                                          len(runs)), '',
+             'requests a second to either at random (three in four keyed); '
+             'after %g s of the store up, each fault for %g s, %g s apart: '
+             '%s.  %d runs.  Command: `%s`; commit %s.'
+             % (doc['rate'], doc['before'], doc['outage'], doc['after'],
+                ', '.join(doc['faults']), len(runs), doc['command'],
+                doc['commit']), '',
              '| phase | requests | failed | latency p50 / p99 (ms) |',
              '|---|---:|---:|---:|']
-    for name in ('before', 'outage', 'after'):
+    for name in runs[0]['phases']:
         req = [r['phases'][name]['requests'] for r in runs]
         failed = [r['phases'][name]['failed'] for r in runs]
-        p50 = [r['phases'][name]['latency_p50_ms'] for r in runs]
-        p99 = [r['phases'][name]['latency_p99_ms'] for r in runs]
+        p50 = [r['phases'][name]['latency_p50_ms'] or 0 for r in runs]
+        p99 = [r['phases'][name]['latency_p99_ms'] or 0 for r in runs]
         lines.append('| %s | %s | %s | %s / %s |' % (
             name, ' + '.join(map(str, req)), ' + '.join(map(str, failed)),
             ', '.join('%.1f' % v for v in p50),
             ', '.join('%.1f' % v for v in p99)))
-    for kind, title in (('up', 'after its pin on A, the store up'),
-                        ('back', 'after the store restarted, for sessions '
-                                 'pinned on A while it was away')):
-        lines += ['', 'Sessions pinned on A that B routed by that pin '
-                  '(`$affinity_route` session_hit or session_spill), and '
-                  'of them to the pinned backend, by the delay %s (all '
-                  'runs):' % title, '',
-                  '| delay (s) | knew the pin | sent there |',
-                  '|---:|---:|---:|']
+    lines += ['', 'Worker crashes: %s.  Probe requests that failed: %s.' % (
+        ' + '.join(str(len(r['crashes'])) for r in runs),
+        ' + '.join(str(r['failed_probes']) for r in runs))]
+    lines += ['', 'Sessions pinned on A that B routed by that pin '
+              '(`$affinity_route` session_hit or session_spill), of those '
+              'asked, by the delay after the pin with the store up, or '
+              'after the fault ended for those pinned during it (all '
+              'runs).  Lost: not routed by the pin %g s or more after the '
+              'fault ended.' % LOST_AFTER, '',
+              '| pinned | ' + ' | '.join('%g s' % d for d in delays)
+              + ' | lost |',
+              '|---|' + '---:|' * (len(delays) + 1)]
+    for kind in ['up'] + list(doc['faults']):
         total = {}
         for r in runs:
             for d, (knew, there, n) in r['knew_the_pin'][kind].items():
-                k, t, m = total.get(d, (0, 0, 0))
-                total[d] = (k + knew, t + there, m + n)
-        for d in sorted(total, key=float):
-            k, t, n = total[d]
-            lines.append('| %s | %d of %d | %d |' % (d, k, n, t))
-    lines += ['', 'Probe requests that failed: %s.' % ' + '.join(
-        str(r['failed_probes']) for r in runs)]
+                k, t, m = total.get(float(d), (0, 0, 0))
+                total[float(d)] = (k + knew, t + there, m + n)
+        cells = []
+        for d in delays:
+            k, _, n = total.get(d, (0, 0, 0))
+            cells.append('%d/%d' % (k, n) if n else '')
+        lost = sum(n - k for d, (k, _, n) in total.items()
+                   if d >= LOST_AFTER)
+        lines.append('| %s | %s | %s |' % (
+            'store up' if kind == 'up' else 'during ' + kind,
+            ' | '.join(cells), '' if kind == 'up' else lost))
     return '\n'.join(lines) + '\n'
+
+
+def commit():
+    """The commit measured, with + when the tree has uncommitted changes."""
+    try:
+        head = subprocess.run(['git', '-C', REPO, 'rev-parse', '--short',
+                               'HEAD'], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(['git', '-C', REPO, 'status', '--porcelain',
+                                '--untracked-files=no'],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ('+' if dirty else '')
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def main(argv=None):
@@ -395,12 +503,17 @@ def main(argv=None):
     p.add_argument('--runs', type=int, default=3)
     p.add_argument('--rate', type=float, default=200.0,
                    help='requests a second (default %(default)s)')
-    p.add_argument('--before', type=float, default=10.0)
-    p.add_argument('--outage', type=float, default=10.0)
-    p.add_argument('--after', type=float, default=15.0)
+    p.add_argument('--before', type=float, default=15.0)
+    p.add_argument('--outage', type=float, default=15.0)
+    p.add_argument('--after', type=float, default=20.0)
+    p.add_argument('--faults', default=','.join(FAULTS),
+                   help='comma-separated, from: ' + ', '.join(FAULTS))
     p.add_argument('--probe-every', type=float, default=0.05)
     p.add_argument('--seed', type=int, default=1)
-    p.add_argument('--name', default='store-outage')
+    p.add_argument('--name', default='store-faults')
+    p.add_argument('--record', action='store_true',
+                   help='write to bench/results/<name>/ (a committed '
+                        'result), not build/bench-faults/<name>/')
     p.add_argument('--keep', action='store_true',
                    help='keep each run\'s work directory (logs)')
     p.add_argument('--nginx', default=os.environ.get('NGINX_BIN',
@@ -409,12 +522,16 @@ def main(argv=None):
         'AFFINITY_MODULE', os.path.join(
             REPO, 'build', 'ngx_http_upstream_affinity_module.so')))
     args = p.parse_args(argv)
+    args.faults = [f for f in args.faults.split(',') if f]
+    for f in args.faults:
+        if f not in FAULTS:
+            p.error('unknown fault %r' % f)
     if not shutil.which('redis-server'):
         p.error('redis-server is not installed')
     module = os.path.abspath(args.module)
     runs = []
     for i in range(args.runs):
-        workdir = tempfile.mkdtemp(prefix='store-outage-')
+        workdir = tempfile.mkdtemp(prefix='store-faults-')
         procs = Processes(workdir, args.nginx, module)
         try:
             procs.start()
@@ -430,8 +547,16 @@ def main(argv=None):
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
     doc = {'name': args.name, 'rate': args.rate, 'before': args.before,
-           'outage': args.outage, 'after': args.after, 'runs': runs}
-    outdir = os.path.join(REPO, 'bench', 'results', args.name)
+           'outage': args.outage, 'after': args.after,
+           'faults': args.faults, 'runs': runs,
+           'command': ' '.join(['bench/faults/store_outage.py']
+                               + (argv if argv is not None
+                                  else sys.argv[1:])),
+           'commit': commit()}
+    if args.record:
+        outdir = os.path.join(REPO, 'bench', 'results', args.name)
+    else:
+        outdir = os.path.join(REPO, 'build', 'bench-faults', args.name)
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, 'results.json'), 'w') as f:
         json.dump(doc, f, indent=1)
@@ -441,7 +566,7 @@ def main(argv=None):
         f.write(text)
     sys.stdout.write(text)
     failed = sum(r['phases'][k]['failed'] for r in runs for k in r['phases'])
-    failed += sum(r['failed_probes'] for r in runs)
+    failed += sum(r['failed_probes'] + len(r['crashes']) for r in runs)
     return 1 if failed else 0
 
 

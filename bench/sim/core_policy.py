@@ -143,6 +143,7 @@ class RouteRequest(ctypes.Structure):
     """affinity_request_t"""
     _fields_ = [('key_hash', c_u64), ('ring_hash', c_u64),
                 ('has_key', c_u32), ('now', c_u32), ('timeout', c_u32),
+                ('now_ms', c_u64),
                 ('rotate', c_u32), ('row', c_u32), ('continues', c_u32),
                 ('prefixes', ctypes.c_void_p),
                 ('levels', ctypes.POINTER(Level)),
@@ -203,7 +204,8 @@ class ZoneInfo(ctypes.Structure):
                 ('rows_used', c_u32), ('reserved', c_u32),
                 ('rows_missing', c_u64), ('rows_reaped', c_u64),
                 ('inflight_recovered', c_u64),
-                ('fallbacks', c_u64 * 8)]   # AFFINITY_FALLBACKS
+                ('fallbacks', c_u64 * 8),   # AFFINITY_FALLBACKS
+                ('instance', c_u64), ('conflicts', c_u64)]
 
 
 P = ctypes.POINTER
@@ -271,8 +273,8 @@ SIGNATURES = {
     'affinity_watch_read_back': (ctypes.c_int, [P(UnheardWatch), c_u32,
                                                 P(c_u32), P(c_u32)]),
     'affinity_zone_instance_seen': (None, [ctypes.c_void_p, c_u64, c_u32]),
-    'affinity_sessions_pin': (None, [ctypes.c_void_p, c_u64, c_u64, c_u32,
-                                     c_u32]),
+    'affinity_sessions_learn': (ctypes.c_int, [ctypes.c_void_p, c_u64, c_u64,
+                                               c_u64, c_u32, c_u32]),
     'affinity_prefixes_record': (None, [ctypes.c_void_p, P(c_u64),
                                         ctypes.c_size_t, c_u64, c_u32, c_u32,
                                         c_u64]),
@@ -574,6 +576,7 @@ class ModulePolicy:
                     request.prompt_size = size if m == len(schedule) \
                         else min(size, schedule[m])
         request.now = NOW_ORIGIN + int(req.arrival)
+        request.now_ms = wall_ms(req.arrival)
         request.timeout = SESSION_TIMEOUT
         request.rotate = self.rng.getrandbits(32)
         request.row = self.row
@@ -725,11 +728,11 @@ class ModulePolicy:
                                              payload, now, self._capacity)
         elif kind == 'pin':
             if self.sessions is not None:
-                lib.affinity_sessions_pin(
+                lib.affinity_sessions_learn(
                     self.sessions.handle,
                     lib.affinity_zone_key_hash(self.sessions.handle,
                                                payload, len(payload)),
-                    peer_id, now, SESSION_TIMEOUT)
+                    peer_id, stamped_ms, now, SESSION_TIMEOUT)
         elif kind == 'levels':
             if self.prefixes is not None:
                 hashes = (c_u64 * len(payload))(*payload)
