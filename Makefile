@@ -39,11 +39,14 @@
 #                        build of the module too (under a minute)
 #   make bench-faults    fault and soak run: reloads, killed workers, dead
 #                        backends and bad bodies under load (FAULT_SECONDS,
-#                        default 300; FAULT_SHORT=1 for 60 s)
-#   make bench-store-outage
-#                        two instances sharing a redis-server that is killed
-#                        and restarted under load: failures, latency, how
-#                        fast what was learned reaches the other (2 min)
+#                        default 300; FAULT_SHORT=1 for 60 s), then the
+#                        store's faults (bench-store-faults)
+#   make bench-store-faults
+#                        two instances sharing a redis-server that is
+#                        killed, stopped, demoted to a read-only replica
+#                        and replaced by junk under load, three runs:
+#                        failures, crashes, what was lost, how fast the
+#                        instances agree again (about 12 min)
 #   make test-matrix     e2e tests against several nginx versions
 #   make install         module and load_module snippet, as Debian lays out
 #                        (stripped; its debug symbols in a separate file)
@@ -68,7 +71,7 @@ PYTHON    ?= /usr/bin/python3
         fuzz fuzz-replay test demo \
         bench bench-quick bench-levels bench-trace bench-throughput \
         bench-instructions bench-micro bench-faults bench-instances \
-        bench-store-outage clean
+        bench-store-faults clean
 
 all: module
 
@@ -165,8 +168,9 @@ bench: module bench-micro bench-throughput
 bench-faults: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    $(PYTHON) bench/faults/run.py
+	@$(MAKE) --no-print-directory bench-store-faults
 
-bench-store-outage: module
+bench-store-faults: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
 	    $(PYTHON) bench/faults/store_outage.py
 
