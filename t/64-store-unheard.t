@@ -353,9 +353,9 @@ sub b_routes {
 
 b_routes('kept');
 kill 'USR1', $relay_pid or die "relay: $!";
-my @kept = map { [ sibling_in_flight('kept') ] } 1 .. 20;
+my @kept = map { [ sibling_in_flight('kept') ] } 1 .. 24;
 kill 'USR2', $relay_pid or die "relay: $!";
-ok eventually(sub { state_of_a()->{balance}{unheard_learned} >= 16 }, 3),
+ok eventually(sub { state_of_a()->{balance}{unheard_learned} >= 64 }, 3),
     'kept: A learns from those it reads back';
 my $balance = state_of_a()->{balance};
 note "kept: $balance->{unheard_learned} unheard requests learned from";

@@ -114,7 +114,7 @@ static_assert(sizeof(ZoneHeader) % 64 == 0, "the header fills lines");
 // kUnheardTrusted unheard requests are learned from, halved, the others'
 // they met with them, at kUnheardKept, so that the later ones weigh as
 // much as all before.
-constexpr uint32_t kUnheardTrusted = 16;
+constexpr uint32_t kUnheardTrusted = 64;
 constexpr uint32_t kUnheardKept = 1024;
 
 // Below this many of the others' requests per other instance beside each

@@ -215,8 +215,10 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
     EXPECT_GE(router.route_key_released(key_on_peer0(0)).decision.peer, 1)
         << "1 + 3 x 1 + 1 > 2.5";
 
-    // 15 unheard requests that met nothing: not yet trusted.
-    for (int k = 0; k < 15; k++) {
+    // 63 unheard requests that met nothing: not yet trusted (a spread
+    // front's bursts are uneven: a few dozen lessons may show next to
+    // nothing by chance).
+    for (int k = 0; k < 63; k++) {
         affinity_zone_unheard_met(z.get(), 1, 0);
     }
     EXPECT_GE(router.route_key_released(key_on_peer0(1)).decision.peer, 1);
@@ -224,7 +226,7 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
     affinity_zone_unheard_met(z.get(), 1, 0);
     EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &learned, &met),
               0.0);
-    EXPECT_EQ(learned, 16u);
+    EXPECT_EQ(learned, 64u);
     EXPECT_EQ(met, 0u);
     EXPECT_EQ(router.route_key_released(key_on_peer0(2)).decision.peer, 0)
         << "1 + 0 x 1 + 1 <= 2.5";
@@ -232,11 +234,12 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
     // A few requests alongside, as if by chance: still next to nothing
     // (under 0.05 per other instance).
     affinity_zone_unheard_met(z.get(), 1, 1);
+    affinity_zone_unheard_met(z.get(), 1, 1);
     double few = affinity_zone_unheard_presumed(z.get(), 1000, nullptr,
                                                 nullptr);
-    EXPECT_DOUBLE_EQ(few, 1.0 / 17);
+    EXPECT_DOUBLE_EQ(few, 2.0 / 66);
     EXPECT_EQ(router.route_key_released(key_on_peer0(3)).decision.peer, 0)
-        << "1 + 0.06 x 1 + 1 <= 2.5";
+        << "1 + 0.03 x 1 + 1 <= 2.5";
 
     // The front changes: requests spread at random again.  The later
     // lessons weigh as the earlier, and a mean that is not next to nothing
@@ -246,9 +249,9 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
     }
     EXPECT_EQ(affinity_zone_unheard_presumed(z.get(), 1000, &learned, &met),
               3.0)
-        << "49 met by 33 unheard";
-    EXPECT_EQ(learned, 33u);
-    EXPECT_EQ(met, 49u);
+        << "50 met by 82 unheard";
+    EXPECT_EQ(learned, 82u);
+    EXPECT_EQ(met, 50u);
     EXPECT_GE(router.route_key_released(key_on_peer0(4)).decision.peer, 1)
         << "1 + 3 x 1 + 1 > 2.5";
 
@@ -257,7 +260,7 @@ TEST(Instances, UnheardThatMetNothingPresumeNothing)
               0.0);
 
     // Forgotten by halves: after 1024 unheard that met nothing, those of
-    // the spread front (49 met) weigh less than 0.05 per other instance.
+    // the spread front (50 met) weigh less than 0.05 per other instance.
     for (int k = 0; k < 1024; k++) {
         affinity_zone_unheard_met(z.get(), 1, 0);
     }
