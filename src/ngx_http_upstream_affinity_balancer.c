@@ -393,6 +393,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     balance.reserved = 0;
 
     ap->request.now = (uint32_t) now;
+    ap->request.now_ms = ngx_http_upstream_affinity_wall_msec();
 
     /*
      * The counter zone first, then the prefix index: always in this order,

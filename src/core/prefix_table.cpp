@@ -32,6 +32,20 @@ PrefixEntry *PrefixTable::find(uint64_t key) noexcept
     return bucket.find(key, expire(bucket), now_);
 }
 
+bool PrefixTable::peek(uint64_t key, uint32_t *last_used) noexcept
+{
+    PrefixBucket &bucket = zone_.bucket_of<PrefixBucket>(key);
+    size_t live = expire(bucket);
+
+    for (size_t i = 0; i < live; i++) {
+        if (bucket.entries[i].key == key) {
+            *last_used = bucket.entries[i].last_used;
+            return true;
+        }
+    }
+    return false;
+}
+
 int PrefixTable::record(uint64_t key, uint64_t peer_id, uint8_t stamp)
     noexcept
 {

@@ -47,6 +47,10 @@ public:
     // The live entry of key, made the most recently used; nullptr if absent.
     PrefixEntry *find(uint64_t key) noexcept;
 
+    // Whether key has a live entry, and when it was last used (found or
+    // recorded, in seconds), looked at without using it.
+    bool peek(uint64_t key, uint32_t *last_used) noexcept;
+
     // Records that peer served the prefix of key, its cache clock then
     // reading stamp: the peer becomes the entry's most recent; the entry
     // is created, and the bucket's least recently used entry evicted, if

@@ -8,6 +8,14 @@
 
 namespace affinity {
 
+namespace {
+
+// Requests of one session routed this close together are siblings (an
+// agent's parallel calls); a conversation's next turn comes later.
+constexpr uint64_t kSiblingsWithin = 1000;     // ms
+
+}  // namespace
+
 LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                      const uint8_t *states, size_t npeers,
                      const affinity_balance_t &balance, uint64_t now) noexcept
@@ -133,7 +141,7 @@ bool LoadBound::within_slack(size_t i, int64_t extra) const noexcept
 // 0.97 times (instances-agentic-full-learned).
 bool LoadBound::fits(size_t i, double limit) const noexcept
 {
-    double presumed = presumed_ * double(unheard_[i]);
+    double presumed = presume_ ? presumed_ * double(unheard_[i]) : 0.0;
 
     if (shared_ && unheard_[i] > 0 && watched_ < 0) {
         watched_ = int(i);
@@ -291,6 +299,21 @@ constexpr int64_t kStayExtra = 1;
 // requests is tuned to a fleet's slot count, the slack of the mean is not.
 constexpr int64_t kDocumentExtraMax = 2;
 
+// Whether the longest level of the prompt the index knows was used this
+// second: by another request of the same conversation, just routed.
+bool siblings_by_prompt(PrefixTable &table, const uint64_t *keys,
+                        size_t nkeys, uint32_t now) noexcept
+{
+    uint32_t used;
+
+    for (size_t j = nkeys; j-- > 0;) {
+        if (table.peek(keys[j], &used)) {
+            return used >= now;
+        }
+    }
+    return false;
+}
+
 int64_t document_extra(uint32_t shared_length) noexcept
 {
     return std::min<int64_t>(kDocumentExtraMax,
@@ -419,7 +442,7 @@ void move_session(SessionTable &table, SessionEntry *entry, uint64_t id,
 // A new session is placed by its prompt when the prefix index knows it
 // (prefixes is set): a generated id, or a client that changed its id,
 // still lands where the prompt's prefix is cached.
-int route_session(Zone zone, const Ring *ring, const LoadBound &load,
+int route_session(Zone zone, const Ring *ring, LoadBound &load,
                   const affinity_peer_t *peers,
                   const affinity_request_t &request,
                   PrefixTable *prefixes, const uint64_t *keys,
@@ -429,6 +452,8 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
     SessionTable table(zone, request.now, request.timeout, request.now_ms);
     SessionEntry *entry = table.find(request.key_hash);
     affinity_decision_t by_prompt;
+    uint64_t now_ms = request.now_ms ? request.now_ms
+                                     : uint64_t(request.now) * 1000;
 
     if (entry == nullptr) {
         int i = place_session(load, ring, request, prefixes, keys, cache,
@@ -442,12 +467,22 @@ int route_session(Zone zone, const Ring *ring, const LoadBound &load,
                              ? by_prompt.route
                              : uint32_t{AFFINITY_ROUTE_SESSION_NEW};
 
-            table.repin(table.insert(request.key_hash), peers[i].id);
+            entry = table.insert(request.key_hash);
+            table.repin(entry, peers[i].id);
+            set_routed_at(*entry, now_ms);
             decision = decided(i, route, by_prompt.prefix_len);
         }
 
         return i;
     }
+
+    // What the other instances may send the pinned peer unseen is presumed
+    // only beside another request of this session routed here just
+    // before: an agent's parallel calls, which reach the other instances
+    // at once too.  A session's next turn, in a burst of other sessions,
+    // is not crowded out of its cache by them.
+    load.presume(routed_within(*entry, now_ms, kSiblingsWithin));
+    set_routed_at(*entry, now_ms);
 
     int pinned = load.index_of(entry->peer);
 
@@ -904,6 +939,9 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
                                decision);
 
     } else if (prefixes) {
+        // As for sessions: presumed only beside siblings, requests whose
+        // longest known part was used this second already.
+        load.presume(siblings_by_prompt(table, keys, nkeys, request.now));
         chosen = route_prefix(table, keys, ring, load, cache, capped,
                               decision);
 

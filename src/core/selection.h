@@ -91,6 +91,10 @@ public:
                < (inflight_[b] + 1) * int64_t(peers_[a].weight);
     }
 
+    // Whether what the other instances may be sending unseen is presumed
+    // for this request (fits()); it is, unless routing turns it off.
+    void presume(bool on) noexcept { presume_ = on; }
+
     // The first peer weighed while this instance had requests unheard
     // there and others routed too (-1: none), and their count as routing
     // read it.
@@ -111,6 +115,7 @@ private:
     uint64_t cache_tokens_[kMaxPeers];
     int64_t unheard_[kMaxPeers];   // this instance's, not yet in the store
     double presumed_ = 0.0;         // the others' beside each unheard
+    bool presume_ = true;
     bool shared_ = false;           // other instances route too
     // The first peer weighed (fits()) with unheard requests, -1: none.
     // What the decision consulted, not the bound: set by const checks.

@@ -49,7 +49,7 @@ void SessionTable::repin(SessionEntry *entry, uint64_t peer) noexcept
 
     entry->peer = peer;
     entry->spill = 0;
-    entry->version = std::max(entry->version, now_ms_);
+    set_pinned_at(*entry, std::max(pinned_at(*entry), now_ms_));
     zone_.add_pins(peer, 1);
 }
 
@@ -107,7 +107,7 @@ SessionEntry *SessionTable::learned(uint64_t key, uint64_t peer,
         zone_.add_pins(peer, 1);
     }
 
-    entry->version = version;
+    set_pinned_at(*entry, version);
     return entry;
 }
 
@@ -125,8 +125,8 @@ Learned SessionTable::learn(uint64_t key, uint64_t peer, uint64_t version)
     SessionEntry *entry = peek(bucket, key, expire(bucket), &i);
 
     if (entry
-        && (version < entry->version
-            || (version == entry->version && peer <= entry->peer)))
+        && (version < pinned_at(*entry)
+            || (version == pinned_at(*entry) && peer <= entry->peer)))
     {
         return Learned::Stale;
     }
@@ -152,7 +152,8 @@ Learned SessionTable::claim(uint64_t key, uint64_t peer, uint64_t version)
         return Learned::Taken;
     }
 
-    learned(key, peer, entry ? std::max(entry->version, version) : version);
+    learned(key, peer, entry ? std::max(pinned_at(*entry), version)
+                             : version);
     return Learned::Applied;
 }
 

@@ -25,11 +25,44 @@ namespace affinity {
 struct SessionEntry {
     uint64_t key;           // seeded key hash; 0 = empty
     uint64_t peer;          // pinned peer id
-    uint64_t version;       // ms of the wall clock, when it was pinned
+    uint64_t stamps;        // ms of the wall clock: when it was pinned
+                            // (pinned_at()), and when a request of it
+                            // was last routed here (routed_within())
     uint32_t last_used;     // seconds
     uint32_t spill;         // short id of the peer that took this
                             // session's spills, or 0
 };
+
+// SessionEntry::stamps: the pin's millisecond in the low bits (to the
+// year 2109), the last routing's modulo 2^22 ms (70 minutes) above it.
+constexpr unsigned kPinnedBits = 42;
+constexpr uint64_t kPinnedMask = (uint64_t{1} << kPinnedBits) - 1;
+constexpr uint64_t kRoutedMask = (uint64_t{1} << (64 - kPinnedBits)) - 1;
+
+inline uint64_t pinned_at(const SessionEntry &e) noexcept
+{
+    return e.stamps & kPinnedMask;
+}
+
+inline void set_pinned_at(SessionEntry &e, uint64_t ms) noexcept
+{
+    e.stamps = (e.stamps & ~kPinnedMask) | (ms & kPinnedMask);
+}
+
+inline void set_routed_at(SessionEntry &e, uint64_t ms) noexcept
+{
+    e.stamps = pinned_at(e) | ((ms & kRoutedMask) << kPinnedBits);
+}
+
+// Whether a request of the session was routed here less than window ms
+// before ms (never, for an entry only learned from another instance).
+inline bool routed_within(const SessionEntry &e, uint64_t ms,
+                          uint64_t window) noexcept
+{
+    uint64_t routed = e.stamps >> kPinnedBits;
+
+    return routed != 0 && ((ms - routed) & kRoutedMask) < window;
+}
 
 constexpr uint32_t kSessionWays = 8;
 

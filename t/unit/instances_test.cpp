@@ -115,6 +115,84 @@ TEST(Instances, PinnedSiblingsSpillWhileUnheard)
     EXPECT_EQ(r.decision.watched_unheard, 1u);
 }
 
+// What the others may send unseen is presumed beside a session's siblings
+// only: a session's next turn, seconds later, in a burst of other sessions
+// this instance sent its peer, stays with its cache.
+TEST(Instances, ASessionsNextTurnIsNotCrowdedOutByOthers)
+{
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
+    std::string key = key_on_peer0(0);
+
+    report_idle(z.get(), up, 1000);
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    ASSERT_EQ(router.route_key_released(key).decision.peer, 0);
+
+    // Its next turn, 5 s on, beside another session's unheard request on
+    // peer 0: 1 + 1 <= 2.5, nothing presumed.
+    router.now = 1005;
+    report_idle(z.get(), up, 1005);
+    affinity_zone_instance_seen(z.get(), 42, 1005);
+    up.acquire(0);
+    affinity_zone_peer_announced(z.get(), slot);
+    Routed next = router.route_key(key);
+    EXPECT_EQ(next.decision.peer, 0);
+    EXPECT_EQ(next.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+
+    // A sibling of that turn, the same moment: the others may be sending
+    // its siblings too, 1 + 1 + 1 + 1 > 2.5.
+    Routed sibling = router.route_key(key);
+    EXPECT_NE(sibling.decision.peer, 0);
+    EXPECT_EQ(sibling.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+}
+
+// Without a session key, siblings are told by their prompt: its longest
+// level the index knows used this second.
+TEST(Instances, APromptsNextTurnIsNotCrowdedOutByOthers)
+{
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
+    TestZone prefixes(1 << 20, AFFINITY_ZONE_PREFIXES);
+    std::string history(600, 'h');
+    auto body = [&](const std::string &turn) {
+        return "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+               "\"content\":\"" + history + "\"},{\"role\":\"user\","
+               "\"content\":\"" + turn + "\"}]}";
+    };
+    std::vector<affinity_level_t> first =
+        prompt_levels(body("first"), default_schedule(), '\0', 8).levels;
+
+    report_idle(z.get(), up, 1000);
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    Routed placed = router.route_prompt_released(prefixes.get(), first);
+    ASSERT_GE(placed.decision.peer, 0);
+    size_t holder = size_t(placed.decision.peer);
+    uint32_t holder_slot = up.peer(holder).slot;
+
+    // The next turn, 5 s on, beside an unheard request on the holder,
+    // whose engine reported it idle.
+    router.now = 1005;
+    affinity_engine_load_t idle{};
+    idle.found = AFFINITY_ENGINE_RUNNING;
+    engine_reported(z.get(), holder_slot, idle, 1005);
+    affinity_zone_instance_seen(z.get(), 42, 1005);
+    up.acquire(holder);
+    affinity_zone_peer_announced(z.get(), holder_slot);
+    std::vector<affinity_level_t> next =
+        prompt_levels(body("second"), default_schedule(), '\0', 8).levels;
+    Routed turn = router.route_prompt(prefixes.get(), next);
+    EXPECT_EQ(turn.decision.peer, int(holder));
+    EXPECT_EQ(turn.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+
+    // Its sibling, the same second, finds the history used this second:
+    // the others' siblings are presumed, and it goes elsewhere.
+    affinity_zone_peer_announced(z.get(), holder_slot);
+    std::vector<affinity_level_t> sibling =
+        prompt_levels(body("third"), default_schedule(), '\0', 8).levels;
+    Routed spilled = router.route_prompt(prefixes.get(), sibling);
+    EXPECT_NE(spilled.decision.peer, int(holder));
+}
+
 // The others' requests are counted through the engine's figure; without
 // one (never reported, or older than engine_ttl: its metrics fail) this
 // instance counts its own requests alone, and presumes none unheard,
