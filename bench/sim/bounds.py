@@ -67,6 +67,7 @@ import argparse
 import hashlib
 import heapq
 import json
+import re
 import sys
 import time
 from bisect import bisect_right
@@ -657,6 +658,8 @@ POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
             'chash_session_bounded', 'affinity', 'affinity_follow') \
     + MODULE_POLICIES
 KNOWN_POLICIES = POLICIES + INSTANCE_POLICIES
+# Any number of instances sharing (core_policy.SHARED_NAME, without ctypes).
+SHARED_NAME = re.compile(r'module_x([1-9][0-9]*)_shared(_client)?$')
 
 # Policies whose routing reads the session id: simulated once per sessions
 # mode.  The others are simulated once and reported for both.
@@ -672,10 +675,11 @@ NEEDS_KEY = ('chash_session', 'chash_session_bounded', 'affinity',
 
 def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
                 points=RING_POINTS, store_latency=0.0, poll_interval=2.0,
-                read_lag=0.0, poll_lag=0.0):
+                read_lag=0.0, poll_lag=0.0, without=()):
     """A fresh policy object (policies keep state, such as pins).
-    store_latency, poll_interval, read_lag and poll_lag: the several
-    instances' (module_x*)."""
+    store_latency, poll_interval, read_lag, poll_lag and without (what
+    they do not share): the several instances' (module_x*, also
+    module_xN_shared for any N)."""
     if name == 'oracle':
         return PrefixOracle(replicas, factor, slack)
     if name == 'round_robin':
@@ -688,12 +692,13 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
     if name in ('affinity', 'affinity_follow'):
         return SessionAffinity(replicas, factor, slack, points,
                                follow=name == 'affinity_follow')
-    if name in MODULE_POLICIES + INSTANCE_POLICIES:
+    if name in MODULE_POLICIES + INSTANCE_POLICIES \
+            or SHARED_NAME.match(name):
         from bench.sim import core_policy
         return core_policy.make(name, replicas, factor, slack,
                                 latency=store_latency,
                                 interval=poll_interval, read_lag=read_lag,
-                                poll_lag=poll_lag)
+                                poll_lag=poll_lag, without=without)
     raise ValueError('unknown policy %r' % name)
 
 

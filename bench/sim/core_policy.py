@@ -27,6 +27,21 @@ random spreader (Instances; bounds.py's --store-latency, --read-lag,
     module_x4              four on their own
     module_x4_shared_client  four sharing, behind a front that keeps every
                            request of a session on one instance
+    module_xN_shared, module_xN_shared_client  N instances (any N >= 1)
+
+With without= (Instances, make()), some of what the instances share is
+left out, on this side only (the core is the module's), to measure what
+each mechanism pays (MECHANISMS):
+
+    announcements  no 'sent' nor 'done' reaches the other instances: each
+                   still announces its requests (unheard) and reads them
+                   back itself, so the presumption still has its window
+    presumption    no instance learns that another routes (no
+                   affinity_zone_instance_seen): the core then presumes
+                   nothing beside unheard requests and watches nothing
+    watch          nothing is watched: read-backs teach no lesson, and the
+                   presumption stays one per other instance heard from
+    filled, levels, pin  that kind of message is not published
 
 What the shim does, and this does too:
 - zones: a session zone and/or a prefix zone, in memory of their own
@@ -62,6 +77,7 @@ import ctypes
 import heapq
 import os
 import random
+import re
 import subprocess
 import zlib
 from pathlib import Path
@@ -668,15 +684,15 @@ class ModulePolicy:
                                              self.peers[r].id,
                                              ctypes.byref(load), capacity)
 
-    def announced(self, slot):
+    def announced(self, slot, watch=True):
         """This instance told the store of its last request, on slot (as
         ..._store.c writes a SENT message, its reader watching what the
-        decision weighed): what to pass heard()."""
+        decision weighed, unless not watch): what to pass heard()."""
         lib = self.lib
         ticket = lib.affinity_zone_peer_announced(self.counter.handle, slot)
         number = lib.affinity_watch_announced(ctypes.byref(self.watch),
                                               *self.watched) \
-            if ticket else 0
+            if ticket and watch else 0
         return ticket, number
 
     def heard(self, announcement):
@@ -790,12 +806,21 @@ class Instances:
     timer()), taken at their own times between the fleet's events.  In the
     real stack a poll's figures are some milliseconds old when they are
     applied, and in a replay faster than real time those milliseconds are
-    many more of the workload's: poll_lag seconds here."""
+    many more of the workload's: poll_lag seconds here.
+
+    without: mechanisms (MECHANISMS) left out, for ablations; see the
+    module docstring."""
 
     def __init__(self, replicas, count, store=True, metrics=True,
                  interval=2.0, latency=0.0, factor=FACTOR, slack=SLACK,
                  base_port=BASE_PORT, seed=1, lib=None, cache=False,
-                 name=None, read_lag=0.0, poll_lag=0.0, by_client=False):
+                 name=None, read_lag=0.0, poll_lag=0.0, by_client=False,
+                 without=()):
+        unknown = set(without) - set(MECHANISMS)
+        if unknown:
+            raise ValueError('unknown mechanisms: %s'
+                             % ', '.join(sorted(unknown)))
+        self.without = frozenset(without)
         lib = lib or library()
         # affinity_metrics: figures live three intervals, at least 2 s
         ttl = max(2, int(3 * interval + 0.999)) if metrics else 0
@@ -832,10 +857,11 @@ class Instances:
                 if member.cache:
                     member._capacity = fleet.params.cache_tokens
 
-    def _publish(self, origin, kind, peer_id, payload):
-        """A message for every instance's reader, its sender's too."""
+    def _publish(self, origin, kind, peer_id, payload, others=True):
+        """A message for every instance's reader, its sender's too (only
+        its sender's unless others)."""
         taken = self.now + self.latency
-        for reader in range(len(self.members)):
+        for reader in range(len(self.members)) if others else (origin,):
             due = taken
             if self.read_lag:
                 # a stream is read in order
@@ -871,7 +897,7 @@ class Instances:
                     # read back: the others read it about now
                     member.heard(payload)
                 continue
-            if self.metrics:
+            if self.metrics and 'presumption' not in self.without:
                 member.heard_from(self.seeds[origin], NOW_ORIGIN + int(due))
             member.apply(kind, peer_id, payload, NOW_ORIGIN + int(due),
                          wall_ms(stamped))
@@ -905,14 +931,18 @@ class Instances:
         peer, token = member.choose(req, chain, fleet)
         if self.store:
             peer_id, chars, key, levels = member.taught
+            without = self.without
             if self.metrics:
                 # announced until its sender reads it back (timer())
-                self._publish(k, 'sent', peer_id, member.announced(token[0]))
-            if chars:
+                self._publish(k, 'sent', peer_id,
+                              member.announced(token[0],
+                                               'watch' not in without),
+                              'announcements' not in without)
+            if chars and 'filled' not in without:
                 self._publish(k, 'filled', peer_id, chars)
-            if key is not None:
+            if key is not None and 'pin' not in without:
                 self._publish(k, 'pin', peer_id, key)
-            if levels:
+            if levels and 'levels' not in without:
                 self._publish(k, 'levels', peer_id, levels)
         return peer, (k, token, member.peers[peer].id)
 
@@ -923,7 +953,8 @@ class Instances:
     def release(self, token):
         k, inner, peer_id = token
         self.members[k].release(inner)
-        if self.store and self.metrics:
+        if self.store and self.metrics \
+                and 'announcements' not in self.without:
             self._publish(k, 'done', peer_id, None)
 
     def peer_stats(self):
@@ -974,17 +1005,36 @@ INSTANCE_POLICIES = {
 }
 # Those behind a front that keeps each session (client) on one instance.
 BY_CLIENT = ('module_x4_shared_client',)
+# Any number of instances sharing: module_xN_shared[_client].
+SHARED_NAME = re.compile(r'module_x([1-9][0-9]*)_shared(_client)?$')
+# What Instances(without=) may leave out.
+MECHANISMS = ('announcements', 'presumption', 'watch', 'filled', 'levels',
+              'pin')
+
+
+def instance_policy(name):
+    """(instances, store, metrics, by_client) of a policy of several
+    instances, or None."""
+    if name in INSTANCE_POLICIES:
+        return INSTANCE_POLICIES[name] + (name in BY_CLIENT,)
+    match = SHARED_NAME.match(name)
+    if match:
+        return int(match.group(1)), True, True, bool(match.group(2))
+    return None
 
 
 def make(name, replicas, factor=FACTOR, slack=SLACK, base_port=BASE_PORT,
-         latency=0.0, interval=2.0, read_lag=0.0, poll_lag=0.0):
-    """The policy of this name; latency, interval, read_lag, poll_lag:
-    Instances'."""
-    if name in INSTANCE_POLICIES:
-        count, store, metrics = INSTANCE_POLICIES[name]
+         latency=0.0, interval=2.0, read_lag=0.0, poll_lag=0.0, without=()):
+    """The policy of this name; latency, interval, read_lag, poll_lag,
+    without: Instances'."""
+    spec = instance_policy(name)
+    if spec is not None:
+        count, store, metrics, by_client = spec
         return Instances(replicas, count, store, metrics, interval, latency,
                          factor=factor, slack=slack, base_port=base_port,
                          name=name, read_lag=read_lag, poll_lag=poll_lag,
-                         by_client=name in BY_CLIENT)
+                         by_client=by_client, without=without)
+    if without:
+        raise ValueError('without= is for several instances')
     return ModulePolicy(replicas, factor=factor, slack=slack,
                         base_port=base_port, **POLICIES[name])

@@ -380,6 +380,83 @@ class ModulePolicyTest(unittest.TestCase):
             self.assertGreater(max(blind.count(r) for r in range(4)), most,
                                count)
 
+    def test_without_leaves_each_mechanism_out(self):
+        # Ablations (Instances(without=)): without announcements the other
+        # instance counts none of A's requests, which stay unheard at A
+        # until A reads them back; without the presumption no instance
+        # learns that another routes; without the watch, nothing is
+        # learned from read-backs; without filled, levels or pin, those
+        # messages are not published.  Unknown names are refused.
+        from bench.sim.fleet import Fleet
+        off = bounds.with_sessions(self.requests, False)
+
+        def burst(without):
+            # as test_instances_count_each_others_requests
+            policy = core_policy.Instances(4, 2, latency=0.001,
+                                           without=without)
+            policy.spread = type('To', (), {'randrange':
+                                            lambda self, n: 0})()
+            fleet = Fleet(light_params(), 4)
+            advance(policy, 1.5, fleet)
+            for req in off[:3]:
+                policy.choose(dataclasses.replace(req, arrival=1.5),
+                              req.chain(), fleet)
+            sender, other = policy.members
+            unheard = sum(s['unheard'] for s in sender.peer_stats())
+            advance(policy, 1.6, fleet)
+            return (unheard, sum(s['unheard'] for s in sender.peer_stats()),
+                    sum(s['elsewhere'] for s in other.peer_stats()))
+
+        self.assertEqual(burst(()), (3, 0, 3))
+        self.assertEqual(burst(('announcements',)), (3, 0, 0))
+
+        def run(without, requests, count=2, release=True):
+            policy = core_policy.Instances(4, count, latency=0.01,
+                                           without=without)
+            published = defaultdict(int)
+            publish = policy._publish
+
+            def counted(origin, kind, *a):
+                published[kind] += 1
+                return publish(origin, kind, *a)
+            policy._publish = counted
+            fleet = Fleet(light_params(), 4)
+            for req in requests:
+                advance(policy, req.arrival, fleet)
+                _, token = policy.choose(req, req.chain(), fleet)
+                if release:
+                    policy.release(token)
+            advance(policy, requests[-1].arrival + 1, fleet)
+            now = core_policy.NOW_ORIGIN + int(requests[-1].arrival)
+            return policy, published, now
+
+        _, published, _ = run(('announcements',), self.requests)
+        self.assertEqual(published['done'], 0)
+        for without in ('filled', 'levels', 'pin'):
+            _, published, _ = run((without,), self.requests)
+            self.assertEqual(published[without], 0, without)
+            self.assertGreater(published['sent'], 0, without)
+            self.assertGreater(published['done'], 0, without)
+        _, published, _ = run((), self.requests)
+        for kind in ('sent', 'done', 'filled', 'levels', 'pin'):
+            self.assertGreater(published[kind], 0, kind)
+        # at random, agent sessions teach one per other instance (as
+        # test_read_backs_teach_what_the_front_does)
+        agent = bounds.prepare_workload(
+            workloads.agentic(seed=1, size='quick', duration=400))
+        for without, mean, learns in (((), 3.0, True),
+                                      (('presumption',), 0.0, False),
+                                      (('watch',), 3.0, False)):
+            policy, _, now = run(without, agent, 4, False)
+            for member in policy.members:
+                presumed, learned = member.unheard_presumed(now)
+                self.assertEqual(presumed, mean, without)
+                self.assertEqual(learned > 0, learns, without)
+        with self.assertRaises(ValueError):
+            core_policy.Instances(4, 2, without=('gossip',))
+        self.assertEqual(core_policy.instance_policy('module_x8_shared'),
+                         (8, True, True, False))
+
     def test_default_level_schedule(self):
         schedule = list(core_policy.level_schedule(self.lib))
         self.assertEqual(schedule[:4], [100, 500, 1000, 1256])
