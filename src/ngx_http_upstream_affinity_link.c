@@ -10,10 +10,12 @@
  * a password is configured, then PING, so that a store that accepts the
  * connection but does not answer (stopped, paused) is never taken for
  * one that works.  Every reply must come within the link's wait of the
- * last bytes the store sent; anything that is not a reply to a command
- * sent, an error during the greeting, a close or a reply late is a
- * failure of this connection: it is closed, the commands that got no reply
- * are handed back to the owner, and the owner is told why, once.
+ * reply before it, or of the last LINK_IN bytes of a long one, so that a
+ * store that sends a byte now and then is away as one that sends nothing;
+ * anything that is not a reply to a command sent, a reply longer than the
+ * owner's bound, an error during the greeting, a close or a reply late is
+ * a failure of this connection: it is closed, the commands that got no
+ * reply are handed back to the owner, and the owner is told why, once.
  */
 
 
@@ -33,13 +35,19 @@
 /* read at once; written from a buffer of the owner's size */
 #define NGX_HTTP_UPSTREAM_AFFINITY_LINK_IN       (16 * 1024)
 
+/*
+ * Read in one event at most, before the worker's other connections have
+ * their turn: a store that floods the connection never holds the worker.
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_LINK_BUDGET   (64 * 16 * 1024)
+
 
 static void ngx_http_upstream_affinity_link_connected(
     ngx_http_upstream_affinity_link_t *link);
 #if (NGX_SSL)
 static void ngx_http_upstream_affinity_link_handshaked(ngx_connection_t *c);
 static ngx_int_t ngx_http_upstream_affinity_link_check_name(
-    ngx_connection_t *c, ngx_str_t *name);
+    ngx_connection_t *c, ngx_http_upstream_affinity_store_conf_t *scf);
 #endif
 static void ngx_http_upstream_affinity_link_greet(
     ngx_http_upstream_affinity_link_t *link);
@@ -132,6 +140,8 @@ ngx_http_upstream_affinity_link_open(ngx_http_upstream_affinity_link_t *link)
     link->pc.tries = 1;
 
     link->ready = 0;
+    link->taken = 0;
+    link->progress = 0;
     affinity_store_link_reset(link->proto);
     link->out->pos = link->out->start;
     link->out->last = link->out->start;
@@ -202,7 +212,7 @@ ngx_http_upstream_affinity_link_connected(
         }
 
 #ifdef SSL_CTRL_SET_TLSEXT_HOSTNAME
-        if (link->conf->tls_name.len
+        if (!link->conf->tls_ip
             && SSL_set_tlsext_host_name(c->ssl->connection,
                                         (char *) link->conf->tls_name.data)
                == 0)
@@ -255,8 +265,7 @@ ngx_http_upstream_affinity_link_handshaked(ngx_connection_t *c)
         return;
     }
 
-    if (ngx_http_upstream_affinity_link_check_name(c, &link->conf->tls_name)
-        != NGX_OK)
+    if (ngx_http_upstream_affinity_link_check_name(c, link->conf) != NGX_OK)
     {
         ngx_http_upstream_affinity_link_fail(link,
                      "the store's certificate does not match its tls_name");
@@ -278,17 +287,16 @@ ngx_http_upstream_affinity_link_handshaked(ngx_connection_t *c)
 
 static ngx_int_t
 ngx_http_upstream_affinity_link_check_name(ngx_connection_t *c,
-    ngx_str_t *name)
+    ngx_http_upstream_affinity_store_conf_t *scf)
 {
-    int        rc;
-    X509      *cert;
-    ngx_cidr_t cidr;
+    int    rc;
+    X509  *cert;
 
-    if (ngx_ptocidr(name, &cidr) != NGX_OK) {
-        return ngx_ssl_check_host(c, name);
+    if (!scf->tls_ip) {
+        return ngx_ssl_check_host(c, &scf->tls_name);
     }
 
-#ifdef SSL_get1_peer_certificate
+#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
     cert = SSL_get1_peer_certificate(c->ssl->connection);
 #else
     cert = SSL_get_peer_certificate(c->ssl->connection);
@@ -298,7 +306,7 @@ ngx_http_upstream_affinity_link_check_name(ngx_connection_t *c,
         return NGX_ERROR;
     }
 
-    rc = X509_check_ip_asc(cert, (char *) name->data, 0);
+    rc = X509_check_ip_asc(cert, (char *) scf->tls_name.data, 0);
     X509_free(cert);
 
     return rc == 1 ? NGX_OK : NGX_ERROR;
@@ -435,19 +443,6 @@ ngx_http_upstream_affinity_link_send(ngx_http_upstream_affinity_link_t *link,
 }
 
 
-/* room left for commands, in bytes of the output buffer */
-
-size_t
-ngx_http_upstream_affinity_link_room(ngx_http_upstream_affinity_link_t *link)
-{
-    ngx_buf_t  *b;
-
-    b = link->out;
-
-    return (b->end - b->start) - (b->last - b->pos);
-}
-
-
 static ngx_int_t
 ngx_http_upstream_affinity_link_queue(ngx_http_upstream_affinity_link_t *link,
     size_t argc, const char *const *argv, const size_t *lens, uint32_t tag,
@@ -489,6 +484,7 @@ ngx_http_upstream_affinity_link_queue(ngx_http_upstream_affinity_link_t *link,
 
     if (affinity_store_link_pending(link->proto) == 1) {
         ngx_add_timer(c->read, link->wait);
+        link->progress = 0;
     }
 
     return NGX_OK;
@@ -562,7 +558,7 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
 {
     int                                 rc;
     u_char                             *p;
-    size_t                              used;
+    size_t                              used, budget;
     ssize_t                             n;
     ngx_connection_t                   *c;
     affinity_store_reply_t              reply;
@@ -576,7 +572,15 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
         return;
     }
 
+    budget = NGX_HTTP_UPSTREAM_AFFINITY_LINK_BUDGET;
+
     for ( ;; ) {
+
+        if (budget == 0) {
+            ngx_post_event(rev, &ngx_posted_next_events);
+            break;
+        }
+
         n = c->recv(c, link->in, NGX_HTTP_UPSTREAM_AFFINITY_LINK_IN);
 
         if (n == NGX_AGAIN) {
@@ -593,10 +597,17 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
             return;
         }
 
-        /* bytes came: the wait for the reply starts again */
+        budget -= ngx_min(budget, (size_t) n);
 
-        if (affinity_store_link_pending(link->proto)) {
+        /* a long reply that keeps coming: its wait starts again */
+
+        link->progress += n;
+
+        if (link->progress >= NGX_HTTP_UPSTREAM_AFFINITY_LINK_IN
+            && affinity_store_link_pending(link->proto))
+        {
             ngx_add_timer(rev, link->wait);
+            link->progress = 0;
         }
 
         p = link->in;
@@ -606,6 +617,7 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
 
             p += used;
             n -= used;
+            link->taken += used;
 
             if (rc == AFFINITY_LINK_BROKEN) {
                 ngx_http_upstream_affinity_link_fail(link, reply.error);
@@ -613,13 +625,28 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
             }
 
             if (rc == AFFINITY_LINK_MORE) {
+                if (link->reply_max && link->taken > link->reply_max) {
+                    ngx_http_upstream_affinity_link_fail(link,
+                                                         "reply too long");
+                    return;
+                }
+
                 break;
             }
+
+            link->taken = 0;
 
             if (ngx_http_upstream_affinity_link_dispatch(link, &reply)
                 != NGX_OK)
             {
                 return;
+            }
+
+            /* the next reply's wait starts */
+
+            if (affinity_store_link_pending(link->proto)) {
+                ngx_add_timer(rev, link->wait);
+                link->progress = 0;
             }
         }
     }
@@ -651,6 +678,16 @@ ngx_http_upstream_affinity_link_write(ngx_event_t *wev)
         return;
     }
 
+    /*
+     * TLS that must read to write calls this handler on read events
+     * (ngx_ssl_write_handler()): the reply's wait may have run out.
+     */
+
+    if (c->read->timedout) {
+        ngx_http_upstream_affinity_link_fail(link, "no reply in time");
+        return;
+    }
+
     if (!link->connected) {
         ngx_http_upstream_affinity_link_connected(link);
         return;
@@ -677,6 +714,12 @@ ngx_http_upstream_affinity_link_write(ngx_event_t *wev)
 
     b->pos = b->start;
     b->last = b->start;
+
+    /* with level-triggered events, the write event is not wanted now */
+
+    if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+        ngx_http_upstream_affinity_link_fail(link, "write failed");
+    }
 }
 
 
@@ -706,7 +749,11 @@ ngx_http_upstream_affinity_link_close(ngx_http_upstream_affinity_link_t *link)
 
 #if (NGX_SSL)
     if (c->ssl) {
+
+        /* nothing is waited for: the SSL object is freed at once */
+
         c->ssl->no_wait_shutdown = 1;
+        c->ssl->no_send_shutdown = 1;
         (void) ngx_ssl_shutdown(c);
     }
 #endif

@@ -208,6 +208,8 @@ typedef struct {
 #if (NGX_SSL)
     ngx_ssl_t                              *ssl;    /* tls */
     ngx_str_t                               tls_name;   /* NUL-terminated */
+    unsigned                                tls_ip:1;   /* tls_name is an
+                                                           address: no SNI */
 #endif
 } ngx_http_upstream_affinity_store_conf_t;
 
@@ -240,6 +242,11 @@ struct ngx_http_upstream_affinity_link_s {
                                                        owner's outage is
                                                        said already */
     ngx_msec_t                              wait;   /* for each reply */
+    size_t                                  reply_max; /* bytes of one
+                                                       reply, 0: any */
+    size_t                                  taken;  /* of the reply read */
+    size_t                                  progress; /* since the wait
+                                                       started again */
 
     /* the owner's: the greeting answered; a reply (no root: none came,
        the connection went); the connection failed, and why */
@@ -453,8 +460,6 @@ void ngx_http_upstream_affinity_link_open(
 ngx_int_t ngx_http_upstream_affinity_link_send(
     ngx_http_upstream_affinity_link_t *link, size_t argc,
     const char *const *argv, const size_t *lens, uint32_t tag, uint64_t arg);
-size_t ngx_http_upstream_affinity_link_room(
-    ngx_http_upstream_affinity_link_t *link);
 void ngx_http_upstream_affinity_link_close(
     ngx_http_upstream_affinity_link_t *link);
 void ngx_http_upstream_affinity_link_detail(

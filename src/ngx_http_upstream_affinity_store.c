@@ -52,9 +52,13 @@
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_NODES     2048
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BYTES     (384 * 1024)
 
-/* commands awaiting their replies on the writer, and the bytes queued */
+/*
+ * Commands awaiting their replies on the writer, the bytes queued, and
+ * the bytes of one reply to XADD (an id or an error) read at most.
+ */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_PIPELINE  512
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_OUT       (256 * 1024)
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_WRITTEN   (64 * 1024)
 
 /*
  * News of a request (sent, how far it filled a cache, ended) is counted, not
@@ -138,6 +142,10 @@ struct ngx_http_upstream_affinity_store_s {
     ngx_http_upstream_affinity_link_t       reader;
     ngx_event_t                             write_retry;
     ngx_event_t                             read_retry;
+    ngx_event_t                             read_pause; /* before the tip,
+                                                           when nil came
+                                                           early */
+    ngx_msec_t                              read_sent;  /* XREAD, when */
     ngx_msec_t                              write_backoff;
     ngx_msec_t                              read_backoff;
 
@@ -185,6 +193,9 @@ static void ngx_http_upstream_affinity_store_outage(
 static void ngx_http_upstream_affinity_store_back(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_retry(ngx_event_t *ev);
+static void ngx_http_upstream_affinity_store_paused(ngx_event_t *ev);
+static void ngx_http_upstream_affinity_store_unsent(
+    ngx_http_upstream_affinity_store_t *store, ngx_int_t rc);
 static ngx_msec_t ngx_http_upstream_affinity_store_backoff(
     ngx_msec_t *backoff);
 static void ngx_http_upstream_affinity_store_writer_ready(
@@ -345,6 +356,7 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     ngx_cpystrn(store->last, (u_char *) "0-0", sizeof(store->last));
 
     store->writer.data = store;
+    store->writer.reply_max = NGX_HTTP_UPSTREAM_AFFINITY_STORE_WRITTEN;
     store->writer.ready_handler = ngx_http_upstream_affinity_store_writer_ready;
     store->writer.reply = ngx_http_upstream_affinity_store_written;
     store->writer.lost = ngx_http_upstream_affinity_store_writer_lost;
@@ -364,6 +376,11 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     store->read_retry.data = &store->reader;
     store->read_retry.log = cycle->log;
     store->read_retry.cancelable = 1;
+
+    store->read_pause.handler = ngx_http_upstream_affinity_store_paused;
+    store->read_pause.data = store;
+    store->read_pause.log = cycle->log;
+    store->read_pause.cancelable = 1;
 
     store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
     store->read_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
@@ -552,6 +569,7 @@ static void
 ngx_http_upstream_affinity_store_written(
     ngx_http_upstream_affinity_link_t *link, affinity_store_reply_t *reply)
 {
+    uint64_t                                    ms, seq;
     const affinity_resp_node_t                 *r;
     ngx_http_upstream_affinity_queued_t        *q;
     ngx_http_upstream_affinity_store_t         *store = link->data;
@@ -559,15 +577,16 @@ ngx_http_upstream_affinity_store_written(
 
     r = reply->root;
 
-
     if (r == NULL || store->sent == 0) {
         return;     /* lost with the connection: rewound */
     }
 
     q = &store->queue[store->first];
 
-    if (r->type != AFFINITY_RESP_BULK && r->type != AFFINITY_RESP_ERROR) {
-
+    if (r->type != AFFINITY_RESP_ERROR
+        && (r->type != AFFINITY_RESP_BULK
+            || affinity_store_parse_id(r->str, r->len, &ms, &seq) != 0))
+    {
         /* not an answer to XADD: the connection is not with a store */
 
         ngx_http_upstream_affinity_link_close(link);
@@ -1086,6 +1105,10 @@ ngx_http_upstream_affinity_store_reader_lost(
     ngx_http_upstream_affinity_store_outage(store, "reading", why,
                                             &link->detail);
 
+    if (store->read_pause.timer_set) {
+        ngx_del_timer(&store->read_pause);
+    }
+
     if (!store->read_retry.timer_set) {
         ngx_add_timer(&store->read_retry,
                       ngx_http_upstream_affinity_store_backoff(
@@ -1094,7 +1117,11 @@ ngx_http_upstream_affinity_store_reader_lost(
 }
 
 
-/* a read was answered as a stream's reads are */
+/*
+ * A read was answered as a stream's reads are: with entries, or with nil
+ * after the block time.  The tip alone proves nothing: a store that
+ * answers it and not the reads stays away, said once.
+ */
 
 static void
 ngx_http_upstream_affinity_store_readable(
@@ -1132,9 +1159,47 @@ ngx_http_upstream_affinity_store_tip(ngx_http_upstream_affinity_store_t *store)
     argv[5] = "1";
     lens[5] = 1;
 
-    (void) ngx_http_upstream_affinity_link_send(&store->reader, 6, argv, lens,
+    ngx_http_upstream_affinity_store_unsent(store,
+                 ngx_http_upstream_affinity_link_send(&store->reader, 6, argv,
+                                        lens,
                                         NGX_HTTP_UPSTREAM_AFFINITY_STORE_TIP,
-                                        0);
+                                        0));
+}
+
+
+/*
+ * A read that could not be sent would leave the reader waiting for
+ * nothing: the connection goes, and is tried again later.
+ */
+
+static void
+ngx_http_upstream_affinity_store_unsent(
+    ngx_http_upstream_affinity_store_t *store, ngx_int_t rc)
+{
+    if (rc == NGX_OK || rc == NGX_DECLINED || ngx_exiting || store->exiting) {
+        return;
+    }
+
+    ngx_http_upstream_affinity_link_close(&store->reader);
+    ngx_http_upstream_affinity_store_reader_lost(&store->reader,
+                                                 "cannot send a read");
+}
+
+
+/* the pause after a nil reply that came early is over */
+
+static void
+ngx_http_upstream_affinity_store_paused(ngx_event_t *ev)
+{
+    ngx_http_upstream_affinity_store_t  *store = ev->data;
+
+    if (store->exiting || !store->reader.ready
+        || affinity_store_link_pending(store->reader.proto))
+    {
+        return;
+    }
+
+    ngx_http_upstream_affinity_store_tip(store);
 }
 
 
@@ -1179,9 +1244,13 @@ ngx_http_upstream_affinity_store_read(ngx_http_upstream_affinity_store_t *store)
     argv[7] = (char *) store->last;
     lens[7] = ngx_strlen(store->last);
 
-    (void) ngx_http_upstream_affinity_link_send(&store->reader, 8, argv, lens,
+    store->read_sent = ngx_current_msec;
+
+    ngx_http_upstream_affinity_store_unsent(store,
+                ngx_http_upstream_affinity_link_send(&store->reader, 8, argv,
+                                       lens,
                                        NGX_HTTP_UPSTREAM_AFFINITY_STORE_XREAD,
-                                       0);
+                                       0));
 }
 
 
@@ -1281,15 +1350,17 @@ ngx_http_upstream_affinity_store_tipped(
     }
 
     ngx_http_upstream_affinity_store_read(store);
-    ngx_http_upstream_affinity_store_readable(store);
 }
 
 
 /*
  * A reply of XREAD: nil when nothing came within the block time (the tip
- * is then looked at again), else the entries.  An entry larger than any
- * message is skipped; one that found no room left in the reply is read
- * first by the next XREAD, with room for it, unless it came first.
+ * is then looked at again; at once only if the store did block, so that
+ * one that answers nil at once is not asked in a loop), else the entries.
+ * An entry larger than any message is skipped; one that found no room
+ * left in the reply is read first by the next XREAD, with room for it,
+ * unless it came first.  A reply with no entry that can be read would be
+ * asked for again and again: the connection goes.
  */
 
 static void
@@ -1315,9 +1386,17 @@ ngx_http_upstream_affinity_store_entries(
         return;
     }
 
-    ngx_http_upstream_affinity_store_readable(store);
-
     if (reply->type == AFFINITY_RESP_NIL) {
+
+        if (ngx_current_msec - store->read_sent
+            < NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK / 2)
+        {
+            ngx_add_timer(&store->read_pause,
+                          NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK);
+            return;
+        }
+
+        ngx_http_upstream_affinity_store_readable(store);
         ngx_http_upstream_affinity_store_tip(store);
         return;
     }
@@ -1361,6 +1440,14 @@ ngx_http_upstream_affinity_store_entries(
                                                              entry.seq));
     }
 
+    if (n == 0) {
+        ngx_http_upstream_affinity_link_close(&store->reader);
+        ngx_http_upstream_affinity_store_reader_lost(&store->reader,
+                                                     "no entry to read");
+        return;
+    }
+
+    ngx_http_upstream_affinity_store_readable(store);
     ngx_http_upstream_affinity_store_read(store);
 }
 

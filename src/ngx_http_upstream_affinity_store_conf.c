@@ -61,6 +61,9 @@ ngx_http_upstream_affinity_store_conf(ngx_conf_t *cf,
     ngx_pool_cleanup_t                       *cln;
     ngx_http_upstream_srv_conf_t             *uscf;
     ngx_http_upstream_affinity_store_conf_t  *scf;
+#if (NGX_SSL)
+    ngx_cidr_t                                cidr;
+#endif
 
     scf = ngx_pcalloc(cf->pool,
                       sizeof(ngx_http_upstream_affinity_store_conf_t));
@@ -279,6 +282,24 @@ ngx_http_upstream_affinity_store_conf(ngx_conf_t *cf,
                            "needs \"tls_name\"");
         return NGX_CONF_ERROR;
     }
+
+    /* an IPv6 address as given, [::1], is checked without its brackets */
+
+    if (name.len > 2 && name.data[0] == '[' && name.data[name.len - 1] == ']')
+    {
+        name.data++;
+        name.len -= 2;
+    }
+
+    if (name.len > 255) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"tls_name\" of \"affinity_store\" is too long");
+        return NGX_CONF_ERROR;
+    }
+
+    /* a host name is sent (SNI), an address is not (RFC 6066) */
+
+    scf->tls_ip = (ngx_ptocidr(&name, &cidr) == NGX_OK);
 
     scf->tls_name.data = ngx_pnalloc(cf->pool, name.len + 1);
     if (scf->tls_name.data == NULL) {
@@ -590,6 +611,11 @@ ngx_http_upstream_affinity_store_tls(ngx_conf_t *cf,
         return NGX_ERROR;
     }
 
+#ifdef SSL_OP_NO_RENEGOTIATION
+    /* a store that asks to renegotiate is refused */
+    SSL_CTX_set_options(scf->ssl->ctx, SSL_OP_NO_RENEGOTIATION);
+#endif
+
     cln = ngx_pool_cleanup_add(cf->pool, 0);
     if (cln == NULL) {
         ngx_ssl_cleanup_ctx(scf->ssl);
@@ -614,6 +640,10 @@ ngx_http_upstream_affinity_store_tls(ngx_conf_t *cf,
         ngx_ssl_error(NGX_LOG_EMERG, cf->log, 0,
                       "SSL_CTX_set_default_verify_paths() failed");
         return NGX_ERROR;
+
+    } else {
+        /* as deep as with tls_ca= */
+        SSL_CTX_set_verify_depth(scf->ssl->ctx, 4);
     }
 
     return NGX_OK;

@@ -5,9 +5,12 @@
 # too) is pointed at a fake store that misbehaves in one way after another
 # (t/fake-store.pl): a reply before any command, an HTTP error, random
 # bytes, RESP3, arrays nested a thousand deep, every reply twice, no reply
-# at all, a connection shut for writing.  Under load through all of them:
-# no request fails, no worker exits, the outage is logged once per worker,
-# and the workers try again with growing waits, not in a loop.  Then a real
+# at all, a connection shut for writing, an endless reply a byte at a time
+# or as fast as it goes, XREAD answered at once with nil or with an entry
+# that has no id, XADD answered with what is not an id.  Under load
+# through all of them: no request fails, no worker exits, the outage is
+# logged once per worker, the workers try again with growing waits, not in
+# a loop, and the reader never asks again and again.  Then a real
 # redis-server takes the port, and the instance is back within seconds.
 # Last, three entries of 64 MB in the stream: a second instance reads past
 # them, its workers' memory unchanged, and takes the pins that follow, on
@@ -69,8 +72,17 @@ sub batch {
 
 sub connections {
     open my $fh, '<', $conns or return 0;
-    my @lines = <$fh>;
-    return scalar @lines;
+    return scalar grep { /^connect / } <$fh>;
+}
+
+sub xreads {
+    open my $fh, '<', $conns or return 0;
+    return scalar grep { /^xread / } <$fh>;
+}
+
+sub closes {
+    open my $fh, '<', $conns or return 0;
+    return scalar grep { /^close / } <$fh>;
 }
 
 sub outages {
@@ -83,12 +95,13 @@ my @workers = sort $a->worker_pids;
 
 # ---- a fake store that misbehaves ------------------------------------------
 
-my @modes = qw(unsolicited greeting junk resp3 deep extra silent halfclose);
 my ($served, $failed) = (0, 0);
 my $started = time;
 
-for my $mode (@modes) {
-    my $before = connections();
+# Three seconds of load with the fake store of a mode.
+sub misbehave {
+    my ($mode) = @_;
+    my ($before, $reads, $closed) = (connections(), xreads(), closes());
     $a->start_service("fake-$mode" => $store, $^X,
                       "$FindBin::Bin/fake-store.pl", '--port', $store,
                       '--mode', $mode, '--log', $conns);
@@ -99,8 +112,22 @@ for my $mode (@modes) {
         }
     }
     cmp_ok connections() - $before, '>=', 1, "$mode: the store was tried";
+    cmp_ok xreads() - $reads, '<=', 4,
+        "$mode: the reader does not ask in a loop";
+    if ($mode eq 'noid') {
+        ok eventually(sub { closes() - $closed >= 2 }, 10),
+            "$mode: the reader's connection is closed";
+    }
+    if ($mode eq 'trickle' || $mode eq 'flood') {
+        # one close is the harness's own, when it waits for the port
+        cmp_ok closes() - $closed, '>=', 2,
+            "$mode: a connection with an endless reply is closed";
+    }
     $a->stop_service("fake-$mode");
 }
+
+misbehave($_) for qw(unsolicited greeting junk resp3 deep extra silent
+                     halfclose trickle flood notid);
 
 my $elapsed = time - $started;
 is $failed, 0, "no request failed through every misbehaving store ($served served)";
@@ -120,6 +147,15 @@ cmp_ok $lines, '>=', 1, 'the outage is logged';
 cmp_ok $lines, '<=', 2, "once per worker ($lines)";
 like $a->error_log, qr/unavailable for (writing|reading) \(([a-z]|the |no |a )/,
     'with its reason';
+
+# Stores that take writes but answer reads strangely: XREAD answered at
+# once with nil, or with an entry that has no stream id.  The writer may
+# find them back; the reader neither asks in a loop nor serves less.
+misbehave($_) for qw(nil noid);
+is $failed, 0, "no request failed through them either ($served served)";
+is_deeply [ sort $a->worker_pids ], \@workers, 'no worker exited';
+cmp_ok outages($a), '<=', $lines + 2,
+    'said at most once more per worker, as the writer may find them back';
 
 # ---- a real store on the same port: back -----------------------------------
 
@@ -150,7 +186,14 @@ sub rss_kb {
     return 0;
 }
 
-sub worst_rss { my ($t) = @_; return (sort { $b <=> $a } map { rss_kb($_) } $t->worker_pids)[0] }
+sub worst_rss {
+    my ($t) = @_;
+    my $worst = 0;
+    for my $kb (map { rss_kb($_) } $t->worker_pids) {
+        $worst = $kb if $kb > $worst;
+    }
+    return $worst;
+}
 
 # Pins learned on A after the big entries reach B, which reads past them.
 sub pinned_on_a {

@@ -48,9 +48,36 @@ nothing is ever answered;
 =item halfclose
 
 PING is answered, then the connection is shut down for writing while it
-is read on.
+is read on;
+
+=item trickle
+
+PING is answered, then the first other command gets an endless reply, a
+byte every tenth of a second;
+
+=item flood
+
+PING is answered, then the first other command gets an endless reply, as
+fast as the connection takes it;
+
+=item nil
+
+PING is answered, XREAD gets nil at once, as if its block time were over,
+and every other command an empty array;
+
+=item noid
+
+PING is answered, XREAD gets an entry whose id is not a stream id, at
+once;
+
+=item notid
+
+PING is answered, XADD gets a string that is not a stream id.
 
 =back
+
+Each XREAD received is logged too ("xread TIME"), and each connection
+closed by the other side ("close TIME").
 
 =cut
 
@@ -79,7 +106,7 @@ open my $logfh, '>>', $log or die "$log: $!\n";
 $logfh->autoflush(1);
 
 my $select = IO::Select->new($listen);
-my %pinged;
+my (%pinged, %endless, %sockets);
 
 sub reply_to {
     my ($s, $command) = @_;
@@ -87,6 +114,8 @@ sub reply_to {
            : $command eq 'AUTH' ? "+OK\r\n"
            : $command eq 'XADD' ? "\$15\r\n1700000000000-0\r\n"
            : "*0\r\n";
+
+    printf {$logfh} "xread %.3f\n", time if $command eq 'XREAD';
 
     if ($mode eq 'extra') {
         return $ok . $ok;
@@ -107,11 +136,38 @@ sub reply_to {
     if ($mode eq 'deep') {
         return ("*1\r\n" x 1000) . ":1\r\n";
     }
+    if ($mode eq 'trickle' || $mode eq 'flood') {
+        $endless{$s} //= 1;
+        return '';
+    }
+    if ($mode eq 'nil') {
+        return $command eq 'XREAD' ? "*-1\r\n" : "*0\r\n";
+    }
+    if ($mode eq 'noid' && $command eq 'XREAD') {
+        return "*1\r\n*2\r\n\$6\r\nstream\r\n*1\r\n*2\r\n\$5\r\nnot-1\r\n"
+             . "*2\r\n\$1\r\nm\r\n\$1\r\nx\r\n";
+    }
+    if ($mode eq 'notid' && $command eq 'XADD') {
+        return "\$2\r\nOK\r\n";
+    }
     return $ok;
 }
 
+# What an endless reply sends now: its header once, then a byte every
+# tenth of a second (trickle) or as much as the socket takes (flood).
+sub endless {
+    for my $s (keys %endless) {
+        my $c = $sockets{$s} or next;
+        if ($endless{$s} == 1) {
+            syswrite $c, "\$999999999\r\n";
+            $endless{$s} = 2;
+        }
+        syswrite $c, $mode eq 'flood' ? 'x' x 65536 : 'x';
+    }
+}
+
 while (1) {
-    for my $s ($select->can_read(0.1)) {
+    for my $s ($select->can_read($mode eq 'flood' && %endless ? 0 : 0.1)) {
         if ($s == $listen) {
             my $c = $listen->accept or next;
             printf {$logfh} "connect %.3f\n", time;
@@ -121,13 +177,19 @@ while (1) {
                 syswrite $c, "HTTP/1.1 400 Bad Request\r\n"
                            . "Content-Length: 0\r\n\r\n";
             }
+            $c->blocking(0);
             $select->add($c);
+            $sockets{$c} = $c;
             next;
         }
         my $n = sysread $s, my $data, 65536;
+        next if !defined $n && $!{EAGAIN};
         unless ($n) {
+            printf {$logfh} "close %.3f\n", time;
             $select->remove($s);
             delete $pinged{$s};
+            delete $endless{$s};
+            delete $sockets{$s};
             close $s;
             next;
         }
@@ -140,4 +202,5 @@ while (1) {
             shutdown $s, SHUT_WR;
         }
     }
+    endless();
 }
