@@ -365,9 +365,22 @@ for my $name (sort keys %built) {
 {
     my $t = AffinityTest->new;
     my $conf = kubernetes_conf();
-    ok $conf =~ s/^(\s*)#\s*(affinity_store\s)/$1$2/m,
-        'kubernetes: the affinity_store line is there to enable';
-    spew($t->path('nginx.conf'), localize($t, $conf));
+    ok $conf =~ s{^(\s*)#\s*(affinity_store\s[^;]*;)}{
+            my ($indent, $block) = ($1, $2);
+            $block =~ s/^\s*#/$indent/mg;
+            "$indent$block";
+        }me,
+        'kubernetes: the affinity_store lines are there to enable';
+    like $conf, qr{auth=/etc/nginx/store/password\s+secret=/etc/nginx/store/secret;},
+        'kubernetes: with the password and secret of its Secret';
+
+    # the Secret's files, as the Deployment mounts them
+    mkdir $t->path('store');
+    spew($t->path('store/password'), "password-of-redis\n");
+    spew($t->path('store/secret'), "a-secret-of-the-nginx-replicas\n");
+    chmod 0400, map { $t->path("store/$_") } qw(password secret);
+    (my $stored = $conf) =~ s{/etc/nginx/store/}{$t->path('store') . '/'}ge;
+    spew($t->path('nginx.conf'), localize($t, $stored));
     my ($rc, $out) = $t->nginx_test;
     is $rc, 0, 'kubernetes: nginx -t accepts it with affinity_store enabled'
         or diag $out;

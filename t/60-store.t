@@ -35,7 +35,19 @@ my @replicas = $a->start_mock_replicas(4, '--decode-ms-per-token', 0.5);
 my $redis = $a->port;
 my $stream = "affinity-test-$$";
 
-sub start_redis { $a->start_redis($redis) }
+# The store asks for a password, and both instances hold the same secret,
+# in files as the shipped snippet has them.
+my $password = "store-password-$$";
+my ($auth, $secret) = ($a->path('store.password'),
+                       $a->path('store.secret'));
+for ([$auth, "$password\n"], [$secret, "secret-of-the-instances-$$\n"]) {
+    open my $fh, '>', $_->[0] or die "$_->[0]: $!";
+    print {$fh} $_->[1];
+    close $fh;
+    chmod 0600, $_->[0];
+}
+
+sub start_redis { $a->start_redis($redis, '--requirepass', $password) }
 
 start_redis();
 
@@ -48,7 +60,8 @@ sub upstream {
         . "        session_affinity header=X-Session-ID zone=s:1m generate;\n"
         . "        prefix_affinity zone=p:4m;\n"
         . "        response_affinity zone=r:1m;\n"
-        . "        affinity_store 127.0.0.1:$redis stream=$stream;\n";
+        . "        affinity_store 127.0.0.1:$redis stream=$stream\n"
+        . "                       auth=$auth secret=$secret;\n";
 }
 
 # Instance B uses the shipped snippet, as a deployment would (the store's
@@ -59,9 +72,11 @@ my $snippet = do {
         or die "conf-examples/multi-instance/upstream.conf: $!";
     <$fh>;
 };
-like $snippet, qr/^affinity_store 127\.0\.0\.1:6379;$/m,
-    'the snippet names the store at 127.0.0.1:6379';
-(my $b_upstream = $snippet) =~ s/127\.0\.0\.1:6379;/127.0.0.1:$redis stream=$stream;/;
+like $snippet, qr{^affinity_store 127\.0\.0\.1:6379 auth=/etc/nginx/affinity-store\.password\s+secret=/etc/nginx/affinity-store\.secret;$}m,
+    'the snippet names the store at 127.0.0.1:6379, its password and secret';
+(my $b_upstream = $snippet) =~ s/127\.0\.0\.1:6379 /127.0.0.1:$redis stream=$stream /;
+$b_upstream =~ s{/etc/nginx/affinity-store\.password}{$auth};
+$b_upstream =~ s{/etc/nginx/affinity-store\.secret}{$secret};
 $b_upstream =~ s/zone=llm_(\w+):\d+m/zone=b_$1:1m/g;
 
 $a->write_conf(proxy_conf($a, upstream(%down)),

@@ -143,6 +143,7 @@ my $SLOW     = $SANITIZE ? 4 : 1;    # for nginx start, reload and stop
 my $HTTP_TIMEOUT = $SANITIZE ? 60 : 30;
 
 my %USED_PORTS;    # ports handed out by port() in this process
+my %REDIS_PASSWORD;    # of the redis-servers started, by port
 my @INSTANCES;     # weak references, for cleanup in END
 
 # Writing to a connection the peer already closed must not kill the test,
@@ -433,25 +434,40 @@ sub redis_server {
             split /:/, ($ENV{PATH} // '') . ':/usr/bin:/usr/sbin')[0];
 }
 
-# $t->start_redis($port) - a redis-server on 127.0.0.1:$port that keeps
-# nothing on disk, until the end of the test (service "redis").
+# $t->start_redis($port, @options) - a redis-server on 127.0.0.1:$port that
+# keeps nothing on disk, until the end of the test (service "redis"), with
+# more redis-server @options (a --requirepass is remembered for
+# redis_send()).
 sub start_redis {
-    my ($self, $port) = @_;
+    my ($self, $port, @options) = @_;
     my $server = redis_server() or croak 'redis-server not installed';
+    for my $i (0 .. $#options - 1) {
+        $REDIS_PASSWORD{$port} = $options[$i + 1]
+            if $options[$i] eq '--requirepass';
+    }
     return $self->start_service(redis => $port, $server, '--port', $port,
-        '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no');
+        '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', @options);
 }
 
 # AffinityTest::redis_send($port, @args) - a new connection to the
-# redis-server on 127.0.0.1:$port that sent it the command @args; the
-# reply is the caller's to read.
+# redis-server on 127.0.0.1:$port that sent it the command @args (after
+# AUTH, when start_redis() gave it a password); the reply is the caller's
+# to read.
 sub redis_send {
     my ($port, @args) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => $LOCALHOST, PeerPort => $port,
                                   Timeout => 5 * $SLOW)
         or croak "redis on $port: $!";
-    print {$s} '*' . @args . "\r\n"
-        . join('', map { '$' . length($_) . "\r\n$_\r\n" } @args);
+    my $command = sub {
+        print {$s} '*' . @_ . "\r\n"
+            . join('', map { '$' . length($_) . "\r\n$_\r\n" } @_);
+    };
+    if (defined $REDIS_PASSWORD{$port}) {
+        $command->('AUTH', $REDIS_PASSWORD{$port});
+        my $ok = <$s> // '';
+        croak "AUTH on $port: $ok" unless $ok =~ /^\+OK/;
+    }
+    $command->(@args);
     return $s;
 }
 
