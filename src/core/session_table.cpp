@@ -114,6 +114,9 @@ SessionEntry *SessionTable::learned(uint64_t key, uint64_t peer,
 Learned SessionTable::learn(uint64_t key, uint64_t peer, uint64_t version)
     noexcept
 {
+    // a version is compared as the entry keeps it
+    version = std::min(version, kPinnedMask);
+
     if (peer == 0 || now_ - std::min<uint64_t>(version / 1000, now_)
                      > timeout_)
     {
@@ -138,6 +141,8 @@ Learned SessionTable::learn(uint64_t key, uint64_t peer, uint64_t version)
 Learned SessionTable::claim(uint64_t key, uint64_t peer, uint64_t version)
     noexcept
 {
+    version = std::min(version, kPinnedMask);
+
     if (peer == 0 || now_ - std::min<uint64_t>(version / 1000, now_)
                      > timeout_)
     {
