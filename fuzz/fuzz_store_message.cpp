@@ -12,6 +12,7 @@
 //     (affinity_store_encode) byte for byte: the decoder accepts nothing
 //     the encoder would not write;
 //   - its digest lies inside the input, its levels fit the caller's array;
+//   - its writer's count is admitted once (affinity_store_senders_admit);
 //   - applying it to a sessions, a prefixes and a responses zone (as the
 //     module does) keeps their counts consistent: entries never exceed the
 //     capacity; a pin or response id read twice changes nothing the
@@ -232,6 +233,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                          &m, again.data(), again.size());
         CHECK(n == len);
         CHECK(std::memcmp(again.data(), copy, len) == 0);
+
+        // its writer's count is taken once, whatever the count
+        static affinity_store_senders_t senders;
+        if (affinity_store_senders_admit(&senders, 1, m.instance, m.sender,
+                                         m.seq, 0))
+        {
+            CHECK(!affinity_store_senders_admit(&senders, 1, m.instance,
+                                                m.sender, m.seq, 0));
+        }
 
         apply(m);
     }

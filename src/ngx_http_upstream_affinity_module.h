@@ -86,6 +86,8 @@ typedef struct {
                                                            sender's rate */
     ngx_atomic_t                            rewound;    /* the stream's ids
                                                            went back */
+    ngx_atomic_t                            replayed;   /* a writer's
+                                                           message again */
 } ngx_http_upstream_affinity_store_counters_t;
 
 /* how far the instance's reader read a stream (affinity_store) */
@@ -110,6 +112,9 @@ typedef struct {
 
     /* the instance's announcements not yet read back, watched */
     affinity_unheard_watch_t                watch;
+
+    /* the other writers' messages taken, by count, once each */
+    affinity_store_senders_t                senders;
 
     ngx_http_upstream_affinity_stream_read_t
                                   read[NGX_HTTP_UPSTREAM_AFFINITY_STREAMS];

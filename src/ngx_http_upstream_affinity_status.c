@@ -123,7 +123,9 @@ static ngx_http_upstream_affinity_store_event_t
     ngx_http_upstream_affinity_store_event(limited,
         "news beyond a sender's rate"),
     ngx_http_upstream_affinity_store_event(rewound,
-        "times the stream's ids went back")
+        "times the stream's ids went back"),
+    ngx_http_upstream_affinity_store_event(replayed,
+        "messages a writer sent before, written again")
 };
 
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_EVENTS                               \

@@ -238,8 +238,9 @@ static void ngx_http_upstream_affinity_store_entries(
 static void ngx_http_upstream_affinity_store_apply(
     ngx_http_upstream_affinity_store_t *store,
     affinity_store_message_t *m, ngx_uint_t unseen);
-static ngx_uint_t ngx_http_upstream_affinity_store_unseen(
-    ngx_http_upstream_affinity_store_t *store, uint64_t ms, uint64_t seq);
+static ngx_int_t ngx_http_upstream_affinity_store_unseen(
+    ngx_http_upstream_affinity_store_t *store, uint64_t ms, uint64_t seq,
+    affinity_store_message_t *m);
 static ngx_http_upstream_affinity_stream_read_t *
     ngx_http_upstream_affinity_store_record(
     ngx_http_upstream_affinity_srv_conf_t *ascf, uint32_t stream);
@@ -995,10 +996,24 @@ ngx_http_upstream_affinity_store_encode(
 {
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
+    /*
+     * This worker, and its count of messages: from its start's
+     * millisecond times 2^20, so that a worker given a pid again counts on
+     * above what its namesake sent.
+     */
+    static uint64_t                           seq;
+
     scf = store->conf->store_conf;
 
     message->instance = store->instance;
     message->ms = ngx_http_upstream_affinity_wall_msec();
+
+    if (seq == 0) {
+        seq = message->ms << 20;
+    }
+
+    message->sender = (uint32_t) ngx_pid;
+    message->seq = ++seq;
 
     return affinity_store_encode(scf->keys, scf->stream.data, scf->stream.len,
                                  message, buf, AFFINITY_STORE_MESSAGE_MAX);
@@ -1369,6 +1384,7 @@ ngx_http_upstream_affinity_store_entries(
     const affinity_resp_node_t *reply)
 {
     int                                       rc;
+    ngx_int_t                                 unseen;
     ngx_uint_t                                n;
     affinity_store_entry_t                    entry;
     affinity_store_entries_t                  entries;
@@ -1435,9 +1451,15 @@ ngx_http_upstream_affinity_store_entries(
             continue;
         }
 
-        ngx_http_upstream_affinity_store_apply(store, &m,
-                     ngx_http_upstream_affinity_store_unseen(store, entry.ms,
-                                                             entry.seq));
+        unseen = ngx_http_upstream_affinity_store_unseen(store, entry.ms,
+                                                         entry.seq, &m);
+
+        if (unseen == NGX_DECLINED) {
+            ngx_http_upstream_affinity_store_count(store, replayed);
+            continue;
+        }
+
+        ngx_http_upstream_affinity_store_apply(store, &m, unseen);
     }
 
     if (n == 0) {
@@ -1715,16 +1737,20 @@ ngx_http_upstream_affinity_store_knows(
 /*
  * Whether an entry read (ms-seq: the store gives them in increasing order)
  * comes after the last one the instance's reader read from the stream,
- * which it then becomes.  A reader that starts again (a reload, a worker
- * that died) reads the stream from its beginning: what it read before is
- * not counted again.
+ * which it then becomes: 1, else 0.  A reader that starts again (a reload,
+ * a worker that died) reads the stream from its beginning: what it read
+ * before is not counted again.  An entry not read before whose message
+ * its writer sent before (its count not above the writer's highest:
+ * written into the stream again, by whoever can write there, or sent
+ * again after a lost connection) is NGX_DECLINED.
  */
 
-static ngx_uint_t
+static ngx_int_t
 ngx_http_upstream_affinity_store_unseen(
-    ngx_http_upstream_affinity_store_t *store, uint64_t ms, uint64_t seq)
+    ngx_http_upstream_affinity_store_t *store, uint64_t ms, uint64_t seq,
+    affinity_store_message_t *m)
 {
-    ngx_uint_t                                 unseen;
+    ngx_int_t                                  unseen;
     ngx_http_upstream_affinity_shctx_t        *shctx;
     ngx_http_upstream_affinity_stream_read_t  *record;
 
@@ -1740,6 +1766,14 @@ ngx_http_upstream_affinity_store_unseen(
     if (unseen) {
         record->ms = ms;
         record->seq = seq;
+
+        if (!affinity_store_senders_admit(&shctx->head->senders,
+                                          store->stream, m->instance,
+                                          m->sender, m->seq,
+                                          (uint32_t) ngx_time()))
+        {
+            unseen = NGX_DECLINED;
+        }
     }
 
     ngx_shmtx_unlock(&shctx->shpool->mutex);

@@ -245,7 +245,7 @@ subtest 'the module exports the documented families and labels' => sub {
         'every fallback reason';
     is_deeply [ sort keys %{ $families{nginx_upstream_affinity_store_events_total}{event} } ],
         [ sort qw(published dropped refused outages read applied forged
-                  malformed stale future unknown limited rewound) ],
+                  malformed stale future unknown limited rewound replayed) ],
         'store_events_total: every event';
     is_deeply [ sort keys %{ $families{nginx_upstream_affinity_zone_entries}{kind} } ],
         [ qw(prefixes responses sessions) ], 'every kind of zone';

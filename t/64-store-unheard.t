@@ -158,8 +158,8 @@ sub announcements {
         $reply .= $more;
     }
     close $s;
-    # a request sent: field m, a message of version 2 and kind 4
-    my $n = () = $reply =~ /\r\n\$1\r\nm\r\n\$\d+\r\n\x02\x04/g;
+    # a request sent: field m, a message of version 3 and kind 4
+    my $n = () = $reply =~ /\r\n\$1\r\nm\r\n\$\d+\r\n\x03\x04/g;
     return $n;
 }
 

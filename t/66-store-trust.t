@@ -237,7 +237,8 @@ is_deeply [ map { $_->{route} } (routes($b))[-5 .. -1] ], [ ('session_new') x 5 
     'and follows none of them';
 
 # Replayed: a session A pinned, moved since by B, and A's old pin written
-# again, sealed as it was: B keeps the newer pin.
+# again, sealed as it was: B refuses it as a message its writer sent
+# before, and keeps the newer pin.
 {
     is replica(ask($a, 'replayed')), $only, 'A pins a session';
     my $mine = digest($keys, pin => 'replayed');
@@ -273,11 +274,11 @@ is_deeply [ map { $_->{route} } (routes($b))[-5 .. -1] ], [ ('session_new') x 5 
             sleep 0.3;
             return 0;
         }, 5), 'B has read the stream again after its reload';
-    my $stale = status_of($b)->{store}{stale};
+    my $replayed = status_of($b)->{store}{replayed};
     like xadd($redis, $stream, m => $old->[1]{m}), qr/^\d+-\d+$/,
         'A\'s old pin is written again';
-    ok eventually(sub { status_of($b)->{store}{stale} > $stale }, 5),
-        'B reads it, and counts it stale';
+    ok eventually(sub { status_of($b)->{store}{replayed} > $replayed }, 5),
+        'B reads it, and counts it replayed';
     is replica(ask($b, 'replayed', 'B turn 3')), $moved,
         'the session stays where it moved';
 }

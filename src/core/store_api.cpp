@@ -5,6 +5,7 @@
 #include "store_keys.h"
 #include "store_link.h"
 #include "store_message.h"
+#include "store_senders.h"
 
 using namespace affinity;
 
@@ -159,6 +160,15 @@ int affinity_store_decode(affinity_store_keys_t *keys, const void *stream,
     return decode_store_message(keys_of(keys), stream, stream_len,
                                 static_cast<const uint8_t *>(data), len,
                                 *message, levels, levels_cap);
+}
+
+int affinity_store_senders_admit(affinity_store_senders_t *table,
+                                 uint32_t stream, uint64_t instance,
+                                 uint32_t sender, uint64_t seq,
+                                 uint32_t now) noexcept
+{
+    return table
+           && store_senders_admit(*table, stream, instance, sender, seq, now);
 }
 
 }  // extern "C"

@@ -151,6 +151,8 @@ size_t encode_store_message(StoreKeys &keys, const void *stream,
     }
 
     if (!body_fits(m.kind, body) || m.peer == 0
+        || (m.kind == AFFINITY_STORE_LEVELS
+            && m.nlevels > AFFINITY_MAX_LEVELS)
         || cap < kStoreHeader + body + kStoreMac)
     {
         return 0;
@@ -159,10 +161,11 @@ size_t encode_store_message(StoreKeys &keys, const void *stream,
     out[0] = kStoreVersion;
     out[1] = uint8_t(m.kind);
     put16(out + 2, uint16_t(body));
-    put32(out + 4, 0);
+    put32(out + 4, m.sender);
     put64(out + 8, m.ms);
     put64(out + 16, m.instance);
     put64(out + 24, m.peer);
+    put64(out + 32, m.seq);
 
     uint8_t *p = out + kStoreHeader;
 
@@ -218,9 +221,7 @@ affinity_store_decoded_e decode_store_message(
     uint32_t kind = data[1];
     size_t body = get16(data + 2);
 
-    if (len != kStoreHeader + body + kStoreMac || !body_fits(kind, body)
-        || get32(data + 4) != 0)
-    {
+    if (len != kStoreHeader + body + kStoreMac || !body_fits(kind, body)) {
         return AFFINITY_STORE_MALFORMED;
     }
 
@@ -234,9 +235,11 @@ affinity_store_decoded_e decode_store_message(
     }
 
     m.kind = kind;
+    m.sender = get32(data + 4);
     m.ms = get64(data + 8);
     m.instance = get64(data + 16);
     m.peer = get64(data + 24);
+    m.seq = get64(data + 32);
 
     if (m.peer == 0) {
         return AFFINITY_STORE_MALFORMED;

@@ -9,8 +9,9 @@
 // instances running other versions of the module skip what they do not
 // understand:
 //
-//   u8 version, u8 kind, u16 body length, u32 reserved (0),
+//   u8 version, u8 kind, u16 body length, u32 sender,
 //   u64 milliseconds of the wall clock, u64 instance, u64 peer,
+//   u64 the sender's count of its messages,
 //   body:  16 bytes of digest (sessions, responses)  or
 //          8 bytes a level hash (prefixes)  or
 //          u32 characters (a peer's modelled cache filled)  or
@@ -34,8 +35,8 @@
 
 namespace affinity {
 
-constexpr uint8_t kStoreVersion = 2;
-constexpr size_t kStoreHeader = 32;
+constexpr uint8_t kStoreVersion = 3;
+constexpr size_t kStoreHeader = 40;
 constexpr size_t kStoreMac = AFFINITY_STORE_MAC;
 constexpr size_t kStoreDigest = AFFINITY_STORE_DIGEST;
 

@@ -44,22 +44,24 @@ sub digest {
     return substr(hmac_sha256(chr($KIND{$kind}) . $id, $keys->{ids}), 0, 16);
 }
 
-# message($kind, $ms, $instance, $peer, $body) - a message before its
-# authenticator; $instance and $peer as 8 bytes.
+# message($kind, $ms, $instance, $peer, $body, $sender = 1, $seq = $ms) -
+# a message before its authenticator; $instance and $peer as 8 bytes.
 sub message {
-    my ($kind, $ms, $instance, $peer, $body) = @_;
-    return pack('CCvVQ<', 2, $KIND{$kind}, length $body, 0, $ms)
-        . $instance . $peer . $body;
+    my ($kind, $ms, $instance, $peer, $body, $sender, $seq) = @_;
+    return pack('CCvVQ<', 3, $KIND{$kind}, length $body, $sender // 1, $ms)
+        . $instance . $peer . pack('Q<', $seq // $ms) . $body;
 }
 
-# decode($m) - { kind, ms, instance, peer, body } of a message's bytes.
+# decode($m) - { kind, ms, instance, peer, sender, seq, body } of a
+# message's bytes.
 sub decode {
     my ($m) = @_;
-    my ($version, $kind, $len, $zero, $ms) = unpack 'CCvVQ<', $m;
+    my ($version, $kind, $len, $sender, $ms) = unpack 'CCvVQ<', $m;
     my %name = reverse %KIND;
     return { version => $version, kind => $name{$kind} // $kind, ms => $ms,
              instance => substr($m, 16, 8), peer => substr($m, 24, 8),
-             body => substr($m, 32, $len) };
+             sender => $sender, seq => unpack('Q<', substr($m, 32, 8)),
+             body => substr($m, 40, $len) };
 }
 
 # redis_reply($socket) - one RESP2 reply read from a socket, as Perl data:

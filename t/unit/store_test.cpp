@@ -67,6 +67,8 @@ affinity_store_message_t from_peer(uint32_t kind)
     m.ms = 1763900000123ULL;
     m.instance = 0x0102030405060708ULL;
     m.peer = 0xfedcba9876543210ULL;
+    m.sender = 0x51525354;
+    m.seq = 0x0a0b0c0d0e0f1011ULL;
     return m;
 }
 
@@ -81,6 +83,8 @@ affinity_store_message_t decoded(affinity_store_keys_t *keys,
     EXPECT_EQ(d.ms, m.ms);
     EXPECT_EQ(d.instance, m.instance);
     EXPECT_EQ(d.peer, m.peer);
+    EXPECT_EQ(d.sender, m.sender);
+    EXPECT_EQ(d.seq, m.seq);
     return d;
 }
 
@@ -118,7 +122,7 @@ TEST(StoreMessage, IdsCrossAsKeyedDigests)
     affinity_store_message_t m = from_peer(AFFINITY_STORE_PIN);
     m.digest = a;
     std::vector<uint8_t> bytes = encode(keys.get(), m);
-    ASSERT_EQ(bytes.size(), 32u + AFFINITY_STORE_DIGEST + AFFINITY_STORE_MAC);
+    ASSERT_EQ(bytes.size(), 40u + AFFINITY_STORE_DIGEST + AFFINITY_STORE_MAC);
     std::string text(bytes.begin(), bytes.end());
     EXPECT_EQ(text.find("user"), std::string::npos);
 
@@ -151,7 +155,7 @@ TEST(StoreMessage, OnlyTheSecretsHoldersAreBelieved)
                      "nginx:affinity:other"),
               AFFINITY_STORE_FORGED);
 
-    for (size_t i = 32; i < good.size(); i++) {
+    for (size_t i = 40; i < good.size(); i++) {
         std::vector<uint8_t> altered = good;
         altered[i] ^= 0x40;
         EXPECT_EQ(decode(keys.get(), altered, &d), AFFINITY_STORE_FORGED)
@@ -161,7 +165,13 @@ TEST(StoreMessage, OnlyTheSecretsHoldersAreBelieved)
     // The header too: its fields are checked before the authenticator
     // where they are wrong for any message, after it where a forger could
     // have chosen them.
-    for (size_t i = 8; i < 32; i++) {
+    for (size_t i : {4, 5, 6, 7}) {
+        std::vector<uint8_t> altered = good;
+        altered[i] ^= 0x01;
+        EXPECT_EQ(decode(keys.get(), altered, &d), AFFINITY_STORE_FORGED)
+            << i;
+    }
+    for (size_t i = 8; i < 40; i++) {
         std::vector<uint8_t> altered = good;
         altered[i] ^= 0x01;
         EXPECT_EQ(decode(keys.get(), altered, &d), AFFINITY_STORE_FORGED)
@@ -211,14 +221,14 @@ TEST(StoreMessage, SentAndDoneRoundTripWithTheirMilliseconds)
     m.ticket = 0x1122334455667788ULL;
     m.watch = 77;
     std::vector<uint8_t> bytes = encode(keys.get(), m);
-    ASSERT_EQ(bytes.size(), 44u + AFFINITY_STORE_MAC);
+    ASSERT_EQ(bytes.size(), 52u + AFFINITY_STORE_MAC);
     affinity_store_message_t d = decoded(keys.get(), bytes, m);
     EXPECT_EQ(d.ticket, m.ticket);
     EXPECT_EQ(d.watch, 77u);
 
     m = from_peer(AFFINITY_STORE_DONE);
     bytes = encode(keys.get(), m);
-    ASSERT_EQ(bytes.size(), 32u + AFFINITY_STORE_MAC);
+    ASSERT_EQ(bytes.size(), 40u + AFFINITY_STORE_MAC);
     d = decoded(keys.get(), bytes, m);
     EXPECT_EQ(d.nlevels, 0u);
     EXPECT_EQ(d.digest, nullptr);
@@ -232,7 +242,7 @@ TEST(StoreMessage, FilledRoundTripsWithItsCharacters)
     affinity_store_message_t m = from_peer(AFFINITY_STORE_FILLED);
     m.chars = 0xfffffff0u;
     std::vector<uint8_t> bytes = encode(keys.get(), m);
-    ASSERT_EQ(bytes.size(), 36u + AFFINITY_STORE_MAC);
+    ASSERT_EQ(bytes.size(), 44u + AFFINITY_STORE_MAC);
 
     affinity_store_message_t d = decoded(keys.get(), bytes, m);
     EXPECT_EQ(d.chars, m.chars);
@@ -269,7 +279,7 @@ TEST(StoreMessage, InvalidMessagesAreNotWritten)
 
 // Whatever the bytes, a layout no message has is refused before its
 // authenticator is even computed: every truncation, a byte more, another
-// version, kind, body length or reserved field.
+// version, kind or body length.
 TEST(StoreMessage, DamagedMessagesAreRefused)
 {
     Keys keys = keys_of(kSecret);
@@ -288,7 +298,7 @@ TEST(StoreMessage, DamagedMessagesAreRefused)
     longer.push_back(0);
     EXPECT_EQ(decode(keys.get(), longer, &d), AFFINITY_STORE_MALFORMED);
 
-    for (size_t i : {0, 1, 2, 4}) {
+    for (size_t i : {0, 1, 2}) {
         std::vector<uint8_t> altered = good;
         altered[i] ^= 0x40;
         EXPECT_EQ(decode(keys.get(), altered, &d), AFFINITY_STORE_MALFORMED)
@@ -299,8 +309,52 @@ TEST(StoreMessage, DamagedMessagesAreRefused)
     std::vector<uint8_t> levels = good;
     levels[1] = AFFINITY_STORE_LEVELS;
     levels[2] = 12;
-    levels.resize(32 + 12 + AFFINITY_STORE_MAC);
+    levels.resize(40 + 12 + AFFINITY_STORE_MAC);
     EXPECT_EQ(decode(keys.get(), levels, &d), AFFINITY_STORE_MALFORMED);
+}
+
+// Each writer's message is taken once: the same count again (the entry
+// written into the stream a second time) or a lower one is refused, per
+// writer, per instance and per stream.
+TEST(StoreSenders, AdmitEachCountOnce)
+{
+    affinity_store_senders_t table{};
+
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 7, 100, 1, 10, 1));
+    EXPECT_FALSE(affinity_store_senders_admit(&table, 7, 100, 1, 10, 1));
+    EXPECT_FALSE(affinity_store_senders_admit(&table, 7, 100, 1, 9, 1));
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 7, 100, 1, 12, 2));
+
+    // another writer, instance or stream counts on its own
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 7, 100, 2, 10, 2));
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 7, 101, 1, 10, 2));
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 8, 100, 1, 10, 2));
+    EXPECT_FALSE(affinity_store_senders_admit(&table, 7, 100, 1, 12, 3));
+    EXPECT_FALSE(affinity_store_senders_admit(nullptr, 7, 100, 1, 13, 3));
+}
+
+// With every slot taken, the writer heard from least recently gives way;
+// the others keep their counts.
+TEST(StoreSenders, TheLeastRecentlyHeardGivesWay)
+{
+    affinity_store_senders_t table{};
+
+    for (uint32_t w = 0; w < AFFINITY_STORE_SENDERS; w++) {
+        ASSERT_TRUE(affinity_store_senders_admit(&table, 7, 100, w, 5,
+                                                 w == 3 ? 1 : 10 + w));
+    }
+
+    // a new writer takes writer 3's slot, writer 3 back writer 0's
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 7, 100, 9999, 5, 500));
+    EXPECT_TRUE(affinity_store_senders_admit(&table, 7, 100, 3, 5, 501));
+
+    for (uint32_t w = 0; w < AFFINITY_STORE_SENDERS; w++) {
+        if (w != 3 && w != 0) {
+            EXPECT_FALSE(affinity_store_senders_admit(&table, 7, 100, w, 5,
+                                                      502))
+                << w;
+        }
+    }
 }
 
 // Another instance's pins apply over older ones only, so that the stream
@@ -382,6 +436,28 @@ TEST(StoreApply, PinsReadAgainAreNotRefreshed)
 
     // 61 s after its use it is gone, however often it was read.
     EXPECT_EQ(affinity_responses_owner(z.get(), hash, now + 11, 60), 0u);
+}
+
+// A pin's millisecond beyond what an entry keeps (a stamp from centuries
+// ahead, which the module refuses before; the core holds on its own) is
+// read again as the same pin, not as a newer one each time.
+TEST(StoreApply, APinFromFarAheadIsTakenOnce)
+{
+    TestZone z;
+    Upstream up(z.get(), {1, 1});
+    const uint64_t far = 242554005872763ULL;
+    const uint32_t now = uint32_t(far / 1000);
+    uint64_t hash = 777;
+
+    ASSERT_EQ(affinity_sessions_learn(z.get(), hash, up.peer(0).id, far,
+                                      now, 3600),
+              AFFINITY_LEARNED);
+    EXPECT_EQ(affinity_sessions_learn(z.get(), hash, up.peer(0).id, far,
+                                      now, 3600),
+              AFFINITY_LEARNED_STALE);
+    EXPECT_EQ(affinity_sessions_learn(z.get(), hash, up.peer(0).id, far + 1,
+                                      now, 3600),
+              AFFINITY_LEARNED_STALE);
 }
 
 // Response ids: the first peer to produce one keeps it while it lives,

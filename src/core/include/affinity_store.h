@@ -193,7 +193,7 @@ typedef enum {
 /* Longest message: its header, AFFINITY_MAX_LEVELS level hashes, its
  * authenticator. */
 #define AFFINITY_STORE_MESSAGE_MAX \
-    (32 + 8 * AFFINITY_MAX_LEVELS + AFFINITY_STORE_MAC)
+    (40 + 8 * AFFINITY_MAX_LEVELS + AFFINITY_STORE_MAC)
 
 /*
  * The keys of the instances sharing a store, derived from their secret:
@@ -234,7 +234,10 @@ typedef struct {
                                            (affinity_zone_peer_heard()) */
     uint32_t                 watch;     /* SENT: its number in the sender's
                                            watch, or 0 */
-    uint32_t                 reserved;
+    uint32_t                 sender;    /* the writer within the instance
+                                           (a worker) */
+    uint64_t                 seq;       /* that writer's count, growing with
+                                           each message */
 } affinity_store_message_t;
 
 /* Writes a message for the stream of that name into out
@@ -268,6 +271,36 @@ AFFINITY_API int affinity_store_decode(affinity_store_keys_t *keys,
     const void *stream, size_t stream_len, const void *data, size_t len,
     affinity_store_message_t *message, uint64_t *levels, size_t levels_cap)
     AFFINITY_NOEXCEPT;
+
+
+/* ---- each writer's messages once ------------------------------------- */
+
+/*
+ * The writers heard from on one store, each with the highest count of its
+ * messages taken: a message whose count is not above it was taken
+ * already (written again into the stream, by anyone) and is refused.
+ * Lives where the caller puts it (a zone shared by the workers; zeroed is
+ * empty), used under the caller's lock.  When full, the writer heard from
+ * least recently gives way.
+ */
+#define AFFINITY_STORE_SENDERS       256
+
+typedef struct {
+    uint64_t                 key;       /* of stream, instance and sender */
+    uint64_t                 seq;
+    uint32_t                 heard;     /* seconds, the caller's clock */
+    uint32_t                 reserved;
+} affinity_store_sender_t;
+
+typedef struct {
+    affinity_store_sender_t  entries[AFFINITY_STORE_SENDERS];
+} affinity_store_senders_t;
+
+/* 1: the message of that writer and count is new, and is now the
+ * writer's highest; 0: it was taken before. */
+AFFINITY_API int affinity_store_senders_admit(affinity_store_senders_t *table,
+    uint32_t stream, uint64_t instance, uint32_t sender, uint64_t seq,
+    uint32_t now) AFFINITY_NOEXCEPT;
 
 
 #ifdef __cplusplus
