@@ -112,15 +112,16 @@ typedef struct {
 /*
  * A request announced to the store (AFFINITY_STORE_SENT), until both its
  * request and the store's answer are done with it: the end of the request
- * is announced only if its start was taken, or may still be, so that the
- * others never count one without the other.
+ * is announced once its start was taken, so that the others never count
+ * one without the other.
  */
 struct ngx_http_upstream_affinity_announcement_s {
     uint64_t                                peer;
     uintptr_t                               ticket; /* for the answer */
     unsigned                                answered:1;
     unsigned                                taken:1;
-    unsigned                                ended:1; /* its request */
+    unsigned                                ended:1; /* its request, before
+                                                        the answer */
 };
 
 
@@ -217,6 +218,9 @@ static void ngx_http_upstream_affinity_store_flush(
     ngx_http_upstream_affinity_store_t *store);
 static void ngx_http_upstream_affinity_store_rewind(
     ngx_http_upstream_affinity_store_t *store);
+static void ngx_http_upstream_affinity_store_done(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_announcement_t *a);
 static void ngx_http_upstream_affinity_store_unanswered(
     ngx_http_upstream_affinity_store_t *store,
     ngx_http_upstream_affinity_announcement_t *a);
@@ -615,18 +619,21 @@ ngx_http_upstream_affinity_store_written(
 
     a = q->announcement;
 
+    store->first = (store->first + 1) % store->conf->store_conf->backlog;
+    store->queued--;
+    store->sent--;
+
+    /* the start taken: the end of a request that ended meanwhile follows */
+
     if (a) {
         a->answered = 1;
         a->taken = 1;
 
         if (a->ended) {
+            ngx_http_upstream_affinity_store_done(store->conf, a);
             ngx_free(a);
         }
     }
-
-    store->first = (store->first + 1) % store->conf->store_conf->backlog;
-    store->queued--;
-    store->sent--;
 
     store->refusing = 0;
 
@@ -795,8 +802,8 @@ ngx_http_upstream_affinity_store_flush(ngx_http_upstream_affinity_store_t *store
  * The connection went: what it sent and got no answer for waits to be
  * sent again, but for news that will be stale by then, which goes (with
  * an announcement, as unanswered).  A message the store took just before
- * the connection went is sent twice: what is learned is applied by
- * version, so a copy changes nothing.
+ * the connection went is sent twice: the readers take the copy for a
+ * replay (the writer's count is the same) and change nothing.
  */
 
 static void
@@ -959,11 +966,12 @@ ngx_http_upstream_affinity_store_announce(
 
 
 /*
- * The request of an announcement ended: the others are told if they were
- * told of its start, or may yet be (the end follows the start on the same
- * connection, and goes or stays with it); kept while the store is away
- * (..._store_publish()).  Without its answer yet, the announcement is
- * left to it.
+ * The request of an announcement ended: the others are told if the store
+ * took its start, and kept while the store is away
+ * (..._store_publish()).  Without the store's answer yet, the end waits
+ * for it (..._store_written()): a start that goes with a lost connection
+ * takes its end with it, and the others never count an end without its
+ * start.
  */
 
 void
@@ -971,21 +979,30 @@ ngx_http_upstream_affinity_store_ended(
     ngx_http_upstream_affinity_srv_conf_t *ascf,
     ngx_http_upstream_affinity_announcement_t *a)
 {
-    affinity_store_message_t  m;
-
-    if (!a->answered || a->taken) {
-        ngx_memzero(&m, sizeof(affinity_store_message_t));
-        m.kind = AFFINITY_STORE_DONE;
-        m.peer = a->peer;
-        ngx_http_upstream_affinity_store_publish(ascf, &m);
-    }
-
-    if (a->answered) {
-        ngx_free(a);
+    if (!a->answered) {
+        a->ended = 1;
         return;
     }
 
-    a->ended = 1;
+    if (a->taken) {
+        ngx_http_upstream_affinity_store_done(ascf, a);
+    }
+
+    ngx_free(a);
+}
+
+
+static void
+ngx_http_upstream_affinity_store_done(
+    ngx_http_upstream_affinity_srv_conf_t *ascf,
+    ngx_http_upstream_affinity_announcement_t *a)
+{
+    affinity_store_message_t  m;
+
+    ngx_memzero(&m, sizeof(affinity_store_message_t));
+    m.kind = AFFINITY_STORE_DONE;
+    m.peer = a->peer;
+    ngx_http_upstream_affinity_store_publish(ascf, &m);
 }
 
 
