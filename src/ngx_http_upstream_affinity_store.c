@@ -515,7 +515,8 @@ ngx_http_upstream_affinity_store_backoff(ngx_msec_t *backoff)
 
     wait = *backoff - *backoff / 4 + ngx_random() % (*backoff / 2 + 1);
 
-    *backoff = ngx_min(*backoff * 2, NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX);
+    *backoff = ngx_min(*backoff * 2,
+                       NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX);
 
     return wait;
 }
@@ -744,7 +745,8 @@ ngx_http_upstream_affinity_store_enqueue(
 /* sends what is queued and not sent, as far as the connection has room */
 
 static void
-ngx_http_upstream_affinity_store_flush(ngx_http_upstream_affinity_store_t *store)
+ngx_http_upstream_affinity_store_flush(
+    ngx_http_upstream_affinity_store_t *store)
 {
     size_t                                    lens[8];
     ngx_int_t                                 rc;
@@ -899,7 +901,6 @@ ngx_http_upstream_affinity_store_announce(
     u_char                                      buf[AFFINITY_STORE_MESSAGE_MAX];
 
     store = ascf->store;
-
 
     if (store == NULL || !store->writer.ready || store->refusing
         || store->sent < store->queued
@@ -1575,7 +1576,7 @@ ngx_http_upstream_affinity_store_apply(
     if (ascf->engine_ttl
         && age <= NGX_HTTP_UPSTREAM_AFFINITY_STORE_FRESH
         && !ngx_http_upstream_affinity_store_heard_from(store, m->instance,
-                            now, ngx_http_upstream_affinity_store_news(m->kind)))
+                        now, ngx_http_upstream_affinity_store_news(m->kind)))
     {
         ngx_http_upstream_affinity_store_count(store, limited);
         return;

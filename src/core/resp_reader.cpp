@@ -107,7 +107,8 @@ uint32_t RespReader::begin(uint32_t type) noexcept
 
     if ((parent && parent->node == kRespNone) || nodes_used_ >= lim_.nodes) {
         if (parent && parent->node != kRespNone) {
-            nodes_[parent->node].flags |= AFFINITY_RESP_CUT | AFFINITY_RESP_FULL;
+            nodes_[parent->node].flags |=
+                AFFINITY_RESP_CUT | AFFINITY_RESP_FULL;
         }
         return kRespNone;
     }
