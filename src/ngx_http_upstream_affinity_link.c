@@ -11,7 +11,8 @@
  * connection but does not answer (stopped, paused) is never taken for
  * one that works.  Every reply must come within the link's wait of the
  * reply before it, or of the last LINK_IN bytes of a long one, so that a
- * store that sends a byte now and then is away as one that sends nothing;
+ * store that sends a byte now and then is away as one that sends nothing,
+ * and all of it within LINK_SLOW waits;
  * anything that is not a reply to a command sent, a reply longer than the
  * owner's bound, an error during the greeting, a close or a reply late is
  * a failure of this connection: it is closed, the commands that got no
@@ -40,6 +41,9 @@
  * their turn: a store that floods the connection never holds the worker.
  */
 #define NGX_HTTP_UPSTREAM_AFFINITY_LINK_BUDGET   (64 * 16 * 1024)
+
+/* a reply takes at most this many times the link's wait, however long */
+#define NGX_HTTP_UPSTREAM_AFFINITY_LINK_SLOW     16
 
 
 static void ngx_http_upstream_affinity_link_connected(
@@ -140,6 +144,7 @@ ngx_http_upstream_affinity_link_open(ngx_http_upstream_affinity_link_t *link)
     link->pc.tries = 1;
 
     link->ready = 0;
+    link->ready_at = 0;
     link->taken = 0;
     link->progress = 0;
     affinity_store_link_reset(link->proto);
@@ -541,6 +546,7 @@ ngx_http_upstream_affinity_link_dispatch(
         }
 
         link->ready = 1;
+        link->ready_at = ngx_current_msec;
         link->ready_handler(link);
         break;
 
@@ -617,6 +623,11 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
 
             p += used;
             n -= used;
+
+            if (link->taken == 0) {
+                link->started = ngx_current_msec;
+            }
+
             link->taken += used;
 
             if (rc == AFFINITY_LINK_BROKEN) {
@@ -624,10 +635,20 @@ ngx_http_upstream_affinity_link_read(ngx_event_t *rev)
                 return;
             }
 
+            if (link->reply_max && link->taken > link->reply_max) {
+                ngx_http_upstream_affinity_link_fail(link, "reply too long");
+                return;
+            }
+
             if (rc == AFFINITY_LINK_MORE) {
-                if (link->reply_max && link->taken > link->reply_max) {
+
+                /* a long reply that keeps coming, slowly: as one late */
+
+                if (ngx_current_msec - link->started
+                    > NGX_HTTP_UPSTREAM_AFFINITY_LINK_SLOW * link->wait)
+                {
                     ngx_http_upstream_affinity_link_fail(link,
-                                                         "reply too long");
+                                                         "no reply in time");
                     return;
                 }
 

@@ -252,6 +252,9 @@ struct ngx_http_upstream_affinity_link_s {
     size_t                                  taken;  /* of the reply read */
     size_t                                  progress; /* since the wait
                                                        started again */
+    ngx_msec_t                              started; /* the reply read */
+    ngx_msec_t                              ready_at; /* greeting answered,
+                                                        0: not yet */
 
     /* the owner's: the greeting answered; a reply (no root: none came,
        the connection went); the connection failed, and why */

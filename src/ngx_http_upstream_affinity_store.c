@@ -40,6 +40,8 @@
 
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY     1000    /* ms, first */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY_MAX 4000    /* ms */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_STEADY    10000   /* ms up: retry
+                                                              soon again */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK     5000    /* ms */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_COUNT     128     /* per read */
 
@@ -80,6 +82,16 @@
 
 /* news counted of one other instance in a second, at most */
 #define NGX_HTTP_UPSTREAM_AFFINITY_STORE_NEWS_RATE 20000
+
+/*
+ * Bytes of one reply to XREAD read at most: it may hold entries larger
+ * than any message, which are read past, but no more than a store sends
+ * (Redis' largest string is 512 MB).
+ */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_READ_MAX  (512 * 1024 * 1024)
+
+/* the stream's ids going back is said at most this often (s) */
+#define NGX_HTTP_UPSTREAM_AFFINITY_STORE_REWOUND_LOG  600
 
 /* the worker that reads the stream for its instance */
 #define ngx_http_upstream_affinity_store_reads()  (ngx_worker == 0)
@@ -133,6 +145,16 @@ typedef struct {
 } ngx_http_upstream_affinity_heard_t;
 
 
+/*
+ * This worker's count of the messages it writes, shared by its stores:
+ * from its start's millisecond times 2^20, so that a worker given a pid
+ * again counts on above what its namesake sent; and how many stores it
+ * opened, each of which writes as a sender of its own.
+ */
+static uint64_t  ngx_http_upstream_affinity_store_seq;
+static uint32_t  ngx_http_upstream_affinity_store_opened;
+
+
 /* the store of one upstream, in one worker */
 struct ngx_http_upstream_affinity_store_s {
     ngx_http_upstream_affinity_srv_conf_t  *conf;
@@ -152,6 +174,8 @@ struct ngx_http_upstream_affinity_store_s {
 
     uint64_t                                instance;
     uint32_t                                stream;     /* name's crc32 */
+    uint32_t                                sender;     /* in messages */
+    time_t                                  rewound_logged;
 
     /* the id of the last stream entry read */
     uint64_t                                last_ms;
@@ -172,6 +196,8 @@ struct ngx_http_upstream_affinity_store_s {
                               heard[NGX_HTTP_UPSTREAM_AFFINITY_STORE_HEARD];
 
     unsigned                                warned:1;   /* this outage */
+    unsigned                                unwritten:1; /* a write refused
+                                                           or unanswered */
     unsigned                                refusing:1; /* writes refused */
     unsigned                                writing:1;  /* a write taken
                                                            since the
@@ -198,7 +224,7 @@ static void ngx_http_upstream_affinity_store_paused(ngx_event_t *ev);
 static void ngx_http_upstream_affinity_store_unsent(
     ngx_http_upstream_affinity_store_t *store, ngx_int_t rc);
 static ngx_msec_t ngx_http_upstream_affinity_store_backoff(
-    ngx_msec_t *backoff);
+    ngx_http_upstream_affinity_link_t *link, ngx_msec_t *backoff);
 static void ngx_http_upstream_affinity_store_writer_ready(
     ngx_http_upstream_affinity_link_t *link);
 static void ngx_http_upstream_affinity_store_writer_lost(
@@ -352,6 +378,10 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     store->instance = info.instance;
     store->stream = ngx_crc32_short(scf->stream.data, scf->stream.len);
 
+    /* pids have 22 bits at most on Linux: the store's number above them */
+    store->sender = (uint32_t) ngx_pid
+                    ^ (ngx_http_upstream_affinity_store_opened++ << 22);
+
     ngx_shmtx_lock(&shctx->shpool->mutex);
     store->counters = &ngx_http_upstream_affinity_store_record(ascf,
                                                   store->stream)->counters;
@@ -371,6 +401,7 @@ ngx_http_upstream_affinity_store_open_upstream(ngx_cycle_t *cycle,
     store->reader.reply = ngx_http_upstream_affinity_store_replied;
     store->reader.lost = ngx_http_upstream_affinity_store_reader_lost;
     store->reader.wait = NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK + scf->timeout;
+    store->reader.reply_max = NGX_HTTP_UPSTREAM_AFFINITY_STORE_READ_MAX;
 
     store->write_retry.handler = ngx_http_upstream_affinity_store_retry;
     store->write_retry.data = &store->writer;
@@ -465,16 +496,19 @@ ngx_http_upstream_affinity_store_outage(
 
 /*
  * Back once a write is taken again (or the writer is connected with
- * nothing to write), and, in the worker that reads, once a read is
- * answered: a store that answers the greeting and then nothing sensible
- * stays away, said once.
+ * nothing to write, unless the store refused or did not answer a write
+ * since one was last taken), and, in the worker that reads, once a read
+ * is answered: a store that answers the greeting and then nothing
+ * sensible stays away, said once.
  */
 
 static void
 ngx_http_upstream_affinity_store_back(ngx_http_upstream_affinity_store_t *store)
 {
     if (!store->warned
-        || !(store->writing || (store->writer.ready && store->queued == 0))
+        || !(store->writing
+             || (store->writer.ready && store->queued == 0
+                 && !store->unwritten))
         || (ngx_http_upstream_affinity_store_reads() && !store->reading))
     {
         return;
@@ -506,12 +540,25 @@ ngx_http_upstream_affinity_store_retry(ngx_event_t *ev)
 }
 
 
-/* the wait before the next try: doubled after each failure, with jitter */
+/*
+ * The wait before the next try: doubled after each failure, with jitter,
+ * from the shortest again after a connection that worked for a while (a
+ * store that answers a read or a write and fails the next is tried less
+ * and less often).
+ */
 
 static ngx_msec_t
-ngx_http_upstream_affinity_store_backoff(ngx_msec_t *backoff)
+ngx_http_upstream_affinity_store_backoff(
+    ngx_http_upstream_affinity_link_t *link, ngx_msec_t *backoff)
 {
     ngx_msec_t  wait;
+
+    if (link->ready_at
+        && ngx_current_msec - link->ready_at
+           >= NGX_HTTP_UPSTREAM_AFFINITY_STORE_STEADY)
+    {
+        *backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+    }
 
     wait = *backoff - *backoff / 4 + ngx_random() % (*backoff / 2 + 1);
 
@@ -557,7 +604,7 @@ ngx_http_upstream_affinity_store_writer_lost(
 
     if (!store->write_retry.timer_set) {
         ngx_add_timer(&store->write_retry,
-                      ngx_http_upstream_affinity_store_backoff(
+                      ngx_http_upstream_affinity_store_backoff(link,
                           &store->write_backoff));
     }
 }
@@ -595,6 +642,7 @@ ngx_http_upstream_affinity_store_written(
     {
         /* not an answer to XADD: the connection is not with a store */
 
+        store->unwritten = 1;
         ngx_http_upstream_affinity_link_close(link);
         ngx_http_upstream_affinity_store_writer_lost(link,
                                                      "not an answer to XADD");
@@ -606,6 +654,7 @@ ngx_http_upstream_affinity_store_written(
         ngx_http_upstream_affinity_link_detail(link, (u_char *) r->str,
                                                r->len);
         store->refusing = 1;
+        store->unwritten = 1;
 
         /* the connection is dropped: what followed is rewound with it */
 
@@ -640,7 +689,7 @@ ngx_http_upstream_affinity_store_written(
 
     if (!store->writing) {
         store->writing = 1;
-        store->write_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
+        store->unwritten = 0;
         ngx_http_upstream_affinity_store_back(store);
     }
 
@@ -1014,24 +1063,17 @@ ngx_http_upstream_affinity_store_encode(
 {
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
-    /*
-     * This worker, and its count of messages: from its start's
-     * millisecond times 2^20, so that a worker given a pid again counts on
-     * above what its namesake sent.
-     */
-    static uint64_t                           seq;
-
     scf = store->conf->store_conf;
 
     message->instance = store->instance;
     message->ms = ngx_http_upstream_affinity_wall_msec();
 
-    if (seq == 0) {
-        seq = message->ms << 20;
+    if (ngx_http_upstream_affinity_store_seq == 0) {
+        ngx_http_upstream_affinity_store_seq = message->ms << 20;
     }
 
-    message->sender = (uint32_t) ngx_pid;
-    message->seq = ++seq;
+    message->sender = store->sender;
+    message->seq = ++ngx_http_upstream_affinity_store_seq;
 
     return affinity_store_encode(scf->keys, scf->stream.data, scf->stream.len,
                                  message, buf, AFFINITY_STORE_MESSAGE_MAX);
@@ -1144,7 +1186,7 @@ ngx_http_upstream_affinity_store_reader_lost(
 
     if (!store->read_retry.timer_set) {
         ngx_add_timer(&store->read_retry,
-                      ngx_http_upstream_affinity_store_backoff(
+                      ngx_http_upstream_affinity_store_backoff(link,
                           &store->read_backoff));
     }
 }
@@ -1165,7 +1207,6 @@ ngx_http_upstream_affinity_store_readable(
     }
 
     store->reading = 1;
-    store->read_backoff = NGX_HTTP_UPSTREAM_AFFINITY_STORE_RETRY;
     ngx_http_upstream_affinity_store_back(store);
 }
 
@@ -1174,6 +1215,7 @@ static void
 ngx_http_upstream_affinity_store_tip(ngx_http_upstream_affinity_store_t *store)
 {
     size_t                                    lens[6];
+    ngx_int_t                                 rc;
     const char                               *argv[6];
     ngx_http_upstream_affinity_store_conf_t  *scf;
 
@@ -1192,11 +1234,11 @@ ngx_http_upstream_affinity_store_tip(ngx_http_upstream_affinity_store_t *store)
     argv[5] = "1";
     lens[5] = 1;
 
-    ngx_http_upstream_affinity_store_unsent(store,
-                 ngx_http_upstream_affinity_link_send(&store->reader, 6, argv,
-                                        lens,
+    rc = ngx_http_upstream_affinity_link_send(&store->reader, 6, argv, lens,
                                         NGX_HTTP_UPSTREAM_AFFINITY_STORE_TIP,
-                                        0));
+                                        0);
+
+    ngx_http_upstream_affinity_store_unsent(store, rc);
 }
 
 
@@ -1242,6 +1284,7 @@ static void
 ngx_http_upstream_affinity_store_read(ngx_http_upstream_affinity_store_t *store)
 {
     size_t                                    lens[8];
+    ngx_int_t                                 rc;
     const char                               *argv[8];
     u_char                                    count[NGX_INT_T_LEN];
     u_char                                    block[NGX_INT_T_LEN];
@@ -1279,11 +1322,11 @@ ngx_http_upstream_affinity_store_read(ngx_http_upstream_affinity_store_t *store)
 
     store->read_sent = ngx_current_msec;
 
-    ngx_http_upstream_affinity_store_unsent(store,
-                ngx_http_upstream_affinity_link_send(&store->reader, 8, argv,
-                                       lens,
+    rc = ngx_http_upstream_affinity_link_send(&store->reader, 8, argv, lens,
                                        NGX_HTTP_UPSTREAM_AFFINITY_STORE_XREAD,
-                                       0));
+                                       0);
+
+    ngx_http_upstream_affinity_store_unsent(store, rc);
 }
 
 
@@ -1325,7 +1368,7 @@ ngx_http_upstream_affinity_store_tipped(
     ngx_http_upstream_affinity_store_t *store,
     const affinity_resp_node_t *reply)
 {
-    uint64_t                                   ms, seq;
+    uint64_t                                   ms, seq, was_ms, was_seq;
     affinity_store_entry_t                     entry;
     affinity_store_entries_t                   entries;
     ngx_http_upstream_affinity_shctx_t        *shctx;
@@ -1358,21 +1401,34 @@ ngx_http_upstream_affinity_store_tipped(
         || ms < store->last_ms
         || (ms == store->last_ms && seq < store->last_seq))
     {
-        ngx_log_error(NGX_LOG_WARN, store->log, 0,
-                      "affinity: the stream of upstream \"%V\" went back "
-                      "from %uL-%uL to %uL-%uL: reading it again from its "
-                      "start", &store->conf->name,
-                      ngx_max(record->ms, store->last_ms),
-                      record->ms > store->last_ms ? record->seq
-                                                  : store->last_seq,
-                      ms, seq);
+        was_ms = ngx_max(record->ms, store->last_ms);
+        was_seq = record->ms > store->last_ms ? record->seq : store->last_seq;
+
+        /*
+         * Read again from its start, every writer's message is new again:
+         * what the zones hold since is newer, and news that old counts
+         * for nothing; not a replay.
+         */
 
         record->ms = 0;
         record->seq = 0;
+        ngx_memzero(&shctx->head->senders, sizeof(affinity_store_senders_t));
 
         ngx_shmtx_unlock(&shctx->shpool->mutex);
 
         ngx_http_upstream_affinity_store_count(store, rewound);
+
+        if (ngx_time() - store->rewound_logged
+            >= NGX_HTTP_UPSTREAM_AFFINITY_STORE_REWOUND_LOG)
+        {
+            store->rewound_logged = ngx_time();
+
+            ngx_log_error(NGX_LOG_WARN, store->log, 0,
+                          "affinity: the stream of upstream \"%V\" went "
+                          "back from %uL-%uL to %uL-%uL: reading it again "
+                          "from its start", &store->conf->name,
+                          was_ms, was_seq, ms, seq);
+        }
 
         store->last_ms = 0;
         store->last_seq = 0;
@@ -1392,8 +1448,9 @@ ngx_http_upstream_affinity_store_tipped(
  * one that answers nil at once is not asked in a loop), else the entries.
  * An entry larger than any message is skipped; one that found no room
  * left in the reply is read first by the next XREAD, with room for it,
- * unless it came first.  A reply with no entry that can be read would be
- * asked for again and again: the connection goes.
+ * unless it came first.  A reply with no entry that can be read, or with
+ * an entry not after the last one read, would be asked for again and
+ * again: the connection goes.
  */
 
 static void
@@ -1425,6 +1482,11 @@ ngx_http_upstream_affinity_store_entries(
         if (ngx_current_msec - store->read_sent
             < NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK / 2)
         {
+            /* away for reading (said once) until a read is answered */
+            store->reading = 0;
+            ngx_http_upstream_affinity_store_outage(store, "reading",
+                                                    "nil before its time",
+                                                    &store->reader.detail);
             ngx_add_timer(&store->read_pause,
                           NGX_HTTP_UPSTREAM_AFFINITY_STORE_BLOCK);
             return;
@@ -1441,6 +1503,16 @@ ngx_http_upstream_affinity_store_entries(
     {
         if (entry.full && n > 0) {
             break;
+        }
+
+        if (entry.ms < store->last_ms
+            || (entry.ms == store->last_ms && entry.seq <= store->last_seq))
+        {
+            ngx_http_upstream_affinity_store_count(store, malformed);
+            ngx_http_upstream_affinity_link_close(&store->reader);
+            ngx_http_upstream_affinity_store_reader_lost(&store->reader,
+                                                   "entries out of order");
+            return;
         }
 
         store->last_ms = entry.ms;

@@ -61,8 +61,8 @@ ngx_http_upstream_affinity_store_conf(ngx_conf_t *cf,
     ngx_pool_cleanup_t                       *cln;
     ngx_http_upstream_srv_conf_t             *uscf;
     ngx_http_upstream_affinity_store_conf_t  *scf;
-#if (NGX_SSL)
-    ngx_cidr_t                                cidr;
+#if (NGX_SSL && NGX_HAVE_INET6)
+    u_char                                    inet6[16];
 #endif
 
     scf = ngx_pcalloc(cf->pool,
@@ -299,7 +299,10 @@ ngx_http_upstream_affinity_store_conf(ngx_conf_t *cf,
 
     /* a host name is sent (SNI), an address is not (RFC 6066) */
 
-    scf->tls_ip = (ngx_ptocidr(&name, &cidr) == NGX_OK);
+    scf->tls_ip = ngx_inet_addr(name.data, name.len) != INADDR_NONE;
+#if (NGX_HAVE_INET6)
+    scf->tls_ip |= ngx_inet6_addr(name.data, name.len, inet6) == NGX_OK;
+#endif
 
     scf->tls_name.data = ngx_pnalloc(cf->pool, name.len + 1);
     if (scf->tls_name.data == NULL) {

@@ -6,8 +6,9 @@
 # (t/fake-store.pl): a reply before any command, an HTTP error, random
 # bytes, RESP3, arrays nested a thousand deep, every reply twice, no reply
 # at all, a connection shut for writing, an endless reply a byte at a time
-# or as fast as it goes, XREAD answered at once with nil or with an entry
-# that has no id, XADD answered with what is not an id.  Under load
+# or as fast as it goes, XREAD answered at once with nil, with an entry
+# that has no id or with one read before, XADD answered with what is not
+# an id.  Under load
 # through all of them: no request fails, no worker exits, the outage is
 # logged once per worker, the workers try again with growing waits, not in
 # a loop, and the reader never asks again and again.  Then a real
@@ -114,13 +115,14 @@ sub misbehave {
     cmp_ok connections() - $before, '>=', 1, "$mode: the store was tried";
     cmp_ok xreads() - $reads, '<=', 4,
         "$mode: the reader does not ask in a loop";
-    if ($mode eq 'noid') {
+    if ($mode eq 'noid' || $mode eq 'old') {
         ok eventually(sub { closes() - $closed >= 2 }, 10),
             "$mode: the reader's connection is closed";
     }
     if ($mode eq 'trickle' || $mode eq 'flood') {
-        # one close is the harness's own, when it waits for the port
-        cmp_ok closes() - $closed, '>=', 2,
+        # one close is the harness's own, when it waits for the port; the
+        # workers' next try may come after the three seconds
+        ok eventually(sub { closes() - $closed >= 2 }, 10),
             "$mode: a connection with an endless reply is closed";
     }
     $a->stop_service("fake-$mode");
@@ -149,13 +151,15 @@ like $a->error_log, qr/unavailable for (writing|reading) \(([a-z]|the |no |a )/,
     'with its reason';
 
 # Stores that take writes but answer reads strangely: XREAD answered at
-# once with nil, or with an entry that has no stream id.  The writer may
+# once with nil, with an entry that has no stream id, or with the same
+# old entry again and again.  The writer may
 # find them back; the reader neither asks in a loop nor serves less.
-misbehave($_) for qw(nil noid);
+misbehave($_) for qw(nil noid old);
 is $failed, 0, "no request failed through them either ($served served)";
 is_deeply [ sort $a->worker_pids ], \@workers, 'no worker exited';
-cmp_ok outages($a), '<=', $lines + 2,
-    'said at most once more per worker, as the writer may find them back';
+# each is stopped before the next starts: an outage the writer may see
+cmp_ok outages($a) - $lines, '<=', 2 * 3,
+    'said at most once per worker and store';
 
 # ---- a real store on the same port: back -----------------------------------
 
@@ -235,7 +239,8 @@ my $since = b_applied();
 my %on = pinned_on_a('big');
 
 is followed_on_b($since, %on), 10,
-    'B reads past the big entries and follows A\'s pins';
+    'B reads past the big entries and follows A\'s pins'
+    or diag explain [ (routes($b))[-10 .. -1] ];
 my $after = worst_rss($b);
 cmp_ok $after - $base, '<', 32 * 1024,
     sprintf('B\'s workers took in none of them whole (%d kB, %d kB before)',

@@ -22,7 +22,7 @@ use Time::HiRes qw(time sleep);
 
 use AffinityTest;
 use AffinityConf qw(proxy_conf servers chat eventually routes);
-use AffinityStore qw(xadd);
+use AffinityStore qw(xadd entries);
 
 plan skip_all => 'redis-server not installed'
     unless AffinityTest::redis_server();
@@ -146,6 +146,32 @@ for my $round ('read on', 'a reload between') {
 }
 like $b->error_log, qr/stream of upstream "llm" went back from 99999999999999-0/,
     'and said so';
+
+# The stream restored from an older copy: entries B read before come back
+# under lower ids.  B reads them again as a stream that went back, not as
+# replays of their writers' messages.
+{
+    my ($since) = applied_by_b();
+    placed_on_a('restored', 4);
+    ok eventually(sub { applied_by_b() >= $since + 4 }, 8), 'B read A\'s pins';
+    my @copy = grep { defined $_->[1]{m} } entries($redis, $stream);
+    my ($rewound, $replayed) = @{ b_status()->{store} }{qw(rewound replayed)};
+    my $s = AffinityTest::redis_send($redis, 'DEL', $stream);
+    like scalar(<$s>), qr/^:1/, 'the stream deleted';
+    close $s;
+    my $i = 0;
+    for my $e (@copy) {
+        $s = AffinityTest::redis_send($redis, 'XADD', $stream, '1-' . ++$i,
+                                      'm', $e->[1]{m});
+        <$s>;
+        close $s;
+    }
+    ok eventually(sub { b_status()->{store}{rewound} > $rewound }, 12),
+        'B reads the restored stream from its start';
+    sleep 0.5;
+    is b_status()->{store}{replayed}, $replayed,
+        'and counts none of its entries replayed';
+}
 
 # ---- reading the stream again never reverts a pin ------------------------------
 

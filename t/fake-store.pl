@@ -70,6 +70,11 @@ and every other command an empty array;
 PING is answered, XREAD gets an entry whose id is not a stream id, at
 once;
 
+=item old
+
+PING is answered, XREAD gets at once the same entry, with the stream's
+first id, whatever it asked from;
+
 =item notid
 
 PING is answered, XADD gets a string that is not a stream id.
@@ -145,6 +150,10 @@ sub reply_to {
     }
     if ($mode eq 'noid' && $command eq 'XREAD') {
         return "*1\r\n*2\r\n\$6\r\nstream\r\n*1\r\n*2\r\n\$5\r\nnot-1\r\n"
+             . "*2\r\n\$1\r\nm\r\n\$1\r\nx\r\n";
+    }
+    if ($mode eq 'old' && $command eq 'XREAD') {
+        return "*1\r\n*2\r\n\$6\r\nstream\r\n*1\r\n*2\r\n\$3\r\n1-1\r\n"
              . "*2\r\n\$1\r\nm\r\n\$1\r\nx\r\n";
     }
     if ($mode eq 'notid' && $command eq 'XADD') {
