@@ -220,6 +220,21 @@ sub b_applied {
     return $s->{upstreams}{llm}{zones}{sessions}{inserts};
 }
 
+# B has read what the stream held when it started (the batches' pins
+# too, which count among its inserts): what it reads no longer grows.
+sub b_read_up {
+    my $read = -1;
+    return eventually(sub {
+        my $s = JSON::PP->new->decode(
+            $b->http(GET => '/', port => $b_status)->{body});
+        my $now = $s->{upstreams}{llm}{store}{read};
+        return 1 if $now == $read;
+        $read = $now;
+        sleep 0.3;
+        return 0;
+    }, 30);
+}
+
 sub followed_on_b {
     my ($since, %on) = @_;
     return 0 unless eventually(sub { b_applied() >= $since + keys %on }, 20);
@@ -235,6 +250,7 @@ sub followed_on_b {
 
 $b->start_nginx;
 my $base = worst_rss($b);
+ok b_read_up(), 'B read the stream, past the big entries';
 my $since = b_applied();
 my %on = pinned_on_a('big');
 
@@ -248,6 +264,7 @@ cmp_ok $after - $base, '<', 32 * 1024,
 
 # A reload reads the stream again from its start.
 $b->reload_nginx;
+ok b_read_up(), 'B read the stream again after its reload';
 $since = b_applied();
 my %again = pinned_on_a('reloaded');
 is followed_on_b($since, %again), 10, 'after a reload too';
