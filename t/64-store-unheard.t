@@ -288,6 +288,28 @@ ok polled_before($pinned3, $paused3),
 close $third;
 like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/, 'the store takes writes';
 
+# A request that ends while its announcement waits, and then the
+# connection goes: its end is not told either, as B never heard of its
+# start (told alone, it would take off one of A's requests B counts).
+{
+    ok eventually(sub { store_back($a) && state_of_a()->{store}{published} }, 10),
+        'agent-6: A is back on the store it lost above';
+    sibling('probe-6');
+    my ($sixth, $pinned6) = paused_with_a_sibling('agent-6');
+    close $sixth;
+    sleep 0.5;      # A sees the client go and ends the request
+    is unheard()->{$pinned6}, 1,
+        'agent-6: it ended while its announcement waits';
+    like redis_command(qw(CLIENT KILL TYPE normal)), qr/^:[1-9]/,
+        'agent-6: the store drops its clients';
+    like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/,
+        'agent-6: the store takes writes';
+    ok eventually(sub { store_back($a) }, 10), 'agent-6: A is back on the store';
+    sleep 1;        # what A sent once back, B has read
+    ok b_counts_none_of_a(), 'agent-6: B takes off none of A\'s requests'
+        or diag explain engine_figures($b, $b_status, 'llm');
+}
+
 # ---- what the unheard requests met, learned --------------------------------
 
 # A decision that weighs a replica where A has requests unheard tells,
