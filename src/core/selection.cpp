@@ -255,23 +255,13 @@ affinity_decision_t decided(int peer, uint32_t route, uint32_t prefix_len)
 // hold) is over the load bound or beyond its slack (kDocumentExtraMax),
 // and a peer that may be followed holds a shorter level, the least loaded
 // holder may still take the prompt, up to kStayExtra request above the
-// bound, if moving would re-prefill at least kDocumentChars
-// characters (about a thousand tokens: a document, not a system prompt's
-// tail).  Measured in the offline fleet (tight profile at 1.2x, ten seeds,
-// medians): shared documents 0.92 -> 1.04 of the oracle's hits without
-// session ids and 0.90 -> 1.03 with them (better on 19 of 20 runs), agent
-// sessions 1.02 -> 1.03, chat and conversations unchanged; peak in-flight
-// still within the oracle's + 1 (but there more often on agent sessions).
-// Over three seeds: thresholds of 2,500 and 5,000 characters measured
-// alike, 10,000 lost half or more of the gain on documents, two requests
-// above the bound measured as one.  A level one peer holds (a
-// conversation's own history) is left to the bound: allowing it too got
-// conversations 1.01 of the oracle's hits from 0.89, but peaks at the
-// oracle's + 2, and + 1 on documents.  With no shorter level held under
-// the bound the prompt goes to the least loaded peer as before: those were
-// mostly bursts of an agent's sibling requests, whose holder was busy with
-// the burst itself, and staying there cost agent sessions 1.2 to 1.3 times
-// the TTFT p50 and 0.96 to 0.99 of the oracle's hits.
+// bound, if moving would re-prefill at least kDocumentChars characters
+// (about a thousand tokens: a document, not a system prompt's tail).  A
+// level one peer holds (a conversation's own history) is left to the
+// bound, which keeps peaks near an oracle's; with no shorter level held
+// under the bound the prompt goes to the least loaded peer, as a burst of
+// an agent's sibling requests would otherwise queue behind itself.  The
+// measurements behind the thresholds are in bench/results/ (tight-*).
 constexpr size_t kStayHolders = 2;
 constexpr uint32_t kDocumentChars = 4096;
 constexpr int64_t kStayExtra = 1;
@@ -281,22 +271,11 @@ constexpr int64_t kStayExtra = 1;
 // cache only within share + slack, plus one request per kDocumentChars of
 // the level when at least kStayHolders peers hold it (a shared document),
 // at most kDocumentExtraMax more.  A session's pinned peer is held to the
-// same, by the longest shared level of its prompt.  The factor lets a peer
-// reach 1.25 times the mean: under a burst a few hundred cached characters
-// then drew requests to their holder while the fleet's other queues were
-// shorter, and peaked above the oracle's busiest replica.  The slack, like
-// the bound, scales with no fleet size or running-slot count.  Measured in
-// the offline fleet (medians against the oracle, both directives, with
-// and without session ids; tight profile at 1.2x, ten seeds), against the
-// bound alone: chat peaks above the oracle's + 1 on one run of twenty
-// (+ 2) from six (+ 2 and + 3), hits 1.15 / 1.19 of the oracle's (from
-// 1.17 / 1.16); shared documents, agent sessions and conversations as
-// before.  Roomy profile (three seeds): conversations 1.03 of the
-// oracle's hits from 0.90, the rest as before.  Holding holders to two
-// requests above the least loaded peer instead did as well on the tight
-// profile (and conversations better) but cost chat 5 % of its hits on the
-// roomy one, whose 32 running slots make two requests nothing: a lead in
-// requests is tuned to a fleet's slot count, the slack of the mean is not.
+// same, by the longest shared level of its prompt.  The factor alone let a
+// burst draw requests to the holder of a few hundred cached characters
+// while the fleet's other queues were shorter.  The slack, like the bound,
+// scales with no fleet size or running-slot count: a lead in requests
+// would be tuned to one fleet's slots, the slack of the mean is not.
 constexpr int64_t kDocumentExtraMax = 2;
 
 // Whether the longest level of the prompt the index knows was used this
