@@ -146,6 +146,10 @@ Usage usage(const uint8_t *body, size_t len, const std::vector<size_t> &cuts)
     if (!u.found) {
         CHECK(u.cached == 0 && u.prompt == 0);
     }
+    uint64_t prompt = 0, output = 0;
+    affinity_usage_scan_tokens(&state, &prompt, &output);
+    CHECK(prompt < 1000000000000000ULL && output < 1000000000000000ULL);
+    CHECK(!u.found || prompt == u.prompt);
     return u;
 }
 

@@ -513,6 +513,45 @@ int affinity_zone_poll_due(affinity_zone_t *zone, uint64_t now_ms,
            ? 1 : 0;
 }
 
+void affinity_zone_peer_timed(affinity_zone_t *zone, uint32_t slot,
+                              uint64_t peer_id,
+                              const affinity_reply_times_t *times) noexcept
+{
+    if (zone == nullptr || times == nullptr || slot >= kPeerSlots) {
+        return;
+    }
+
+    PeerSlot &s = zone_of(zone).peer_slots()[slot];
+
+    if (atomic_load(&s.id) == peer_id) {
+        pace_learn(s.pace, *times);
+    }
+}
+
+void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
+                             affinity_peer_pace_t *pace) noexcept
+{
+    *pace = affinity_peer_pace_t{};
+
+    if (zone == nullptr || slot >= kPeerSlots) {
+        for (int64_t &w : pace->wait_us) {
+            w = -1;
+        }
+        return;
+    }
+
+    const PeerPace &p = zone_of(zone).peer_slots()[slot].pace;
+
+    pace->replies = atomic_load(&p.replies);
+    pace->prefill_ns = atomic_load(&p.prefill_ns);
+    pace->decode_us = atomic_load(&p.decode_us);
+    pace->chars_per_token = atomic_load(&p.chars_per_token);
+
+    for (uint32_t q = 0; q < kPaceQueues; q++) {
+        pace->wait_us[q] = pace_wait(p, q);
+    }
+}
+
 void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t row,
                                 uint32_t slot) noexcept
 {
@@ -890,6 +929,17 @@ int affinity_usage_scan_result(affinity_usage_scan_t *scan,
     *cached_tokens = s->cached();
     *prompt_tokens = s->prompt();
     return 1;
+}
+
+void affinity_usage_scan_tokens(affinity_usage_scan_t *scan,
+                                uint64_t *prompt_tokens,
+                                uint64_t *output_tokens) noexcept
+{
+    UsageScan *s = reinterpret_cast<UsageScan *>(scan);
+
+    s->finish();
+    *prompt_tokens = s->prompt();
+    *output_tokens = s->output();
 }
 
 }  // extern "C"

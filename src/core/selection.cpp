@@ -20,6 +20,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                      const uint8_t *states, size_t npeers,
                      const affinity_balance_t &balance, uint64_t now) noexcept
     : peers_(peers),
+      slot_base_(zone.peer_slots()),
       states_(states),
       npeers_(std::min(npeers, kMaxPeers)),
       factor_(balance.factor),
@@ -88,6 +89,18 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
 
     presumed_ = zone.unheard_presumed(instances);
     shared_ = instances > 1;
+}
+
+int64_t LoadBound::first_token(size_t i, uint64_t uncached) const noexcept
+{
+    if (slots_[i] == kNoSlot) {
+        return -1;
+    }
+
+    return pace_first_token(slot_base_[slots_[i]].pace,
+                            uint32_t(std::min<int64_t>(inflight_[i],
+                                                       UINT32_MAX)),
+                            uncached);
 }
 
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
@@ -247,6 +260,9 @@ affinity_decision_t decided(int peer, uint32_t route, uint32_t prefix_len)
     d.prefix_len = prefix_len;
     d.slot = kNoSlot;
     d.watched = -1;
+    d.estimate_us = -1;
+    d.alternative = -1;
+    d.alternative_us = -1;
     return d;
 }
 
@@ -860,6 +876,35 @@ uint32_t record_levels(PrefixTable &table, const uint64_t *keys,
     return added;
 }
 
+// What the decision was made on, for the reply's times and the reason
+// ($affinity_reason): the chosen peer's queue, what it held and its
+// estimated time to first token, and the least loaded other peer's
+// estimate for the whole prompt.
+void explain(const LoadBound &load, const affinity_request_t &request,
+             size_t chosen, affinity_decision_t &decision) noexcept
+{
+    uint64_t size = request.prompt_size;
+
+    if (request.nlevels && request.levels[request.nlevels - 1].length > size)
+    {
+        size = request.levels[request.nlevels - 1].length;
+    }
+
+    uint64_t held = std::min<uint64_t>(decision.prefix_len, size);
+
+    decision.queued = uint32_t(std::clamp<int64_t>(load.inflight(chosen), 0,
+                                                   UINT32_MAX));
+    decision.held_chars = uint32_t(held);
+    decision.estimate_us = load.first_token(chosen, size - held);
+
+    int other = load.least_loaded(int(chosen), request.rotate);
+
+    if (other >= 0) {
+        decision.alternative = other;
+        decision.alternative_us = load.first_token(size_t(other), size);
+    }
+}
+
 }  // namespace
 
 int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
@@ -871,6 +916,7 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     decision = decided(-1, AFFINITY_ROUTE_NONE, 0);
 
     LoadBound load(zone, peers, states, npeers, balance, request.now);
+
     bool sessions = zone.header().kind
                     == static_cast<uint32_t>(ZoneKind::Sessions);
     bool prefixes = request.prefixes != nullptr && request.nlevels > 0
@@ -951,6 +997,8 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
                                              peers[chosen].id,
                                              size_t(chosen), cache);
     }
+
+    explain(load, request, size_t(chosen), decision);
 
     decision.slot = load.slot(size_t(chosen));
     zone.acquire(request.row, decision.slot, decision.route, request.now);

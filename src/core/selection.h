@@ -75,6 +75,14 @@ public:
     // The counter slot of peer i, or kNoSlot.
     uint32_t slot(size_t i) const noexcept { return slots_[i]; }
 
+    // The requests in flight on peer i, as this selection counted them.
+    int64_t inflight(size_t i) const noexcept { return inflight_[i]; }
+
+    // The estimated time to first token on peer i of a prompt of uncached
+    // characters it does not hold, in microseconds (peer_pace.h); -1
+    // while its pace is not learned.
+    int64_t first_token(size_t i, uint64_t uncached) const noexcept;
+
     // The tokens each peer's KV cache holds, as its engine reported them;
     // 0: unknown.
     const uint64_t *cache_tokens() const noexcept { return cache_tokens_; }
@@ -108,6 +116,7 @@ private:
     bool fits(size_t i, double limit) const noexcept;
 
     const affinity_peer_t *peers_;
+    const PeerSlot *slot_base_;
     const uint8_t *states_;
     size_t npeers_;
     int64_t inflight_[kMaxPeers];

@@ -29,6 +29,10 @@ void UsageScan::end_string() noexcept
                    || is_key(key_buf_, key_len_, "input_tokens"))
         {
             key_ = kPrompt;
+        } else if (is_key(key_buf_, key_len_, "completion_tokens")
+                   || is_key(key_buf_, key_len_, "output_tokens"))
+        {
+            key_ = kOutput;
         }
     }
 
@@ -41,6 +45,8 @@ void UsageScan::end_number() noexcept
         if (key_ == kCached) {
             cached_ = number_;
             have_cached_ = true;
+        } else if (key_ == kOutput) {
+            output_ = number_;
         } else {
             prompt_ = number_;
         }

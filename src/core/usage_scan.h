@@ -1,11 +1,13 @@
 // The usage an OpenAI-compatible reply gives, read from its body as it
 // streams through the proxy: the prompt's tokens and the part of them the
-// engine found in its prefix cache.
+// engine found in its prefix cache, and the tokens of the reply itself.
 //
 //   chat and text completions:  "usage": {"prompt_tokens": N,
+//                                 "completion_tokens": O,
 //                                 "prompt_tokens_details":
 //                                     {"cached_tokens": C}}
 //   Responses API:              "usage": {"input_tokens": N,
+//                                 "output_tokens": O,
 //                                 "input_tokens_details":
 //                                     {"cached_tokens": C}}
 //
@@ -42,11 +44,12 @@ public:
         }
     }
 
-    // Whether a cached token count was read, and the prompt's tokens
-    // (0 if none was read).
+    // Whether a cached token count was read, the prompt's tokens and the
+    // reply's own (0 if none was read).
     bool found() const noexcept { return have_cached_; }
     uint64_t cached() const noexcept { return cached_; }
     uint64_t prompt() const noexcept { return prompt_; }
+    uint64_t output() const noexcept { return output_; }
 
 private:
     enum State : uint8_t {
@@ -57,17 +60,18 @@ private:
         kNumber         // inside that key's number
     };
 
-    enum Key : uint8_t { kOther, kCached, kPrompt };
+    enum Key : uint8_t { kOther, kCached, kPrompt, kOutput };
 
     // Digits beyond which a count is junk.
     static constexpr uint8_t kMaxDigits = 15;
-    static constexpr size_t kKeyMax = 16;   // "prompt_tokens" and the like
+    static constexpr size_t kKeyMax = 17;   // "completion_tokens"
 
     void end_string() noexcept;
     void end_number() noexcept;
 
     uint64_t cached_;
     uint64_t prompt_;
+    uint64_t output_;
     uint64_t number_;
     State state_;
     Key key_;           // the last string read, as a key

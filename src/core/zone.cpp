@@ -288,6 +288,13 @@ void Zone::hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept
     slot.stamp_base = 0;
     slot.stamp_offset = 0;
 
+    // So was its pace.
+    uint32_t *pace = reinterpret_cast<uint32_t *>(&slot.pace);
+
+    for (size_t i = 0; i < sizeof(PeerPace) / sizeof(uint32_t); i++) {
+        atomic_store<uint32_t>(&pace[i], 0);
+    }
+
     atomic_store(&slot.id, peer_id);
 }
 

@@ -19,11 +19,12 @@
 #include <cstdint>
 
 #include "affinity_core.h"
+#include "peer_pace.h"
 
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 10;
+constexpr uint32_t kLayoutVersion = 11;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -207,9 +208,12 @@ struct alignas(64) PeerSlot {
     uint32_t held_age;          // the oldest prefix found held
     uint32_t learned_unit;      // characters of its clock per stamp; 0:
                                 // not modelled yet
+    // What its replies taught of its speed (peer_pace.h), on a line of
+    // its own: written at each reply's end, read at each decision.
+    alignas(64) PeerPace pace;
 };
 
-static_assert(sizeof(PeerSlot) == 256, "a peer slot is four cache lines");
+static_assert(sizeof(PeerSlot) == 320, "a peer slot is five cache lines");
 
 // The owner of a worker row: a process, known by its pid and its start
 // time (so that a pid the system gave to another process is not taken for

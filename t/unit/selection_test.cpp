@@ -15,6 +15,7 @@
 // peers did not change and their bound only grew.  Without releases, after
 // every placement every peer satisfies
 //   inflight_i <= max(factor * mean, mean + slack).
+#include <cstring>
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -821,7 +822,8 @@ TEST(Selection, NoPeersAtAll)
     req.has_key = 1;
     req.key_hash = 99;
     req.ring_hash = 99;
-    affinity_decision_t d{7, 7, 7, 7, 7, 7, 7, 7, 7};
+    affinity_decision_t d;
+    std::memset(&d, 7, sizeof(d));
 
     EXPECT_EQ(affinity_route(z.get(), nullptr, nullptr, nullptr, 0, &balance,
                              &req, &d),

@@ -13,6 +13,7 @@ struct Usage {
     bool found;
     uint64_t cached;
     uint64_t prompt;
+    uint64_t output;
 };
 
 // The body fed in pieces of step bytes (0: at once).
@@ -28,8 +29,11 @@ Usage scan(const std::string &body, size_t step = 0)
                                 std::min(step, body.size() - at));
         }
     }
-    Usage u{false, 0, 0};
+    Usage u{false, 0, 0, 0};
     u.found = affinity_usage_scan_result(&s, &u.cached, &u.prompt) == 1;
+    uint64_t prompt = 0;
+    affinity_usage_scan_tokens(&s, &prompt, &u.output);
+    EXPECT_EQ(prompt, u.found ? u.prompt : prompt);
     return u;
 }
 
@@ -127,6 +131,29 @@ TEST(UsageScan, ALongerKeyOrAnEscapeIsAnotherKey)
                    R"("cached\u005ftokens":6,"prompt_tokens_details":7})");
     EXPECT_FALSE(u.found);
     EXPECT_EQ(u.prompt, 0u);
+}
+
+TEST(UsageScan, TheReplysOwnTokens)
+{
+    EXPECT_EQ(scan(kChat).output, 56u);
+    EXPECT_EQ(scan(kChat, 3).output, 56u);
+    EXPECT_EQ(scan(R"({"usage":{"input_tokens":9,"output_tokens":41}})")
+                  .output,
+              41u);
+
+    // Without cached_tokens the prompt and output counts are still read.
+    affinity_usage_scan_t s;
+    const std::string body = R"({"usage":{"prompt_tokens":7,)"
+                             R"("completion_tokens":3}})";
+    affinity_usage_scan_start(&s);
+    affinity_usage_scan(&s, body.data(), body.size());
+    uint64_t prompt = 0, output = 0;
+    affinity_usage_scan_tokens(&s, &prompt, &output);
+    EXPECT_EQ(prompt, 7u);
+    EXPECT_EQ(output, 3u);
+
+    EXPECT_EQ(scan(R"({"completion_tokens_details":{"x":1}})").output, 0u);
+    EXPECT_EQ(scan(R"({"completion_tokens":-1})").output, 0u);
 }
 
 }  // namespace

@@ -240,6 +240,50 @@ typedef struct {
                                    (affinity_zone_peer_announced()) */
 } affinity_peer_stats_t;
 
+/*
+ * What a peer's replies teach of its speed (its pace), per peer in its
+ * counter slot: the prefill time of a prompt token it does not hold, the
+ * decode time of an output token, and the wait before prefill by how many
+ * requests it had in flight when the request was sent.
+ */
+#define AFFINITY_PACE_QUEUES  12
+
+/* One reply, as nginx observed it. */
+typedef struct {
+    uint32_t    first_ms;       /* to the response header, or, streamed,
+                                   to the first byte of its body */
+    uint32_t    total_ms;       /* to its last byte */
+    uint32_t    queued;         /* affinity_decision_t.queued of the try */
+    uint32_t    streamed;       /* 1: first_ms is the first body byte of
+                                   a stream, 0: the header of a whole
+                                   body, which comes with the last token */
+    uint32_t    prompt_chars;   /* characters of the prompt, 0 unknown */
+    uint32_t    prompt_tokens;  /* the reply's usage; 0 unknown */
+    uint32_t    cached_tokens;
+    uint32_t    output_tokens;  /* 0 unknown */
+} affinity_reply_times_t;
+
+/* Lock-free: learns from a reply of the peer in slot (whose id is
+ * peer_id, so that a slot handed to another peer since is left alone).
+ * Figures move by at most an eighth at a time and ignore replies far off
+ * the rest; a reply without usage teaches what its times alone can. */
+AFFINITY_API void affinity_zone_peer_timed(affinity_zone_t *zone,
+    uint32_t slot, uint64_t peer_id, const affinity_reply_times_t *times)
+    AFFINITY_NOEXCEPT;
+
+typedef struct {
+    uint32_t    replies;        /* learned from */
+    uint32_t    prefill_ns;     /* per prompt token not held; 0 unknown */
+    uint32_t    decode_us;      /* per output token; 0 unknown */
+    uint32_t    chars_per_token;    /* x 256; 0 unknown */
+    int64_t     wait_us[AFFINITY_PACE_QUEUES];  /* by requests in flight
+                                                   when sent; -1 unknown */
+} affinity_peer_pace_t;
+
+/* Lock-free: the pace of the peer in slot. */
+AFFINITY_API void affinity_zone_peer_pace(const affinity_zone_t *zone,
+    uint32_t slot, affinity_peer_pace_t *pace) AFFINITY_NOEXCEPT;
+
 /* Lock-free; counters are read atomically one by one. */
 AFFINITY_API void affinity_zone_peer_stats(const affinity_zone_t *zone,
     uint32_t slot, affinity_peer_stats_t *stats) AFFINITY_NOEXCEPT;
@@ -440,6 +484,19 @@ typedef struct {
        (affinity_watch_announced()) */
     int32_t     watched;
     uint32_t    watched_unheard;
+    /* the requests in flight on the chosen peer before this one, as
+       routing counted them: for affinity_reply_times_t.queued */
+    uint32_t    queued;
+    /* the characters of the prompt the chosen peer was presumed to hold
+       (0: none known), and its estimated time to first token there in
+       microseconds (-1: its pace is not learned yet, affinity_peer_pace) */
+    uint32_t    held_chars;
+    int64_t     estimate_us;
+    /* the best other peer weighed (index, -1 if none) and its estimate
+       (-1: not learned): for $affinity_reason */
+    int32_t     alternative;
+    uint32_t    reserved;
+    int64_t     alternative_us;
 } affinity_decision_t;
 
 /*
@@ -749,6 +806,12 @@ AFFINITY_API void affinity_usage_scan(affinity_usage_scan_t *scan,
  * if a count of cached tokens was read, else 0. */
 AFFINITY_API int affinity_usage_scan_result(affinity_usage_scan_t *scan,
     uint64_t *cached_tokens, uint64_t *prompt_tokens) AFFINITY_NOEXCEPT;
+
+/* The body ended: its prompt's tokens and its own (usage.completion_tokens
+ * or usage.output_tokens), 0 for a figure not read, whether or not a count
+ * of cached tokens was. */
+AFFINITY_API void affinity_usage_scan_tokens(affinity_usage_scan_t *scan,
+    uint64_t *prompt_tokens, uint64_t *output_tokens) AFFINITY_NOEXCEPT;
 
 
 /* ---- the engines' own load ------------------------------------------- */

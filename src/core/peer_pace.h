@@ -1,0 +1,48 @@
+// What a peer's replies teach of its speed: the prefill time of a prompt
+// token it does not hold, the decode time of an output token, and the wait
+// before its prefill starts by how many requests it had in flight when the
+// request was sent.  Learned per peer from the times nginx observes
+// (affinity_zone_peer_timed()), kept in the peer's counter slot, and read
+// to estimate a request's time to first token there (docs/routing.md).
+#pragma once
+
+#include <cstdint>
+
+#include "affinity_core.h"
+
+namespace affinity {
+
+// In-flight counts the wait is learned for: 0 .. kPaceQueues - 1, the last
+// for that many or more.
+constexpr uint32_t kPaceQueues = AFFINITY_PACE_QUEUES;
+
+// One cache line of a peer slot (zone.h).  Every figure is written with
+// relaxed atomics by the worker that saw the reply, without a lock: two
+// replies learned at once may lose one update, which an average of many
+// does not miss.  0 in a figure: not learned yet.
+struct PeerPace {
+    uint32_t prefill_ns;                // per prompt token not held
+    uint32_t decode_us;                 // per output token
+    uint32_t wait_us[kPaceQueues];      // before prefill starts, + 1
+    uint32_t replies;                   // learned from
+    uint32_t chars_per_token;           // x 256: prompt characters per
+                                        // prompt token, from usage
+};
+
+static_assert(sizeof(PeerPace) == 64, "the pace fills one line");
+
+// Learns from one reply (affinity_reply_times_t).
+void pace_learn(PeerPace &pace, const affinity_reply_times_t &t) noexcept;
+
+// The wait a request sent now would have before its prefill starts, in
+// microseconds, with queued requests in flight on the peer before it;
+// -1 while nothing is learned at that count or below.
+int64_t pace_wait(const PeerPace &pace, uint32_t queued) noexcept;
+
+// The time to first token of a prompt of `uncached` characters the peer
+// does not hold, sent behind `queued` requests: the wait and the prefill,
+// in microseconds; -1 while the wait is not learned.
+int64_t pace_first_token(const PeerPace &pace, uint32_t queued,
+                         uint64_t uncached) noexcept;
+
+}  // namespace affinity
