@@ -252,6 +252,7 @@ def start_mock(workdir, profile, cache_tokens, speed):
         '--decode-ms-per-token', profile.decode_ms_per_token,
         '--cache-tokens', cache_tokens,
         '--time-scale', 1.0 / speed,
+        '--slowdowns', ','.join('%g' % f for f in profile.slowdowns()),
         log=os.path.join(workdir, 'mock.log'))
 
 
@@ -861,7 +862,7 @@ def parse_args(argv=None):
     ap.add_argument('--levels', action='store_true',
                     help='roomy, the first 2000 requests of the trace, '
                          'prefix_affinity level variants')
-    ap.add_argument('--profile', choices=('tight', 'roomy', 'both'))
+    ap.add_argument('--profile', choices=('tight', 'mixed', 'roomy', 'both'))
     ap.add_argument('--workload', choices=workloads.NAMES + ('all',))
     ap.add_argument('--sessions', choices=('on', 'off', 'both'))
     ap.add_argument('--seeds', type=int,

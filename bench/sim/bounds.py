@@ -488,9 +488,13 @@ class Simulation:
             if at is not None:
                 at(now)
             # The reply's usage, for a policy that learns from it.
+            # Its times too: the first token after job.ttft, the last now,
+            # streamed (the time to the first byte).
             replied = getattr(self.policy, 'replied', None)
             if replied is not None:
-                replied(job.token, job.cached_tokens, job.req.prompt_tokens)
+                replied(job.token, job.cached_tokens, job.req.prompt_tokens,
+                        job.ttft, now - job.req.arrival,
+                        job.req.output_tokens)
             self.policy.release(job.token)
         rep = self.fleet.replicas[job.replica]
         admitted = rep.admission.release()
@@ -706,15 +710,15 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
 
 def simulate(requests, policy_name, replicas=4, params=None,
              factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK, points=RING_POINTS,
-             transit=0.0, **instances):
+             transit=0.0, slowdowns=(), **instances):
     """Serves requests on a fresh fleet with a fresh policy; returns
     (summary dict, jobs).  Deterministic: same inputs, same result.
-    transit: Simulation's; instances: make_policy()'s store_latency,
-    poll_interval, read_lag, poll_lag."""
+    transit: Simulation's; slowdowns: Fleet's; instances: make_policy()'s
+    store_latency, poll_interval, read_lag, poll_lag."""
     params = params or model.ReplicaParams()
     policy = make_policy(policy_name, replicas, factor, slack, points,
                          **instances)
-    fleet = Fleet(params, replicas)
+    fleet = Fleet(params, replicas, slowdowns=slowdowns)
     jobs = Simulation(fleet, factor, slack, transit).run(requests, policy)
     summary = summarize(jobs, fleet)
     summary.update(policy.stats())
@@ -825,7 +829,8 @@ def offered_load(requests, profile, params):
     what the fleet can do while the requests arrive: decode seconds over
     running-slot seconds (a lower bound of the slots' load: prefill and
     the wait for the lane hold a slot too), and prefill seconds with
-    nothing cached over prefill-lane seconds."""
+    nothing cached over prefill-lane seconds.  A replica slowed down
+    (profile.slowdowns()) does that part of a replica's work."""
     if len(requests) < 2:
         return {'slots': None, 'prefill_lanes_uncached': None}
     span = max(r.arrival for r in requests) - min(r.arrival for r in requests)
@@ -833,10 +838,10 @@ def offered_load(requests, profile, params):
         return {'slots': None, 'prefill_lanes_uncached': None}
     decode = sum(params.decode_seconds(r.output_tokens) for r in requests)
     prefill = sum(params.prefill_seconds(r.prompt_tokens) for r in requests)
-    return {'slots': round(decode / (span * profile.replicas
+    replicas = sum(1.0 / s for s in profile.slowdowns())
+    return {'slots': round(decode / (span * replicas
                                      * profile.max_running), 3),
-            'prefill_lanes_uncached': round(prefill / (span
-                                                       * profile.replicas), 3)}
+            'prefill_lanes_uncached': round(prefill / (span * replicas), 3)}
 
 
 def compute(args):
@@ -889,6 +894,7 @@ def compute(args):
                                   simulate, sent, name, profile.replicas,
                                   params, args.factor, args.slack,
                                   args.ring_points,
+                                  slowdowns=profile.slowdowns(),
                                   store_latency=args.store_latency,
                                   poll_interval=args.poll_interval,
                                   transit=args.transit,

@@ -173,7 +173,18 @@ class Decision(ctypes.Structure):
                 ('prefix_len', c_u32), ('slot', c_u32),
                 ('probe_age', c_u32), ('probe_length', c_u32),
                 ('cache_chars', c_u32), ('watched', ctypes.c_int32),
-                ('watched_unheard', c_u32)]
+                ('watched_unheard', c_u32), ('queued', c_u32),
+                ('held_chars', c_u32), ('estimate_us', ctypes.c_int64),
+                ('alternative', ctypes.c_int32), ('reserved', c_u32),
+                ('alternative_us', ctypes.c_int64)]
+
+
+class ReplyTimes(ctypes.Structure):
+    """affinity_reply_times_t"""
+    _fields_ = [('first_ms', c_u32), ('total_ms', c_u32), ('queued', c_u32),
+                ('streamed', c_u32), ('prompt_chars', c_u32),
+                ('prompt_tokens', c_u32), ('cached_tokens', c_u32),
+                ('output_tokens', c_u32)]
 
 
 class EngineLoad(ctypes.Structure):
@@ -242,6 +253,8 @@ SIGNATURES = {
                                        ctypes.c_size_t]),
     'affinity_zone_peer_slot': (c_u32, [ctypes.c_void_p, c_u64, c_u32]),
     'affinity_zone_peer_release': (None, [ctypes.c_void_p, c_u32, c_u32]),
+    'affinity_zone_peer_timed': (None, [ctypes.c_void_p, c_u32, c_u64,
+                                        P(ReplyTimes)]),
     'affinity_zone_peer_stats': (None, [ctypes.c_void_p, c_u32,
                                         P(PeerStats)]),
     'affinity_zone_worker_claim': (c_u32, [ctypes.c_void_p, c_u64, c_u64,
@@ -621,26 +634,43 @@ class ModulePolicy:
                             decision.watched_unheard)
         # A probe taken: the reply's cached tokens go back to the core, as
         # the shim reads them from the reply's usage.
+        chars = request.prompt_size
+        if levels is not None:
+            chars = max(chars, levels[len(levels) - 1].length)
         probe = None
         if decision.probe_length:
-            chars = max(request.prompt_size, levels[len(levels) - 1].length)
             probe = (self.peers[decision.peer].id, decision.probe_age,
                      decision.probe_length, chars)
-        return decision.peer, (decision.slot, probe)
+        # What the reply's times are learned with (..._usage.c): the peer,
+        # the requests it had in flight, the prompt's characters.
+        timing = (self.peers[decision.peer].id, decision.queued,
+                  chars or len(req.source.body_bytes())
+                  if req.source is not None else chars)
+        return decision.peer, (decision.slot, probe, timing)
 
-    def replied(self, token, cached_tokens, prompt_tokens):
+    def replied(self, token, cached_tokens, prompt_tokens, first_s=None,
+                total_s=None, output_tokens=0):
         """The request of token (choose()) was answered: with a probe, its
-        cached and prompt tokens teach its replica's cache size."""
-        _, probe = token
+        cached and prompt tokens teach its replica's cache size; its first
+        token after first_s seconds and its last after total_s, streamed,
+        teach its replica's pace (affinity_zone_peer_timed)."""
+        slot, probe, timing = token
         if probe is not None:
             peer_id, age, length, chars = probe
             self.lib.affinity_prefixes_replied(
                 self.prefixes.handle, peer_id, age, length, chars,
                 cached_tokens, prompt_tokens)
+        if first_s is not None and slot != NO_SLOT:
+            peer_id, queued, chars = timing
+            times = ReplyTimes(int(first_s * 1000), int(total_s * 1000),
+                               queued, 1, min(chars, 2**32 - 1),
+                               prompt_tokens, cached_tokens, output_tokens)
+            self.lib.affinity_zone_peer_timed(self.counter.handle, slot,
+                                              peer_id, ctypes.byref(times))
 
     def release(self, token):
         """The request of token (choose()) has ended."""
-        slot, _ = token
+        slot = token[0]
         if slot != NO_SLOT:
             self.lib.affinity_zone_peer_release(self.counter.handle,
                                                 self.row, slot)
@@ -946,9 +976,9 @@ class Instances:
                 self._publish(k, 'levels', peer_id, levels)
         return peer, (k, token, member.peers[peer].id)
 
-    def replied(self, token, cached_tokens, prompt_tokens):
+    def replied(self, token, cached_tokens, prompt_tokens, *times):
         k, inner, _ = token
-        self.members[k].replied(inner, cached_tokens, prompt_tokens)
+        self.members[k].replied(inner, cached_tokens, prompt_tokens, *times)
 
     def release(self, token):
         k, inner, peer_id = token

@@ -19,6 +19,7 @@ and waiting) against the module's load bound.
 """
 
 from collections import deque
+from dataclasses import replace
 
 from . import model
 
@@ -150,15 +151,31 @@ def load_bound(total_inflight, replicas, factor=DEFAULT_FACTOR,
     return max(factor * share, share + slack)
 
 
+def slowed(params, slowdown):
+    """params of a replica slowdown times slower: its prefill and decode
+    take that many times as long (an older GPU, a smaller tensor-parallel
+    size)."""
+    if slowdown == 1:
+        return params
+    return replace(params,
+                   prefill_ms_per_token=params.prefill_ms_per_token
+                   * slowdown,
+                   decode_ms_per_token=params.decode_ms_per_token
+                   * slowdown)
+
+
 class Fleet:
     """Replicas of one model, named replica-1, replica-2, ... unless
-    given names, and the load a router sees."""
+    given names, and the load a router sees.  slowdowns: one factor per
+    replica (slowed()); params apply as they are to the others."""
 
-    def __init__(self, params, replicas=None, names=None):
+    def __init__(self, params, replicas=None, names=None, slowdowns=()):
         names = names or ['replica-%d' % n
                           for n in range(1, replicas + 1)]
+        slowdowns = list(slowdowns) + [1] * (len(names) - len(slowdowns))
         self.params = params
-        self.replicas = [Replica(params, name) for name in names]
+        self.replicas = [Replica(slowed(params, s), name)
+                         for name, s in zip(names, slowdowns)]
 
     def inflight(self, r):
         return self.replicas[r].inflight

@@ -1250,13 +1250,30 @@ def parse_args(argv):
                         default=20.0)
     parser.add_argument('--cache-tokens', type=positive(int), default=262144)
     parser.add_argument('--time-scale', type=non_negative_float, default=1.0)
+    parser.add_argument('--slowdowns', type=slowdown_list, default=(),
+                        help='comma-separated factors, one per port in '
+                             'order: that replica\'s prefill and decode '
+                             'take that many times as long (a mixed '
+                             'fleet); missing ones are 1')
     parser.add_argument('--name-prefix', default='replica')
     parser.add_argument('--pidfile')
     return parser.parse_args(argv)
 
 
+def slowdown_list(text):
+    """An argparse type: comma-separated factors of at least 1."""
+    try:
+        factors = tuple(float(x) for x in text.split(',') if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError('slowdowns: comma-separated numbers')
+    if any(f < 1 for f in factors):
+        raise argparse.ArgumentTypeError('slowdowns: each at least 1')
+    return factors
+
+
 def make_replicas(args):
-    """One replica per port, named in the order of --ports."""
+    """One replica per port, named in the order of --ports, slowed down
+    by --slowdowns."""
     params = model.ReplicaParams(
         max_running=args.max_running,
         prefill_ms_per_token=args.prefill_ms_per_token,
@@ -1265,7 +1282,8 @@ def make_replicas(args):
         time_scale=args.time_scale)
     replicas = fleet.Fleet(params, names=[
         '%s-%d' % (args.name_prefix, index)
-        for index in range(1, len(args.ports) + 1)]).replicas
+        for index in range(1, len(args.ports) + 1)],
+        slowdowns=args.slowdowns).replicas
     return [ServedReplica(replica, port)
             for replica, port in zip(replicas, args.ports)]
 

@@ -14,6 +14,12 @@ mock replicas) and the offline simulator (bounds.py) alike.
             to 3 times the fleet's decode capacity: every policy's queue
             then grows for the whole run and TTFT measures the run's
             length, not the routing
+    mixed   the tight fleet with every other replica slow_factor (2.5)
+            times slower in prefill and decode: two GPU generations, or
+            two tensor-parallel sizes, behind one upstream.  The fleet
+            then does 0.7 of the tight fleet's work in a second, so the
+            workload arrives at 0.85 times its rate (1.2 x 0.7): as
+            busy as the tight fleet, not overloaded
 
 A tight cache is computed from the workload itself: distinct prompt blocks
 are the distinct model blocks (model.BLOCK_TOKENS tokens, chained hashes of
@@ -37,6 +43,18 @@ class Profile:
     cache_tokens: int = None    # per replica, when cache_share is None
     prefill_ms_per_token: float = 0.05
     decode_ms_per_token: float = 20.0
+    slow_share: float = 0.0     # share of the replicas that are slower
+    slow_factor: float = 1.0    # by this factor (fleet.slowed())
+
+    def slowdowns(self):
+        """Each replica's slowdown: the slow ones spread evenly over the
+        fleet (every other one at a half), so that no ring or rotation
+        order favours either kind."""
+        slow = int(round(self.slow_share * self.replicas))
+        marks = [1.0] * self.replicas
+        for k in range(slow):
+            marks[int((k + 0.5) * self.replicas / slow)] = self.slow_factor
+        return marks
 
     def replica_cache_tokens(self, distinct_blocks):
         """KV cache tokens per replica for a workload of distinct_blocks
@@ -65,6 +83,9 @@ PROFILES = {
                      rate_multiplier=1.0, cache_tokens=4194304),
     'tight': Profile('tight', replicas=8, max_running=4,
                      rate_multiplier=1.2, cache_share=0.25),
+    'mixed': Profile('mixed', replicas=8, max_running=4,
+                     rate_multiplier=0.85, cache_share=0.25,
+                     slow_share=0.5, slow_factor=2.5),
 }
 # Without a profile, the simulator's old defaults: one GPU's KV cache.
 CUSTOM = Profile('custom', replicas=4, max_running=32, rate_multiplier=1.0,
@@ -77,7 +98,9 @@ OPTIONS = (('--replicas', 'replicas', int),
            ('--cache-share', 'cache_share', float),
            ('--cache-tokens', 'cache_tokens', int),
            ('--prefill-ms-per-token', 'prefill_ms_per_token', float),
-           ('--decode-ms-per-token', 'decode_ms_per_token', float))
+           ('--decode-ms-per-token', 'decode_ms_per_token', float),
+           ('--slow-share', 'slow_share', float),
+           ('--slow-factor', 'slow_factor', float))
 
 
 def add_profile_arguments(parser):
