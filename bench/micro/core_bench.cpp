@@ -309,6 +309,58 @@ void BM_ResponseLearn(benchmark::State &state)
 BENCHMARK(BM_ResponseLearn)->Arg(0)->Arg(1 << 10)->Arg(16 << 10)
     ->Arg(128 << 10);
 
+// What the module does per reply of a request it routed: reads the usage
+// from the whole body as nginx passes it (4 KB buffers), then teaches the
+// peer's pace.  A streamed chat reply of Arg chunks, one token each, with
+// its usage in the last one (stream_options.include_usage).
+void BM_ReplyTimed(benchmark::State &state)
+{
+    std::string body;
+    for (int64_t i = 0; i < state.range(0); i++) {
+        body += "data: {\"id\":\"chatcmpl-1\",\"object\":"
+                "\"chat.completion.chunk\",\"created\":1763900000,"
+                "\"model\":\"llm\",\"choices\":[{\"index\":0,"
+                "\"delta\":{\"content\":\" word\"},\"logprobs\":null,"
+                "\"finish_reason\":null}]}\n\n";
+    }
+    body += "data: {\"id\":\"chatcmpl-1\",\"object\":"
+            "\"chat.completion.chunk\",\"choices\":[],\"usage\":"
+            "{\"prompt_tokens\":812,\"completion_tokens\":96,"
+            "\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\n"
+            "data: [DONE]\n\n";
+    Fleet fleet(4);
+    uint32_t n = 0;
+
+    for (auto _ : state) {
+        affinity_usage_scan_t scan;
+        affinity_usage_scan_start(&scan);
+        for (size_t at = 0; at < body.size(); at += 4096) {
+            affinity_usage_scan(&scan, body.data() + at,
+                                std::min<size_t>(4096, body.size() - at));
+        }
+        uint64_t prompt, output, cached, unused;
+        affinity_usage_scan_tokens(&scan, &prompt, &output);
+        if (!affinity_usage_scan_result(&scan, &cached, &unused)) {
+            cached = 0;
+        }
+        affinity_reply_times_t t{};
+        t.first_ms = 80 + n % 7;
+        t.total_ms = 2000 + n % 13;
+        t.queued = n % 5;
+        t.streamed = 1;
+        t.prompt_chars = 3300;
+        t.prompt_tokens = uint32_t(prompt);
+        t.cached_tokens = uint32_t(cached);
+        t.output_tokens = uint32_t(output);
+        const affinity_peer_t &peer = fleet.peers[n % 4];
+        affinity_zone_peer_timed(fleet.zone, peer.slot, peer.id, &t);
+        n++;
+    }
+
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(body.size()));
+}
+BENCHMARK(BM_ReplyTimed)->Arg(1)->Arg(100)->Arg(1000);
+
 // The owner of a continued response: the id's hash and the lookup.
 void BM_ResponseOwner(benchmark::State &state)
 {

@@ -457,6 +457,42 @@ class ModulePolicyTest(unittest.TestCase):
         self.assertEqual(core_policy.instance_policy('module_x8_shared'),
                          (8, True, True, False))
 
+    def test_mixed_fleet_and_the_pace_its_replies_teach(self):
+        """The mixed profile slows every other replica down; the core
+        learns each replica's decode time from the simulated replies, the
+        slowed ones' 2.5 times the others'."""
+        from bench.sim import profiles
+        mixed = profiles.PROFILES['mixed']
+        self.assertEqual(mixed.slowdowns(), [1.0, 2.5] * 4)
+        params = model.ReplicaParams(max_running=4, cache_tokens=1 << 20)
+        fleet = bounds.Fleet(params, 4, slowdowns=[1, 2.5, 1, 2.5])
+        self.assertEqual(fleet.replicas[1].params.decode_ms_per_token,
+                         2.5 * params.decode_ms_per_token)
+        self.assertEqual(fleet.replicas[2].params, params)
+
+        class Pace(ctypes.Structure):
+            _fields_ = [('replies', ctypes.c_uint32),
+                        ('prefill_ns', ctypes.c_uint32),
+                        ('decode_us', ctypes.c_uint32),
+                        ('chars_per_token', ctypes.c_uint32),
+                        ('wait_us', ctypes.c_int64 * 12)]
+
+        policy = bounds.make_policy('module_session_prefix', 4)
+        bounds.Simulation(fleet).run(self.requests, policy)
+        lib = policy.lib
+        lib.affinity_zone_peer_pace.argtypes = [
+            ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Pace)]
+        decode = []
+        for peer in policy.peers:
+            pace = Pace()
+            lib.affinity_zone_peer_pace(policy.counter.handle, peer.slot,
+                                        ctypes.byref(pace))
+            self.assertGreater(pace.replies, 0)
+            decode.append(pace.decode_us)
+        for fast, slow in ((0, 1), (2, 3)):
+            self.assertAlmostEqual(decode[slow] / decode[fast], 2.5,
+                                   delta=0.2)
+
     def test_default_level_schedule(self):
         schedule = list(core_policy.level_schedule(self.lib))
         self.assertEqual(schedule[:4], [100, 500, 1000, 1256])
