@@ -650,6 +650,39 @@ class PrefixOracle:
         return {'diverted_by_bound': self.diverted}
 
 
+class SoonestOracle:
+    """A router that sees every replica's cache, queue and speed, and
+    sends each request where its first token would come soonest: the wait
+    for a running slot (the requests ahead beyond the slots, each freeing
+    one in an average reply's decode over the slots), the wait for the
+    prefill lane, and the prefill of what the replica does not hold.  No
+    load bound.  The average reply is learned from the replies so far."""
+    name = 'soonest_oracle'
+
+    def __init__(self, replicas):
+        self.replicas = replicas
+        self.output_mean = 200.0
+
+    def first_token(self, rep, chain, req):
+        p = rep.params
+        cached = model.cached_tokens(rep.cache, chain, req.prompt_tokens)
+        slots = rep.admission.capacity
+        ahead = rep.inflight + 1 - slots
+        wait = max(0, ahead) * p.decode_seconds(self.output_mean) / slots
+        wait += (rep.lane.in_use + len(rep.lane.waiting)) \
+            * p.prefill_seconds(req.prompt_tokens) / 2
+        return wait + p.prefill_seconds(req.prompt_tokens - cached)
+
+    def choose(self, req, chain, fleet):
+        self.output_mean += (req.output_tokens - self.output_mean) / 100
+        reps = fleet.replicas
+        return min(range(self.replicas), key=lambda r: (
+            self.first_token(reps[r], chain, req), reps[r].inflight, r))
+
+    def stats(self):
+        return {}
+
+
 # The module_* policies run the module's C++ core (core_policy.py).
 MODULE_POLICIES = ('module_session', 'module_prefix', 'module_session_prefix',
                    'module_prefix_cache', 'module_session_prefix_cache',
@@ -658,9 +691,9 @@ MODULE_POLICIES = ('module_session', 'module_prefix', 'module_session_prefix',
 INSTANCE_POLICIES = ('module_x1_metrics', 'module_x2_shared',
                      'module_x4_shared', 'module_x4_metrics', 'module_x4',
                      'module_x4_shared_client')
-POLICIES = ('oracle', 'round_robin', 'least_loaded', 'chash_session',
-            'chash_session_bounded', 'affinity', 'affinity_follow') \
-    + MODULE_POLICIES
+POLICIES = ('oracle', 'soonest_oracle', 'round_robin', 'least_loaded',
+            'chash_session', 'chash_session_bounded', 'affinity',
+            'affinity_follow') + MODULE_POLICIES
 KNOWN_POLICIES = POLICIES + INSTANCE_POLICIES
 # Any number of instances sharing (core_policy.SHARED_NAME, without ctypes).
 SHARED_NAME = re.compile(r'module_x([1-9][0-9]*)_shared(_client)?$')
@@ -686,6 +719,8 @@ def make_policy(name, replicas, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
     module_xN_shared for any N)."""
     if name == 'oracle':
         return PrefixOracle(replicas, factor, slack)
+    if name == 'soonest_oracle':
+        return SoonestOracle(replicas)
     if name == 'round_robin':
         return RoundRobin(replicas)
     if name == 'least_loaded':
