@@ -45,6 +45,9 @@ static ngx_int_t ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc,
     void *data);
 static void ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
+static void ngx_http_upstream_affinity_decided(
+    ngx_http_upstream_affinity_peer_data_t *ap, affinity_decision_t *decision,
+    ngx_http_upstream_rr_peers_t *peers);
 static ngx_int_t ngx_http_upstream_affinity_round_robin(
     ngx_peer_connection_t *pc, ngx_http_upstream_affinity_peer_data_t *ap);
 static void ngx_http_upstream_affinity_count(
@@ -302,6 +305,7 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     peers = rrp->peers;
 
     ap->slot = AFFINITY_NO_SLOT;
+    ap->ctx->timed = NULL;
 
     /* backup servers are chosen by round robin, as least_conn does */
 
@@ -452,6 +456,8 @@ ngx_http_upstream_get_affinity_peer(ngx_peer_connection_t *pc, void *data)
     ap->ctx->probe_age = decision.probe_age;
     ap->ctx->probe_length = decision.probe_length;
 
+    ngx_http_upstream_affinity_decided(ap, &decision, peers);
+
     if (ascf->store) {
         ngx_http_upstream_affinity_share(ap, &decision);
     }
@@ -480,6 +486,50 @@ found:
     ngx_http_upstream_rr_peers_unlock(peers);
 
     return NGX_OK;
+}
+
+
+/*
+ * What the decision weighed, kept for the reply's times (the peer's pace,
+ * ..._usage.c) and $affinity_reason.  The other peer's name is copied:
+ * a peer a resolver removes takes its name with it.
+ */
+
+static void
+ngx_http_upstream_affinity_decided(ngx_http_upstream_affinity_peer_data_t *ap,
+    affinity_decision_t *decision, ngx_http_upstream_rr_peers_t *peers)
+{
+    ngx_int_t                          i;
+    ngx_http_upstream_rr_peer_t       *peer;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ap->ctx;
+
+    ctx->timed = decision->slot != AFFINITY_NO_SLOT ? ap->shctx : NULL;
+    ctx->timed_peer = ap->view->peers[decision->peer].id;
+    ctx->timed_slot = decision->slot;
+    ctx->queued = decision->queued;
+    ctx->held_chars = decision->held_chars;
+    ctx->estimate_us = decision->estimate_us;
+    ctx->alternative_us = decision->alternative_us;
+    ctx->alternative_len = 0;
+    ctx->first_byte = 0;
+
+    if (decision->alternative < 0) {
+        return;
+    }
+
+    for (peer = peers->peer, i = 0;
+         peer && i < decision->alternative;
+         peer = peer->next, i++)
+    {
+        /* void */
+    }
+
+    if (peer) {
+        ctx->alternative_len = ngx_min(peer->name.len, NGX_SOCKADDR_STRLEN);
+        ngx_memcpy(ctx->alternative, peer->name.data, ctx->alternative_len);
+    }
 }
 
 

@@ -346,12 +346,30 @@ typedef struct {
                                                            continued */
     affinity_response_scan_t               *scan;      /* of the response */
     affinity_usage_scan_t                  *usage;     /* of the response,
-                                                           with a probe */
+                                                           timed or with a
+                                                           probe */
     uint64_t                                probe_peer; /* the peer whose
                                                            probe the request
                                                            took, or 0 */
     uint32_t                                probe_age;
     uint32_t                                probe_length;
+
+    /* the try's decision, for its reply's times (..._usage.c) and
+       $affinity_reason: the counter zone (NULL: not routed by the core),
+       the peer and its slot, what routing weighed */
+    ngx_http_upstream_affinity_shctx_t     *timed;
+    uint64_t                                timed_peer;
+    uint32_t                                timed_slot;
+    uint32_t                                queued;
+    uint32_t                                held_chars;
+    int64_t                                 estimate_us;
+    int64_t                                 alternative_us;
+    size_t                                  alternative_len;
+    u_char                                  alternative[NGX_SOCKADDR_STRLEN];
+    ngx_msec_t                              first_byte; /* of the reply's
+                                                           body, after the
+                                                           try began, + 1;
+                                                           0: none yet */
     ngx_uint_t                              fallback;   /* why the body was
                                                            not used: an
                                                            affinity_fallback_e

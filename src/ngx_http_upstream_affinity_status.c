@@ -24,6 +24,7 @@ typedef struct {
     ngx_uint_t                              backup;
     ngx_uint_t                              counted;  /* has its slot */
     affinity_peer_stats_t                   stats;
+    affinity_peer_pace_t                    pace;
 } ngx_http_upstream_affinity_peer_status_t;
 
 
@@ -144,6 +145,12 @@ static void ngx_http_upstream_affinity_zone_info(ngx_shm_zone_t *shm_zone,
     affinity_zone_info_t *info);
 static ngx_int_t ngx_http_upstream_affinity_json(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out);
+static json_t *ngx_http_upstream_affinity_json_pace(
+    ngx_http_upstream_affinity_peer_status_t *ps);
+static int64_t ngx_http_upstream_affinity_wait(
+    ngx_http_upstream_affinity_peer_status_t *ps);
+static json_t *ngx_http_upstream_affinity_json_figure(int64_t v,
+    double unit);
 static json_t *ngx_http_upstream_affinity_json_zone(ngx_shm_zone_t *shm_zone);
 static json_t *ngx_http_upstream_affinity_json_store(
     ngx_http_upstream_affinity_srv_conf_t *ascf);
@@ -153,6 +160,7 @@ static ngx_int_t ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out);
 static ngx_int_t ngx_http_upstream_affinity_printf(
     ngx_http_upstream_affinity_text_t *t, const char *fmt, ...);
+static u_char *ngx_http_upstream_affinity_decimal(u_char *p, int64_t v);
 static ngx_str_t *ngx_http_upstream_affinity_label(ngx_pool_t *pool,
     ngx_str_t *value);
 
@@ -326,7 +334,12 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
 
             if (!ps->counted) {
                 ngx_memzero(&ps->stats, sizeof(affinity_peer_stats_t));
+                slot = AFFINITY_NO_SLOT;    /* a pace of nothing learned */
             }
+
+            /* what its replies taught of its speed, in the same slot */
+
+            affinity_zone_peer_pace(zone, slot, &ps->pace);
 
             /* what its replies taught of its cache is in the prefix zone */
 
@@ -537,6 +550,14 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
                 goto failed;
             }
 
+            /* what its replies taught of its speed (its pace) */
+
+            if (json_object_set_new(p, "pace",
+                    ngx_http_upstream_affinity_json_pace(&ps[j])))
+            {
+                goto failed;
+            }
+
             /* the engine's own figures (affinity_metrics), once it gave any */
 
             if (ps[j].stats.engine_load >= 0
@@ -573,7 +594,9 @@ ngx_http_upstream_affinity_json(ngx_http_request_t *r, ngx_array_t *upstreams,
         }
     }
 
-    text = json_dumps(root, JSON_INDENT(2));
+    /* 15 digits: 0.1 is written 0.1, not 0.10000000000000001 */
+
+    text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
     json_decref(root);
 
     if (text == NULL) {
@@ -606,6 +629,67 @@ failed:
 
     json_decref(root);
     return NGX_ERROR;
+}
+
+
+/*
+ * The pace of a peer: the replies it was learned from, the prefill time of
+ * a thousand prompt tokens it does not hold, the decode time of an output
+ * token, the wait before prefill of a request sent now (behind its
+ * requests in flight), and the prompt characters a token; null while
+ * unknown.
+ */
+
+static json_t *
+ngx_http_upstream_affinity_json_pace(
+    ngx_http_upstream_affinity_peer_status_t *ps)
+{
+    affinity_peer_pace_t  *pace;
+
+    pace = &ps->pace;
+
+    return json_pack("{s:I,s:o,s:o,s:o,s:o}",
+                     "replies", (json_int_t) pace->replies,
+                     "prefill_ms_per_ktoken",
+                     ngx_http_upstream_affinity_json_figure(
+                         pace->prefill_ns ? (int64_t) pace->prefill_ns : -1,
+                         1000),
+                     "decode_ms_per_token",
+                     ngx_http_upstream_affinity_json_figure(
+                         pace->decode_us ? (int64_t) pace->decode_us : -1,
+                         1000),
+                     "wait_ms",
+                     ngx_http_upstream_affinity_json_figure(
+                         ngx_http_upstream_affinity_wait(ps), 1000),
+                     "chars_per_token",
+                     ngx_http_upstream_affinity_json_figure(
+                         pace->chars_per_token
+                         ? (int64_t) pace->chars_per_token : -1, 256));
+}
+
+
+/*
+ * The wait before prefill of a request sent to the peer now, behind its
+ * requests in flight, in microseconds; -1 while unknown.
+ */
+
+static int64_t
+ngx_http_upstream_affinity_wait(ngx_http_upstream_affinity_peer_status_t *ps)
+{
+    int64_t  queued;
+
+    queued = ngx_min(ngx_max(ps->stats.inflight, 0), AFFINITY_PACE_QUEUES - 1);
+
+    return ps->pace.wait_us[queued];
+}
+
+
+/* v / unit, or null when v is negative (unknown) */
+
+static json_t *
+ngx_http_upstream_affinity_json_figure(int64_t v, double unit)
+{
+    return (v < 0) ? json_null() : json_real((double) v / unit);
 }
 
 
@@ -693,6 +777,10 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_LOAD,
     NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS,
     NGX_HTTP_UPSTREAM_AFFINITY_LEARNED_CACHE_TOKENS,
+    NGX_HTTP_UPSTREAM_AFFINITY_PACE_REPLIES,
+    NGX_HTTP_UPSTREAM_AFFINITY_PACE_PREFILL,    /* from here: nanoseconds */
+    NGX_HTTP_UPSTREAM_AFFINITY_PACE_DECODE,
+    NGX_HTTP_UPSTREAM_AFFINITY_PACE_WAIT,
     NGX_HTTP_UPSTREAM_AFFINITY_PEER_METRICS
 } ngx_http_upstream_affinity_metric_e;
 
@@ -714,7 +802,18 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
       "(affinity_metrics)." },
     { "nginx_upstream_affinity_peer_learned_cache_tokens", "gauge",
       "The prompt tokens a prefix lasts in the peer's KV cache, as its "
-      "replies taught (prefix_affinity without cache=)." }
+      "replies taught (prefix_affinity without cache=)." },
+    { "nginx_upstream_affinity_peer_pace_replies_total", "counter",
+      "Replies the peer's pace was learned from." },
+    { "nginx_upstream_affinity_peer_prefill_seconds_per_token", "gauge",
+      "The prefill time of a prompt token the peer does not hold, as its "
+      "replies taught." },
+    { "nginx_upstream_affinity_peer_decode_seconds_per_token", "gauge",
+      "The time of an output token of the peer's streams, as its replies "
+      "taught." },
+    { "nginx_upstream_affinity_peer_estimated_wait_seconds", "gauge",
+      "The wait before prefill of a request sent to the peer now, behind "
+      "its requests in flight, as its replies taught." }
 };
 
 
@@ -855,6 +954,8 @@ static ngx_int_t
 ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
     ngx_array_t *upstreams, ngx_chain_t *out)
 {
+    u_char                                        *last;
+    u_char                                         number[NGX_INT64_LEN + 2];
     int64_t                                        v;
     ngx_uint_t                                     i, j, k, m, nzones;
     ngx_shm_zone_t                                *zone;
@@ -943,21 +1044,41 @@ ngx_http_upstream_affinity_prometheus(ngx_http_request_t *r,
                     v = ps[j].stats.cache_tokens
                         ? (int64_t) ps[j].stats.cache_tokens : -1;
                     break;
-                default: /* NGX_HTTP_UPSTREAM_AFFINITY_LEARNED_CACHE_TOKENS */
+                case NGX_HTTP_UPSTREAM_AFFINITY_LEARNED_CACHE_TOKENS:
                     v = ps[j].stats.learned_tokens
                         ? (int64_t) ps[j].stats.learned_tokens : -1;
+                    break;
+                case NGX_HTTP_UPSTREAM_AFFINITY_PACE_REPLIES:
+                    v = ps[j].pace.replies;
+                    break;
+                case NGX_HTTP_UPSTREAM_AFFINITY_PACE_PREFILL:
+                    v = ps[j].pace.prefill_ns
+                        ? (int64_t) ps[j].pace.prefill_ns : -1;
+                    break;
+                case NGX_HTTP_UPSTREAM_AFFINITY_PACE_DECODE:
+                    v = ps[j].pace.decode_us
+                        ? (int64_t) ps[j].pace.decode_us * 1000 : -1;
+                    break;
+                default: /* NGX_HTTP_UPSTREAM_AFFINITY_PACE_WAIT */
+                    v = ngx_http_upstream_affinity_wait(&ps[j]);
+                    v = (v < 0) ? -1 : v * 1000;
                     break;
                 }
 
                 if (v < 0) {
-                    continue;   /* never reported */
+                    continue;   /* never reported, or not learned yet */
                 }
 
+                last = (m >= NGX_HTTP_UPSTREAM_AFFINITY_PACE_PREFILL)
+                       ? ngx_http_upstream_affinity_decimal(number, v)
+                       : ngx_sprintf(number, "%L", v);
+
                 if (ngx_http_upstream_affinity_printf(&t,
-                        "%s{upstream=\"%V\",peer=\"%V\",backup=\"%s\"} %L\n",
+                        "%s{upstream=\"%V\",peer=\"%V\",backup=\"%s\"} %*s\n",
                         ngx_http_upstream_affinity_peer_metrics[m][0],
                         us[i].label, ps[j].label,
-                        ps[j].backup ? "true" : "false", v)
+                        ps[j].backup ? "true" : "false",
+                        (size_t) (last - number), number)
                     != NGX_OK)
                 {
                     return NGX_ERROR;
@@ -1264,6 +1385,32 @@ ngx_http_upstream_affinity_printf(ngx_http_upstream_affinity_text_t *t,
     t->b->last = p;
 
     return NGX_OK;
+}
+
+
+/*
+ * v billionths (v nanoseconds in seconds) in decimal, without the
+ * trailing zeros of its fraction: 50000 is 0.00005.  v is not negative.
+ */
+
+static u_char *
+ngx_http_upstream_affinity_decimal(u_char *p, int64_t v)
+{
+    int64_t  fraction, digit;
+
+    p = ngx_sprintf(p, "%L", v / 1000000000);
+    fraction = v % 1000000000;
+
+    if (fraction) {
+        *p++ = '.';
+    }
+
+    for (digit = 100000000; fraction; digit /= 10) {
+        *p++ = (u_char) ('0' + fraction / digit);
+        fraction %= digit;
+    }
+
+    return p;
 }
 
 

@@ -1,12 +1,14 @@
 
 /*
- * The replies' usage, read for the prefix index's cache model.  When no
- * cache size is configured and the engines report none, a request whose
- * prompt extends one its peer is watched with (a probe, see the core's
- * cache_model.h) has its reply read for the prompt tokens the engine found
- * cached: whether the peer still held the probe's prefix teaches how long
- * a prefix lasts in its cache.  Only such requests are read, a few per
- * peer at a time; the reply passes unchanged and at once.
+ * The replies' times and usage.  Every reply of a request the core routed
+ * teaches its peer's pace (the core's peer_pace.h): when its first byte
+ * came (the header of a whole body, the first byte of a stream's body),
+ * when its last did, and the prompt, cached and output tokens its usage
+ * gives.  When no cache size is configured and the engines report none, a
+ * request whose prompt extends one its peer is watched with (a probe, see
+ * the core's cache_model.h) also teaches, by the tokens the engine found
+ * cached, how long a prefix lasts in the peer's cache.  The reply passes
+ * unchanged and at once.
  */
 
 
@@ -21,6 +23,8 @@ static ngx_int_t ngx_http_upstream_affinity_usage_header_filter(
     ngx_http_request_t *r);
 static ngx_int_t ngx_http_upstream_affinity_usage_body_filter(
     ngx_http_request_t *r, ngx_chain_t *in);
+static void ngx_http_upstream_affinity_timed(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_ctx_t *ctx);
 static void ngx_http_upstream_affinity_replied(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx);
 
@@ -30,7 +34,7 @@ static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
 /*
- * The reply of a request that took a probe, when the module may read it
+ * The reply of a request the core routed, when the module may read it
  * (ngx_http_upstream_affinity_reply_format(); compressed by the upstream,
  * it teaches nothing).  The scan lives in the request's pool.
  */
@@ -44,7 +48,9 @@ ngx_http_upstream_affinity_usage_header_filter(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
-    if (ctx == NULL || ctx->probe_length == 0) {
+    if (ctx == NULL || r->upstream == NULL
+        || (ctx->probe_length == 0 && ctx->timed == NULL))
+    {
         return ngx_http_next_header_filter(r);
     }
 
@@ -55,6 +61,12 @@ ngx_http_upstream_affinity_usage_header_filter(ngx_http_request_t *r)
     }
 
     ctx->usage_streamed = (format == AFFINITY_RESPONSE_EVENTS);
+
+    if (ctx->probe_length == 0 && ctx->usage_streamed
+        && r->upstream->buffering)
+    {
+        return ngx_http_next_header_filter(r);
+    }
 
     ctx->usage = ngx_palloc(r->pool, sizeof(affinity_usage_scan_t));
 
@@ -85,6 +97,10 @@ ngx_http_upstream_affinity_usage_body_filter(ngx_http_request_t *r,
     for (cl = in; cl; cl = cl->next) {
         b = cl->buf;
 
+        if (ctx->first_byte == 0 && ngx_buf_size(b)) {
+            ctx->first_byte = ngx_current_msec - r->upstream->start_time + 1;
+        }
+
         if (ngx_buf_in_memory(b)) {
             if (b->last > b->pos) {
                 affinity_usage_scan(ctx->usage, (char *) b->pos,
@@ -98,6 +114,7 @@ ngx_http_upstream_affinity_usage_body_filter(ngx_http_request_t *r,
         }
 
         if (b->last_buf) {
+            ngx_http_upstream_affinity_timed(r, ctx);
             ngx_http_upstream_affinity_replied(r, ctx);
             ctx->usage = NULL;
             break;
@@ -105,6 +122,71 @@ ngx_http_upstream_affinity_usage_body_filter(ngx_http_request_t *r,
     }
 
     return ngx_http_next_body_filter(r, in);
+}
+
+
+/*
+ * The try's peer answered in full: its times and usage teach its pace.
+ * The try's own start is the base: a retry's reply is timed from its own
+ * connect, and teaches the peer it came from.
+ */
+
+static void
+ngx_http_upstream_affinity_timed(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_ctx_t *ctx)
+{
+    uint64_t                 prompt, output, cached, unused;
+    ngx_msec_t               total;
+    affinity_reply_times_t   t;
+    ngx_http_upstream_t     *u;
+
+    u = r->upstream;
+
+    /*
+     * A buffered stream's body passes when nginx's buffers fill or the
+     * stream ends, not when its first token came: it is not timed.
+     */
+
+    if (ctx->timed == NULL || u->state == NULL
+        || (ctx->usage_streamed && u->buffering))
+    {
+        return;
+    }
+
+    total = ngx_current_msec - u->start_time;
+
+    affinity_usage_scan_tokens(ctx->usage, &prompt, &output);
+
+    if (!affinity_usage_scan_result(ctx->usage, &cached, &unused)) {
+        cached = 0;
+    }
+
+    ngx_memzero(&t, sizeof(affinity_reply_times_t));
+
+    t.streamed = ctx->usage_streamed;
+    t.first_ms = (uint32_t) (t.streamed && ctx->first_byte
+                             ? ctx->first_byte - 1
+                             : u->state->header_time);
+    t.total_ms = (uint32_t) total;
+    t.queued = ctx->queued;
+    t.prompt_chars = (uint32_t) ngx_min(ctx->prompt_size, UINT32_MAX);
+
+    if (ctx->nlevels && ctx->levels[ctx->nlevels - 1].length > t.prompt_chars)
+    {
+        t.prompt_chars = ctx->levels[ctx->nlevels - 1].length;
+    }
+
+    t.prompt_tokens = (uint32_t) ngx_min(prompt, UINT32_MAX);
+    t.cached_tokens = (uint32_t) ngx_min(cached, UINT32_MAX);
+    t.output_tokens = (uint32_t) ngx_min(output, UINT32_MAX);
+
+    affinity_zone_peer_timed(ctx->timed->zone, ctx->timed_slot,
+                             ctx->timed_peer, &t);
+
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "affinity: reply in %uD/%uD ms behind %uD, tokens "
+                   "%uD/%uD out %uD", t.first_ms, t.total_ms, t.queued,
+                   t.cached_tokens, t.prompt_tokens, t.output_tokens);
 }
 
 

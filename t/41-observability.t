@@ -69,7 +69,9 @@ $EXPECTED{nginx_upstream_affinity_info} = [qw(version nginx)];
 $EXPECTED{"nginx_upstream_affinity_$_"} = [qw(upstream peer backup)]
     for qw(peer_inflight peer_requests_total peer_failures_total peer_pins
            peer_engine_load peer_engine_cache_tokens
-           peer_learned_cache_tokens);
+           peer_learned_cache_tokens peer_pace_replies_total
+           peer_prefill_seconds_per_token peer_decode_seconds_per_token
+           peer_estimated_wait_seconds);
 $EXPECTED{nginx_upstream_affinity_routes_total} = [qw(upstream peer route)];
 $EXPECTED{nginx_upstream_affinity_fallbacks_total} = [qw(upstream reason)];
 $EXPECTED{"nginx_upstream_affinity_balance_$_"} = [qw(upstream)]
@@ -153,6 +155,14 @@ for my $c (1 .. 2) {
     post('/v1/chat/completions', chat([ user => $first ]));
     post('/v1/chat/completions',
          chat([ user => $first ], [ assistant => 'ok' ], [ user => 'and?' ]));
+}
+
+# a long prompt streamed with nothing in flight: its replica's pace (decode,
+# prefill, wait) is learned
+{
+    (my $stream = chat([ user => 'a long prompt to stream ' x 60 ]))
+        =~ s/\}$/,"stream":true,"stream_options":{"include_usage":true}}/;
+    post('/v1/chat/completions', $stream);
 }
 
 # a conversation whose first turn the evicting replica no longer holds at
