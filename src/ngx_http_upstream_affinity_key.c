@@ -29,6 +29,8 @@ static ngx_int_t ngx_http_upstream_affinity_prefix_len_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_upstream_affinity_reason_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_http_upstream_affinity_ctx_t *ngx_http_upstream_affinity_routed(
+    ngx_http_request_t *r);
 static ngx_http_upstream_affinity_srv_conf_t *
     ngx_http_upstream_affinity_upstream_of(ngx_http_request_t *r);
 static ngx_int_t ngx_http_upstream_affinity_header_filter(
@@ -218,11 +220,11 @@ ngx_http_upstream_affinity_add_variables(ngx_conf_t *cf)
 }
 
 
-static ngx_int_t
-ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
-    ngx_http_variable_value_t *v, uintptr_t data)
+/* the request's context once routing gave it an outcome, else NULL */
+
+static ngx_http_upstream_affinity_ctx_t *
+ngx_http_upstream_affinity_routed(ngx_http_request_t *r)
 {
-    ngx_str_t                         *route;
     ngx_http_upstream_affinity_ctx_t  *ctx;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
@@ -230,6 +232,23 @@ ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
     if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE
         || ctx->route >= AFFINITY_ROUTES)
     {
+        return NULL;
+    }
+
+    return ctx;
+}
+
+
+static ngx_int_t
+ngx_http_upstream_affinity_route_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t                         *route;
+    ngx_http_upstream_affinity_ctx_t  *ctx;
+
+    ctx = ngx_http_upstream_affinity_routed(r);
+
+    if (ctx == NULL) {
         v->not_found = 1;
         return NGX_OK;
     }
@@ -409,11 +428,9 @@ ngx_http_upstream_affinity_reason_variable(ngx_http_request_t *r,
     ngx_str_t                         *reason;
     ngx_http_upstream_affinity_ctx_t  *ctx;
 
-    ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
+    ctx = ngx_http_upstream_affinity_routed(r);
 
-    if (ctx == NULL || ctx->route == AFFINITY_ROUTE_NONE
-        || ctx->route >= AFFINITY_ROUTES)
-    {
+    if (ctx == NULL) {
         v->not_found = 1;
         return NGX_OK;
     }
