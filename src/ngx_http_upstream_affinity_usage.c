@@ -25,6 +25,8 @@ static ngx_int_t ngx_http_upstream_affinity_usage_body_filter(
     ngx_http_request_t *r, ngx_chain_t *in);
 static void ngx_http_upstream_affinity_timed(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx);
+static uint64_t ngx_http_upstream_affinity_prompt_chars(
+    ngx_http_upstream_affinity_ctx_t *ctx);
 static void ngx_http_upstream_affinity_replied(ngx_http_request_t *r,
     ngx_http_upstream_affinity_ctx_t *ctx);
 
@@ -125,6 +127,23 @@ ngx_http_upstream_affinity_usage_body_filter(ngx_http_request_t *r,
 }
 
 
+/* the prompt's characters: its size from above, or its longest level's */
+
+static uint64_t
+ngx_http_upstream_affinity_prompt_chars(ngx_http_upstream_affinity_ctx_t *ctx)
+{
+    uint64_t  chars;
+
+    chars = ctx->prompt_size;
+
+    if (ctx->nlevels && ctx->levels[ctx->nlevels - 1].length > chars) {
+        chars = ctx->levels[ctx->nlevels - 1].length;
+    }
+
+    return chars;
+}
+
+
 /*
  * The try's peer answered in full: its times and usage teach its pace.
  * The try's own start is the base: a retry's reply is timed from its own
@@ -169,12 +188,9 @@ ngx_http_upstream_affinity_timed(ngx_http_request_t *r,
                              : u->state->header_time);
     t.total_ms = (uint32_t) total;
     t.queued = ctx->queued;
-    t.prompt_chars = (uint32_t) ngx_min(ctx->prompt_size, UINT32_MAX);
-
-    if (ctx->nlevels && ctx->levels[ctx->nlevels - 1].length > t.prompt_chars)
-    {
-        t.prompt_chars = ctx->levels[ctx->nlevels - 1].length;
-    }
+    t.prompt_chars = (uint32_t) ngx_min(
+                         ngx_http_upstream_affinity_prompt_chars(ctx),
+                         UINT32_MAX);
 
     t.prompt_tokens = (uint32_t) ngx_min(prompt, UINT32_MAX);
     t.cached_tokens = (uint32_t) ngx_min(cached, UINT32_MAX);
@@ -229,11 +245,7 @@ ngx_http_upstream_affinity_replied(ngx_http_request_t *r,
         return;
     }
 
-    chars = ctx->prompt_size;
-
-    if (ctx->nlevels && ctx->levels[ctx->nlevels - 1].length > chars) {
-        chars = ctx->levels[ctx->nlevels - 1].length;
-    }
+    chars = ngx_http_upstream_affinity_prompt_chars(ctx);
 
     shctx = ctx->conf->prefix_zone->data;
 
