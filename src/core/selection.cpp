@@ -487,10 +487,8 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
         // The pinned peer is listed for parts of the prompt but presumed
         // to have evicted them all (cache capacity): the session has
         // nothing left there, and is placed anew by its prompt, as a new
-        // one would be.  Measured in the offline fleet (tight profile,
-        // full-size workloads, three seeds, capacity as the replicas'):
-        // chat 0.93 -> 0.97 of the oracle's hits with session ids, TTFT
-        // 1.32 -> 1.09 times the oracle's; conversations 0.92 -> 0.95.
+        // one would be, rather than sent back to a cache that lost it
+        // (the measurement is in the CHANGELOG).
         int i = route_prefix(*prefixes, keys, ring, load, cache, request,
                              by_prompt);
 
@@ -536,19 +534,12 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
     // index, to the session's previous pin if it has room (its cache holds
     // all of the session but its latest turns), else to the next peer on
     // the ring.  That peer then holds the whole conversation: the pin follows
-    // the request, and the old pin is remembered for the next spill.
-    // Measured with the core in the offline fleet simulation against
-    // keeping the pin: on the Mooncake trace (roomy fleet) 0.257 against
-    // 0.244 hit ratio with both directives, and on the tight fleet as many
-    // hits or more and fewer turns served away from the previous turn's
-    // peer, on every workload (a pin that stays sends the next turn back
-    // to a cache that lacks the spilled one).  With the index, the least
-    // loaded peer rather than the previous pin or the ring's next one when
-    // no holder may take it: the ring's next peer under the bound may be
-    // nearly as busy as the pin, and the next turns spilled again (tight
-    // profile, full-size workloads, three seeds: chat 0.89 -> 0.93 of the
-    // oracle's hits with session ids, TTFT 1.64 -> 1.34 times the
-    // oracle's; the other workloads unchanged).
+    // the request, and the old pin is remembered for the next spill: a
+    // pin that stayed would send the next turn back to a cache that lacks
+    // the spilled one.  With the index, the least loaded peer rather than
+    // the ring's next one under the bound, which may be nearly as busy as
+    // the pin and spill the next turns again.  The measurements are in
+    // the CHANGELOG.
     int i = -1;
 
     if (prefixes) {
