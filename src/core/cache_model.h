@@ -15,14 +15,9 @@
 // levels end where the previous turn did, but only short of max=), so a
 // turn that extends a long conversation counts more new characters than
 // the engine computes.  A holder is therefore presumed to evict a prefix
-// after kCapacityMarginPercent of its capacity.  Measured in the offline
-// fleet (tight profile, full-size workloads, three seeds, capacity as the
-// replicas', prefix_affinity without session ids, hits against the
-// oracle's): chat 0.88 with no model, 0.93 at 85 % of the capacity, 0.99 at
-// 100 and 125 %, 0.95 at 150 %, 0.92 at 200 %; short slices of agent
-// sessions 1.03 with no model, 1.01 at 125 %, 1.03 at 150 %.  Too small a
-// capacity is the costly error: at 70 % chat fell to 0.75 (turns thought
-// evicted left the peer that held them), so the margin errs above.
+// after kCapacityMarginPercent of its capacity: too small a capacity is
+// the costly error (turns thought evicted leave the peer that holds them),
+// so the margin errs above (docs/routing.md, "The cache model").
 //
 // Stamps are one byte, in units of capacity / kStampsPerCapacity, so an
 // entry stays half a cache line: the age is taken modulo 256 units, 16

@@ -11,8 +11,8 @@ namespace {
 // Each reply moves a figure by an eighth of the way to what it showed, and
 // what it showed counts as at most twice, at least half the figure: a
 // reply far off the rest (a pause, a retry inside the engine) moves it by
-// an eighth of its size at most, and a peer that became 2.5 times slower
-// is learned again within ten replies.
+// an eighth of its size at most, while a peer that really became slower
+// is learned again within tens of replies.
 constexpr uint32_t kStepShift = 3;
 
 // Prefill is learned from replies sent to a peer with nothing in flight,

@@ -119,39 +119,15 @@ bool LoadBound::within_slack(size_t i, int64_t extra) const noexcept
 }
 
 // Requests that reach several instances at once (an agent's parallel
-// calls, pinned to one peer or sharing its prompt) are each placed before
-// the other instances can count them: each saw the same room under the
-// peer's bound, and each filled it.  This instance cannot see the others'
-// requests of that moment, but it knows its own: those it sent the peer
-// whose news it has not yet read back from the store, as the others read
-// it.  When such requests reach the instances at random, while this one
-// has some, each other instance likely has as many; when a front sends
-// all of a session's requests to one instance, the others likely have
-// none.  So the peer is counted with one more per other instance, or,
-// once this instance's read-backs have shown its unheard requests meet
-// next to none of the others', with that little (Zone::unheard_presumed()).
-// Alone, or with nothing unheard, nothing changes.
-//
-// Measured offline (bench/sim/instances_offline.py, four instances, tight
-// profile, full size, three seeds, medians with and without session ids;
-// bench/results/instances-offline-unheard): agent sessions peak over one
-// instance's by + 1 / + 1 from + 2 / + 2 with the store 10 ms of the
-// workload's time away, + 0 / + 0 from + 1 / + 1 at 0.5 ms, the hits and
-// TTFT p50 within 1 % of one instance's.  Bursts of many sessions at once
-// spill more: the conversation trace replayed at its own times (up to 28
-// requests in a millisecond) kept 0.80 of one instance's hits where 0.88
-// before, peaking at + 3 or + 4 from + 4 or + 5; spread over their 3-s
-// ticks, conversations, chat and shared documents measured as before.
-// Dealing the room out to the instances in turns instead (each placing no
-// more requests the others cannot count than its turns) held the peak
-// alike but cost 6 % of the hits and 1.7 times the TTFT: with room for
-// fewer requests than instances, most instances could place none there
-// even when no other was sending.  Behind a front that keeps each session
-// on one instance (agent sessions, four instances, 20 times real time),
-// presuming one per other instance kept 0.95 of one instance's hits with
-// 1.5 times its TTFT at the replicas (instances-agentic-full-client);
-// learning that the others send next to none alongside, 1.00 with 0.94 /
-// 0.97 times (instances-agentic-full-learned).
+// calls) are each placed before the other instances can count them, and
+// each may fill the same room under a peer's bound.  This instance cannot
+// see the others' requests of that moment, but it knows its own that the
+// store has not yet carried to them: beside each, the others likely send
+// as many, one per other instance, or, once the read-backs have shown that
+// they send next to none (a front that keeps a session on one instance),
+// that little (Zone::unheard_presumed()).  Alone, or with nothing unheard,
+// nothing changes.  Why not deal the room out in turns instead, and the
+// measurements: docs/routing.md, "Several instances".
 bool LoadBound::fits(size_t i, double limit) const noexcept
 {
     double presumed = presume_ ? presumed_ * double(unheard_[i]) : 0.0;
@@ -267,31 +243,23 @@ affinity_decision_t decided(int peer, uint32_t route, uint32_t prefix_len)
 }
 
 // Stay or move by what a move costs (route_prefix): when every holder of
-// a prompt's longest shared level (one that at least kStayHolders peers
-// hold) is over the load bound or beyond its slack (kDocumentExtraMax),
-// and a peer that may be followed holds a shorter level, the least loaded
-// holder may still take the prompt, up to kStayExtra request above the
-// bound, if moving would re-prefill at least kDocumentChars characters
-// (about a thousand tokens: a document, not a system prompt's tail).  A
-// level one peer holds (a conversation's own history) is left to the
-// bound, which keeps peaks near an oracle's; with no shorter level held
-// under the bound the prompt goes to the least loaded peer, as a burst of
-// an agent's sibling requests would otherwise queue behind itself.  The
-// measurements behind the thresholds are in bench/results/ (tight-*).
+// the longest level of a prompt that at least kStayHolders peers hold is
+// over the bound or beyond its slack, and a shorter level is held by a
+// peer that may take the prompt, the least loaded holder still takes it,
+// up to kStayExtra request above the bound, if moving would prefill
+// kDocumentChars characters again (a document, not a system prompt's
+// tail).  A level one peer holds (a conversation's own history) is left to
+// the bound.  docs/routing.md, "Staying or moving".
 constexpr size_t kStayHolders = 2;
 constexpr uint32_t kDocumentChars = 4096;
 constexpr int64_t kStayExtra = 1;
 
-// How far above its share a cache holder is followed: the load bound is
-// max(factor x share, share + slack), but a holder takes a request for its
-// cache only within share + slack, plus one request per kDocumentChars of
-// the level when at least kStayHolders peers hold it (a shared document),
-// at most kDocumentExtraMax more.  A session's pinned peer is held to the
-// same, by the longest shared level of its prompt.  The factor alone let a
-// burst draw requests to the holder of a few hundred cached characters
-// while the fleet's other queues were shorter.  The slack, like the bound,
-// scales with no fleet size or running-slot count: a lead in requests
-// would be tuned to one fleet's slots, the slack of the mean is not.
+// How far above its share a cache holder is followed: within share +
+// slack, plus one request per kDocumentChars of a level that at least
+// kStayHolders peers hold, at most kDocumentExtraMax more; a session's
+// pinned peer alike, by the longest shared level of its prompt.  The slack
+// scales with no fleet size or running-slot count, as the bound does.
+// docs/routing.md, "The load bound".
 constexpr int64_t kDocumentExtraMax = 2;
 
 // Whether the longest level of the prompt the index knows was used this
@@ -487,8 +455,7 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
         // The pinned peer is listed for parts of the prompt but presumed
         // to have evicted them all (cache capacity): the session has
         // nothing left there, and is placed anew by its prompt, as a new
-        // one would be, rather than sent back to a cache that lost it
-        // (the measurement is in the CHANGELOG).
+        // one would be, rather than sent back to a cache that lost it.
         int i = route_prefix(*prefixes, keys, ring, load, cache, request,
                              by_prompt);
 
@@ -527,19 +494,11 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
     }
 
     // The pinned peer is only busy or over the bound.  With the prefix
-    // index the request is routed by its prompt (route_prefix): to a peer
-    // holding the longest part of it (or, for a short prefix every peer
-    // likely holds, the least loaded peer), else, when no holder may take
-    // it, to the least loaded peer, as a new prompt would be.  Without the
-    // index, to the session's previous pin if it has room (its cache holds
-    // all of the session but its latest turns), else to the next peer on
-    // the ring.  That peer then holds the whole conversation: the pin follows
-    // the request, and the old pin is remembered for the next spill: a
-    // pin that stayed would send the next turn back to a cache that lacks
-    // the spilled one.  With the index, the least loaded peer rather than
-    // the ring's next one under the bound, which may be nearly as busy as
-    // the pin and spill the next turns again.  The measurements are in
-    // the CHANGELOG.
+    // index the request is routed by its prompt, as a new one would be;
+    // without it, to the session's previous pin if that has room (it holds
+    // all but the latest turns), else to the next peer on the ring.  The
+    // pin follows the request, which now holds the whole conversation, and
+    // the old pin is kept for the next spill (docs/routing.md, "Sessions").
     int i = -1;
 
     if (prefixes) {
@@ -589,66 +548,24 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
 }
 
 // Routes by the longest level of the prompt that a usable peer under the
-// load bound is known to hold: the choice of a router that could see every
-// cache (the longest cached prefix), with the index standing in for the
-// caches.  Among that level's recent peers under the bound and their
-// slack, the least loaded one is taken, ties to the least loaded peer of
-// all (ties in the ring order of the prompt's longest level); at the
-// prompt's longest scheduled level and the turn levels past it, the most
-// recent one.  One exception: when the level has as many peers as an
-// entry remembers (widely held: an entry forgets its older holders, so
-// others likely hold it too) and one of them may take the prompt, a short
-// level (under kDocumentChars) goes to the least loaded peer of all,
-// remembered or not, and a long one to the prompt's ring peer unless the
-// holder chosen has fewer requests in flight.  So a prefix every peer
-// holds (a system prompt, tool schemas) costs no queue, while one that
-// few peers hold (a long shared
-// document, a conversation's history) is followed to them rather than
-// copied into every cache.  The bound, and the slack above a holder's
-// share (see kDocumentExtraMax), limit the following: when a level's peers
-// are all full, a shorter level's are tried, and the peer that takes the
-// prompt becomes one more holder.  Unless a move would re-prefill much of
-// a shared prefix: then its least loaded holder may take one request above
-// the bound (see kDocumentChars).
+// load bound is presumed to hold, as a router that saw every cache would,
+// with the index standing in for the caches.  Among that level's holders
+// under the bound and their slack, the least loaded peer of all if it is
+// one, else at the prompt's longest scheduled level (and the turn levels
+// past it) the most recent holder, else the least loaded holder.
 //
-// A prompt no peer is known to hold costs the same prefill everywhere: it
-// goes to the least loaded peer, as the oracle sends it, ties in the ring
-// order of its longest level.  That spreads new conversations, and so the
-// caches they fill, evenly; placing them on the ring let some peers take
-// more new conversations than others and evict their earlier turns.
+// A level with as many holders as an entry remembers is widely held (the
+// entry forgot older ones): short (a system prompt, tool schemas), the
+// least loaded peer of all takes it, since copying it costs little; long
+// (a document), the prompt's ring peer unless a holder is less loaded, so
+// that it is not copied into every cache.  When a level's holders are all
+// full, a shorter level's are tried, unless the move would prefill a
+// shared document again (kDocumentChars).
 //
-// Measured with the core in the offline fleet simulation (bench/sim,
-// tight profile at 1.2x, four workloads, medians of ten seeds, hits against
-// the oracle's), against taking the ring peer whenever a level is widely
-// held and placing new prompts on the ring: shared documents 0.92 from
-// 0.82 and TTFT p50 1.0 from 1.55 times the oracle's, chat 1.17 from 1.02
-// and TTFT 1.01 from 1.31 times, conversations and agent sessions as many
-// hits (TTFT 1.37 from 1.54 times on conversations); the roomy profile
-// gains on chat only.  Following the least loaded holder even when the
-// ring peer is as idle (a tie) got 0.94 on documents but 0.97 (from 1.02)
-// and 1.2 times the TTFT on agent sessions (three seeds): their shared
-// prompt and tools stayed on the few peers that kept taking the new
-// sessions, whose caches then could not keep the sessions' own turns.
-//
-// Then the least loaded peer instead of the first on the ring under the
-// bound, as the holder preferred and for a short widely held level: the
-// ring's first peer under the bound could hold up to the bound's factor
-// more requests than the idlest, and on conversations (the Mooncake trace,
-// whose prompts share their opening blocks) it took most prompts, evened
-// out only by the bound.  Tight profile, full-size workloads, three seeds,
-// with prefix_affinity cache=N, with / without session ids: conversations
-// 0.95 / 0.94 -> 1.00 / 1.01 of the oracle's hits, TTFT p50 1.14 / 1.13
-// -> 1.07 / 1.00 times the oracle's, peak in-flight + 1 -> + 0; without
-// cache= 0.92 / 0.94 -> 1.00 / 0.98; the other workloads unchanged.  Quick
-// slices, ten seeds: conversations 0.97 / 0.98 -> 1.03 / 1.03, TTFT 1.34
-// -> 0.99 / 0.96 times; shared documents' TTFT p50 0.99 / 0.90 -> 0.58
-// times the oracle's.  Roomy profile (three seeds) unchanged but
-// conversations' peak (+ 1 -> + 0).  Long widely held levels sent to the
-// least loaded peer too measured alike (agent sessions' TTFT p50 0.97
-// times the oracle's instead of 0.98) but copied one shared document into
-// every cache (t/21-shared-prefix.t); followed to their least loaded
-// holder only, they cost agent sessions 0.01 of the oracle's hits and
-// TTFT 1.08 times the oracle's.
+// A prompt no peer is presumed to hold costs the same prefill everywhere:
+// it goes to the least loaded peer, ties in the ring order of its longest
+// scheduled level, which spreads new conversations and their caches
+// evenly.  The alternatives measured: docs/routing.md, "Prefixes".
 int route_prefix(PrefixTable &table, const uint64_t *keys,
                  const Ring *ring, const LoadBound &load,
                  const CacheModel &cache, const affinity_request_t &request,
@@ -661,7 +578,7 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
     // the end.  Scheduled, not a turn level (affinity_json_prompt()): the
     // turn level that ends a prompt is the prompt's own, and prompts that
     // ask a short question about one document, each placed in an order of
-    // its own, copied it to seven of eight peers (t/21-shared-prefix.t).
+    // its own, would copy it to most peers (t/21-shared-prefix.t).
     size_t scheduled = longest_scheduled(request.levels, request.nlevels);
     uint64_t own = request.levels[scheduled].hash;
     int idlest = -1;
@@ -694,16 +611,8 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         int over = -1;
         bool shared = holders.count >= kStayHolders;
         // At the prompt's longest level its holders cannot be told apart
-        // by what they hold beyond it (the rest of the prompt, up to one
-        // level's spacing, or all of it past max=): the most recent one
-        // most likely got the latest turns.  So at its longest scheduled
-        // level, and at the turn levels past it.  Measured in the offline
-        // fleet (tight profile, full-size workloads, three seeds, without
-        // session ids) against the least loaded holder: conversations 0.88
-        // -> 0.94 of the oracle's hits without cache= and 0.92 -> 0.94
-        // with it, chat 0.88 -> 0.93 (0.98 -> 0.99), agent sessions 1.01
-        // -> 1.02; short slices (ten seeds) and the roomy profile
-        // unchanged.
+        // by what they hold beyond it (up to one level's spacing): the most
+        // recent one most likely got the latest turns (docs/routing.md).
         bool recent = j >= scheduled;
         int64_t extra = shared ? document_extra(request.levels[j].length)
                                : 0;
@@ -742,14 +651,9 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
             uint64_t whole = request.levels[request.nlevels - 1].hash;
 
             if (request.levels[j].length < kDocumentChars) {
-                // Ties in the ring order of the whole prompt (its longest
-                // level), so that prompts that share a long opening and
-                // end within one scheduled level's spacing of each other
-                // spread over the idle peers rather than meet on one.
-                // Offline, full size, three seeds, without session ids,
-                // against ties by the scheduled level: conversations
-                // 1.016 against 0.984 of the oracle's hits on the tight
-                // profile, 0.990 against 0.979 on the roomy one.
+                // Ties in the ring order of the whole prompt, so that prompts
+                // that share a long opening and end within one level's
+                // spacing spread over the idle peers rather than meet.
                 int spread = whole == own
                              ? idlest
                              : load.least_loaded_on_ring(ring, whole,

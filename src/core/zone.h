@@ -121,12 +121,9 @@ constexpr uint32_t kUnheardKept = 1024;
 // Below this many of the others' requests per other instance beside each
 // unheard one, in the lessons' mean, the front is taken to keep each
 // session on one instance, and the mean is presumed; above, one per other
-// instance, as before anything is learned.  Agent sessions behind four
-// instances at 20 times real time met 0.006 to 0.017 a request (0.002 to
-// 0.006 per other instance) with sessions kept, 0.5 to 0.64 (0.17 to
-// 0.21) spread one by one: there the mean understates the bursts, which
-// the peaks come from (a peak 2 above one instance's where it was 0 or 1
-// presuming one per other instance).
+// instance, as before anything is learned.  A front that keeps sessions
+// meets next to none; requests spread one by one meet far more, and there
+// the mean understates the bursts (docs/routing.md, "Several instances").
 constexpr double kKeptFrontBelow = 0.05;
 
 constexpr size_t kRoutes = AFFINITY_ROUTES;
