@@ -81,7 +81,7 @@ done
 for src in "$root"/fuzz/fuzz_*.cpp; do
     name=$(basename "$src" .cpp)
     o="$obj/$name.o"
-    if stale "$o" "$src" "$core/include/affinity_core.h" \
+    if stale "$o" "$src" "$core"/include/affinity_*.h \
              "$script" "$obj/flags"
     then
         echo "  CXX   fuzz/$name.cpp"

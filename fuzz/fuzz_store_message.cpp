@@ -81,11 +81,11 @@ void apply_request_news(affinity_zone_t *zone,
     load.running = 1;
     load.found = AFFINITY_ENGINE_RUNNING;
     affinity_engine_asked_t asked;
-    CHECK(affinity_zone_peer_asked(zone, slot, asked_ms, kAnswerWithin,
-                                   &asked) == 1);
+    CHECK(affinity_engine_ask(zone, slot, asked_ms, kAnswerWithin,
+                              &asked) == 1);
 
     if (!while_answering) {
-        affinity_zone_peer_polled(zone, slot, &load, now | 1, &asked);
+        affinity_engine_answer(zone, slot, &load, now | 1, &asked);
     }
 
     if (m.kind == AFFINITY_STORE_SENT) {
@@ -95,7 +95,7 @@ void apply_request_news(affinity_zone_t *zone,
     }
 
     if (while_answering) {
-        affinity_zone_peer_polled(zone, slot, &load, now | 1, &asked);
+        affinity_engine_answer(zone, slot, &load, now | 1, &asked);
     }
 
     affinity_peer_stats_t stats;

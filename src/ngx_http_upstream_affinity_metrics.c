@@ -139,8 +139,8 @@ ngx_http_upstream_affinity_metrics_tick(ngx_event_t *ev)
 
     shctx = poller->conf->counter_zone->data;
 
-    if (!affinity_zone_poll_due(shctx->zone, (uint64_t) ngx_current_msec,
-                                (uint32_t) interval))
+    if (!affinity_engine_claim_poll(shctx->zone, (uint64_t) ngx_current_msec,
+                                    (uint32_t) interval))
     {
         return;
     }
@@ -208,11 +208,11 @@ ngx_http_upstream_affinity_metrics_fetch(
     shctx = poller->conf->counter_zone->data;
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
-    awaits = affinity_zone_peer_awaits(shctx->zone,
-                                       affinity_zone_peer_find(shctx->zone,
-                                                               id),
-                                       ngx_http_upstream_affinity_wall_msec(),
-                                       mcf->timeout);
+    awaits = affinity_engine_awaiting(shctx->zone,
+                                      affinity_zone_peer_find(shctx->zone,
+                                                              id),
+                                      ngx_http_upstream_affinity_wall_msec(),
+                                      mcf->timeout);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
 
     if (awaits) {
@@ -349,9 +349,9 @@ ngx_http_upstream_affinity_metrics_send(ngx_event_t *wev)
 
     ngx_shmtx_lock(&shctx->shpool->mutex);
     f->slot = affinity_zone_peer_find(shctx->zone, f->peer);
-    awaited = affinity_zone_peer_asked(shctx->zone, f->slot,
-                                       ngx_http_upstream_affinity_wall_msec(),
-                                       timeout, &f->asked);
+    awaited = affinity_engine_ask(shctx->zone, f->slot,
+                                  ngx_http_upstream_affinity_wall_msec(),
+                                  timeout, &f->asked);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
 
     if (!awaited) {
@@ -536,12 +536,12 @@ ngx_http_upstream_affinity_metrics_read(ngx_http_upstream_affinity_fetch_t *f)
     taken = 1;
 
     if (slot != f->slot) {
-        affinity_zone_peer_unanswered(shctx->zone, f->slot, &f->asked);
+        affinity_engine_give_up(shctx->zone, f->slot, &f->asked);
         taken = 0;
 
     } else if (slot != AFFINITY_NO_SLOT) {
-        taken = affinity_zone_peer_polled(shctx->zone, slot, &load,
-                                          (uint32_t) ngx_time(), &f->asked);
+        taken = affinity_engine_answer(shctx->zone, slot, &load,
+                                       (uint32_t) ngx_time(), &f->asked);
     }
 
     ngx_shmtx_unlock(&shctx->shpool->mutex);
@@ -594,7 +594,7 @@ ngx_http_upstream_affinity_metrics_done(ngx_http_upstream_affinity_fetch_t *f,
         shctx = poller->conf->counter_zone->data;
 
         ngx_shmtx_lock(&shctx->shpool->mutex);
-        affinity_zone_peer_unanswered(shctx->zone, f->slot, &f->asked);
+        affinity_engine_give_up(shctx->zone, f->slot, &f->asked);
         ngx_shmtx_unlock(&shctx->shpool->mutex);
     }
 

@@ -277,10 +277,10 @@ SIGNATURES = {
     'affinity_prefixes_replied': (None, [
         ctypes.c_void_p, c_u64, c_u32, c_u32, c_u64, c_u64, c_u64]),
     # affinity_metrics: the engines' figures
-    'affinity_zone_peer_asked': (ctypes.c_int, [ctypes.c_void_p, c_u32,
+    'affinity_engine_ask': (ctypes.c_int, [ctypes.c_void_p, c_u32,
                                                 c_u64, c_u64,
                                                 P(EngineAsked)]),
-    'affinity_zone_peer_polled': (ctypes.c_int, [ctypes.c_void_p, c_u32,
+    'affinity_engine_answer': (ctypes.c_int, [ctypes.c_void_p, c_u32,
                                                  P(EngineLoad), c_u32,
                                                  P(EngineAsked)]),
     'affinity_prefixes_polled': (None, [ctypes.c_void_p, c_u64,
@@ -691,9 +691,9 @@ class ModulePolicy:
         stays at 0 ms, and the core drops the report made with it)."""
         asked = [EngineAsked() for _ in self.peers]
         for peer, a in zip(self.peers, asked):
-            self.lib.affinity_zone_peer_asked(self.counter.handle, peer.slot,
-                                              ms, ANSWER_WITHIN_MS,
-                                              ctypes.byref(a))
+            self.lib.affinity_engine_ask(self.counter.handle, peer.slot,
+                                         ms, ANSWER_WITHIN_MS,
+                                         ctypes.byref(a))
         return asked
 
     def apply_reports(self, reports, now, asked):
@@ -704,9 +704,9 @@ class ModulePolicy:
         for r, load in enumerate(reports):
             capacity = load.cache_tokens if self.cache else 0
             slot = self.peers[r].slot
-            taken = lib.affinity_zone_peer_polled(self.counter.handle, slot,
-                                                  ctypes.byref(load), now,
-                                                  ctypes.byref(asked[r]))
+            taken = lib.affinity_engine_answer(self.counter.handle, slot,
+                                               ctypes.byref(load), now,
+                                               ctypes.byref(asked[r]))
             if not taken and slot != NO_SLOT:
                 continue
             if self.prefixes is not None:

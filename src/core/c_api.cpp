@@ -1,5 +1,5 @@
-// The C API of affinity_core.h: thin noexcept wrappers that translate
-// between the POD structs and the C++ pieces, and keep exceptions inside.
+// The C API of affinity_core.h: noexcept wrappers that translate between
+// the POD structs and the C++ pieces, and keep exceptions inside.
 #include "affinity_core.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "engine_metrics.h"
+#include "engine_poll.h"
 #include "hashing.h"
 #include "json_body.h"
 #include "level_hasher.h"
@@ -204,231 +205,56 @@ int affinity_engine_metrics(const char *text, size_t len,
     return parse_engine_metrics(text, len, *load) ? 0 : -1;
 }
 
-namespace {
-
-// One ask at a time: the news since an ask is kept for its answer, and a
-// second ask would start that count again, from later.  An ask older than
-// its answer could be is abandoned (its worker is gone), as is one the
-// clock went back from by as much; a little earlier is another worker's
-// clock, read a moment before this one's.
-bool awaits_answer(const PeerSlot &s, uint64_t ms,
-                   uint64_t answer_within) noexcept
+int affinity_engine_awaiting(const affinity_zone_t *zone, uint32_t slot,
+                             uint64_t ms, uint64_t answer_within) noexcept
 {
-    uint64_t waiting = s.engine_asking;
-
-    return waiting != 0
-           && (ms >= waiting ? ms - waiting : waiting - ms) < answer_within;
+    return engine_awaiting(zone_of(zone), slot, ms, answer_within) ? 1 : 0;
 }
 
-}  // namespace
-
-int affinity_zone_peer_awaits(const affinity_zone_t *zone, uint32_t slot,
-                              uint64_t ms, uint64_t answer_within) noexcept
+int affinity_engine_ask(affinity_zone_t *zone, uint32_t slot, uint64_t ms,
+                        uint64_t answer_within,
+                        affinity_engine_asked_t *asked) noexcept
 {
-    return slot < kPeerSlots
-           && awaits_answer(zone_of(zone).peer_slots()[slot], ms,
-                            answer_within);
+    return engine_ask(zone_of(zone), slot, ms, answer_within, *asked) ? 1 : 0;
 }
 
-int affinity_zone_peer_asked(affinity_zone_t *zone, uint32_t slot,
-                             uint64_t ms, uint64_t answer_within,
-                             affinity_engine_asked_t *asked) noexcept
+void affinity_engine_give_up(affinity_zone_t *zone, uint32_t slot,
+                             const affinity_engine_asked_t *asked) noexcept
 {
-    asked->ms = ms;
-    asked->inflight = 0;
-
-    if (slot >= kPeerSlots) {
-        return 1;
-    }
-
-    PeerSlot &s = zone_of(zone).peer_slots()[slot];
-
-    if (awaits_answer(s, ms, answer_within)) {
-        asked->ms = 0;
-        return 0;
-    }
-
-    asked->inflight = std::max<int64_t>(atomic_load(&s.inflight), 0);
-
-    // The others' news from now on is what its answer will not show.
-    s.engine_asking = ms;
-    s.others_since_asking = 0;
-    return 1;
+    engine_give_up(zone_of(zone), slot, *asked);
 }
 
-void affinity_zone_peer_unanswered(affinity_zone_t *zone, uint32_t slot,
-                                   const affinity_engine_asked_t *asked)
-    noexcept
+int affinity_engine_answer(affinity_zone_t *zone, uint32_t slot,
+                           const affinity_engine_load_t *load, uint32_t now,
+                           const affinity_engine_asked_t *asked) noexcept
 {
-    if (slot >= kPeerSlots || asked->ms == 0) {
-        return;
-    }
-
-    PeerSlot &s = zone_of(zone).peer_slots()[slot];
-
-    if (s.engine_asking == asked->ms) {
-        s.engine_asking = 0;
-        s.others_since_asking = 0;
-    }
+    return engine_answer(zone_of(zone), slot, *load, now, *asked) ? 1 : 0;
 }
-
-int affinity_zone_peer_polled(affinity_zone_t *zone, uint32_t slot,
-                              const affinity_engine_load_t *load,
-                              uint32_t now,
-                              const affinity_engine_asked_t *asked) noexcept
-{
-    if (slot >= kPeerSlots || now == 0) {
-        return 0;
-    }
-
-    PeerSlot &s = zone_of(zone).peer_slots()[slot];
-
-    // Only the answer the slot waits for: not one to an ask refused or
-    // abandoned, nor one to the slot's previous peer.
-    if (asked->ms == 0 || s.engine_asking != asked->ms) {
-        return 0;
-    }
-
-    double total = load->running + load->waiting;
-
-    atomic_store<int64_t>(&s.engine_load,
-                          total < kMaxRequests ? int64_t(total + 0.5)
-                                               : int64_t(kMaxRequests));
-
-    // What it counts of this instance's requests, and of the others': a
-    // request that ended while it answered is not counted again.
-    atomic_store<int64_t>(&s.engine_base, asked->inflight);
-    atomic_store<uint64_t>(&s.cache_usage,
-                           (load->found & AFFINITY_ENGINE_CACHE)
-                               ? uint64_t(load->cache_usage * 1e6)
-                               : UINT64_MAX);
-    // What the others said since it was asked, read while it answered,
-    // is not in it.
-    int64_t others = s.others_since_asking;
-    s.engine_asking = 0;
-    s.others_since_asking = 0;
-
-    atomic_store<uint64_t>(&s.engine_asked, asked->ms);
-    atomic_store<int64_t>(&s.engine_others, others);
-    clear_unheard(&s.unheard);
-    if ((load->found & AFFINITY_ENGINE_CAPACITY)
-        && load->cache_tokens >= 1 && load->cache_tokens <= kMaxCacheTokens)
-    {
-        atomic_store<uint64_t>(&s.cache_tokens, uint64_t(load->cache_tokens));
-    }
-    atomic_store<uint64_t>(&s.engine_time, now);
-    return 1;
-}
-
-namespace {
-
-// Requests another instance said started (+1) or ended (-1) on peer_id
-// at at_ms, counted with its engine's figure until the engine reports
-// again.
-void count_elsewhere(affinity_zone_t *zone, uint64_t peer_id,
-                     int64_t requests, uint64_t at_ms) noexcept
-{
-    Zone z = zone_of(zone);
-    uint32_t slot = z.find_slot(peer_id);
-
-    if (slot == kNoSlot) {
-        return;
-    }
-
-    PeerSlot &s = z.peer_slots()[slot];
-
-    // Only a figure to add to: without one, this instance cannot know when
-    // those requests end, nor count the ends of those it holds.  And only
-    // what came after the figure was asked for: a request that started
-    // before is in it, one that ended before is not; the news of either,
-    // read late, would count it twice or take off another.
-    if (atomic_load(&s.engine_time) != 0
-        && at_ms >= atomic_load(&s.engine_asked))
-    {
-        atomic_add<int64_t>(&s.engine_others, requests);
-    }
-
-    // And what the answer to an ask under way will not show.
-    if (s.engine_asking != 0 && at_ms >= s.engine_asking) {
-        s.others_since_asking += requests;
-    }
-}
-
-}  // namespace
 
 void affinity_zone_peer_sent_elsewhere(affinity_zone_t *zone,
                                        uint64_t peer_id,
                                        uint64_t at_ms) noexcept
 {
-    count_elsewhere(zone, peer_id, 1, at_ms);
+    count_elsewhere(zone_of(zone), peer_id, 1, at_ms);
 }
 
 void affinity_zone_peer_ended_elsewhere(affinity_zone_t *zone,
                                         uint64_t peer_id,
                                         uint64_t at_ms) noexcept
 {
-    count_elsewhere(zone, peer_id, -1, at_ms);
+    count_elsewhere(zone_of(zone), peer_id, -1, at_ms);
 }
-
-namespace {
-
-// A ticket names a slot and the epoch of the count a request was added to
-// (PeerSlot::unheard), in a pointer-sized integer the caller hands back
-// when the request is heard (it travels in the announcement, and with the
-// shim's record of a refused or lost one): the slot + 1 in its low
-// bits, so that 0 names none, the epoch's low bits that fit above.  An
-// epoch comes round again in the same bits after 2^23 clears at the
-// least, long after any announcement is read.
-constexpr unsigned kTicketSlotBits = 9;
-constexpr uintptr_t kTicketSlots = (uintptr_t{1} << kTicketSlotBits) - 1;
-static_assert(kPeerSlots < kTicketSlots, "a slot + 1 fits a ticket");
-
-uintptr_t ticket_of(uint32_t slot, uint64_t word) noexcept
-{
-    return (uintptr_t(word / kUnheardEpoch) << kTicketSlotBits)
-           | uintptr_t(slot + 1);
-}
-
-}  // namespace
 
 uintptr_t affinity_zone_peer_announced(affinity_zone_t *zone,
                                        uint32_t slot) noexcept
 {
-    if (slot >= kPeerSlots) {
-        return 0;
-    }
-
-    // A count that reached 2^32 (never) would carry into a new epoch: one
-    // clear more.
-    uint64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
-    uint64_t word = __atomic_fetch_add(unheard, 1, __ATOMIC_RELAXED);
-
-    return ticket_of(slot, word);
+    return zone_of(zone).announce_unheard(slot);
 }
 
 void affinity_zone_peer_heard(affinity_zone_t *zone, uintptr_t ticket)
     noexcept
 {
-    // Ticket 0 (none) names slot UINT32_MAX.
-    uint32_t slot = uint32_t(ticket & kTicketSlots) - 1;
-
-    if (slot >= kPeerSlots) {
-        return;
-    }
-
-    // Only in the epoch it was counted in: an engine's report (or the
-    // slot's hand-over to another peer) may have cleared the count while
-    // the announcement was on its way, and requests counted since are
-    // still unheard.  Never below zero.
-    uint64_t *unheard = &zone_of(zone).peer_slots()[slot].unheard;
-    uint64_t word = atomic_load(unheard);
-
-    while (ticket_of(slot, word) == ticket && unheard_count(word) > 0
-           && !__atomic_compare_exchange_n(unheard, &word, word - 1, true,
-                                           __ATOMIC_RELAXED,
-                                           __ATOMIC_RELAXED))
-    {
-    }
+    zone_of(zone).hear_unheard(ticket);
 }
 
 void affinity_zone_unheard_met(affinity_zone_t *zone, uint32_t unheard,
@@ -468,28 +294,7 @@ int affinity_watch_read_back(affinity_unheard_watch_t *watch,
 void affinity_zone_instance_seen(affinity_zone_t *zone, uint64_t instance,
                                  uint32_t now) noexcept
 {
-    ZoneHeader &h = zone_of(zone).header();
-
-    if (instance == 0 || instance == h.instance) {
-        return;
-    }
-
-    // Its own entry, else a free one or the one heard from longest ago.
-    InstanceSeen *slot = &h.instances[0];
-
-    for (InstanceSeen &seen : h.instances) {
-        if (seen.id == instance) {
-            slot = &seen;
-            break;
-        }
-
-        if (slot->id != 0 && (seen.id == 0 || seen.seen < slot->seen)) {
-            slot = &seen;
-        }
-    }
-
-    slot->id = instance;
-    slot->seen = now;
+    zone_of(zone).instance_seen(instance, now);
 }
 
 uint32_t affinity_zone_instances(const affinity_zone_t *zone,
@@ -498,19 +303,10 @@ uint32_t affinity_zone_instances(const affinity_zone_t *zone,
     return zone_of(zone).instances(now);
 }
 
-int affinity_zone_poll_due(affinity_zone_t *zone, uint64_t now_ms,
-                           uint32_t interval_ms) noexcept
+int affinity_engine_claim_poll(affinity_zone_t *zone, uint64_t now_ms,
+                               uint32_t interval_ms) noexcept
 {
-    uint64_t *last = &zone_of(zone).header().last_poll;
-    uint64_t seen = atomic_load(last);
-
-    if (now_ms < seen + interval_ms) {
-        return 0;
-    }
-
-    return __atomic_compare_exchange_n(last, &seen, now_ms, false,
-                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)
-           ? 1 : 0;
+    return engine_claim_poll(zone_of(zone), now_ms, interval_ms) ? 1 : 0;
 }
 
 void affinity_zone_peer_timed(affinity_zone_t *zone, uint32_t slot,
@@ -788,30 +584,9 @@ void affinity_prefixes_replied(affinity_zone_t *zone, uint64_t peer_id,
                                uint64_t prompt_chars, uint64_t cached_tokens,
                                uint64_t prompt_tokens) noexcept
 {
-    // Figures beyond any prompt are junk.
-    constexpr uint64_t kMaxTokens = uint64_t{1} << 40;
-
-    if (peer_id == 0 || probe_length == 0 || cached_tokens > kMaxTokens
-        || prompt_tokens > kMaxTokens || prompt_chars > kMaxTokens
-        || (prompt_tokens != 0 && cached_tokens > prompt_tokens))
-    {
-        return;
-    }
-
-    // Characters cached, at the prompt's own characters per token when
-    // both are known: at least half the probe's prefix counts as held.
-    // The prompt's size may be its body's (past the last level), escapes
-    // and all: no more than twice the usual characters a token.
-    double per_token = prompt_chars != 0 && prompt_tokens != 0
-                       ? std::clamp(double(prompt_chars)
-                                        / double(prompt_tokens),
-                                    1.0, 2.0 * AFFINITY_CHARS_PER_TOKEN)
-                       : double(AFFINITY_CHARS_PER_TOKEN);
-    bool held = double(cached_tokens) * per_token * 2
-                >= double(probe_length);
-
-    CacheModel::replied(zone_of(zone), peer_id, probe_age, probe_length,
-                        held);
+    CacheModel::replied_usage(zone_of(zone), peer_id, probe_age,
+                              probe_length, prompt_chars, cached_tokens,
+                              prompt_tokens);
 }
 
 void affinity_prefixes_record(affinity_zone_t *zone,

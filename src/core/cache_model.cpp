@@ -375,4 +375,34 @@ void CacheModel::engine_computed(Zone prefixes, uint64_t peer_id,
     slot.engine_mark = next != 0 ? next : uint64_t{1} << 32;
 }
 
+void CacheModel::replied_usage(Zone prefixes, uint64_t peer_id,
+                               uint32_t age, uint32_t length,
+                               uint64_t prompt_chars, uint64_t cached_tokens,
+                               uint64_t prompt_tokens) noexcept
+{
+    // Figures beyond any prompt are junk.
+    constexpr uint64_t kMaxTokens = uint64_t{1} << 40;
+
+    if (peer_id == 0 || length == 0 || cached_tokens > kMaxTokens
+        || prompt_tokens > kMaxTokens || prompt_chars > kMaxTokens
+        || (prompt_tokens != 0 && cached_tokens > prompt_tokens))
+    {
+        return;
+    }
+
+    // Characters cached, at the prompt's own characters per token when
+    // both are known: at least half the probe's prefix counts as held.
+    // The prompt's size may be its body's (past the last level), escapes
+    // and all: no more than twice the usual characters a token.
+    double per_token = prompt_chars != 0 && prompt_tokens != 0
+                       ? std::clamp(double(prompt_chars)
+                                        / double(prompt_tokens),
+                                    1.0, 2.0 * AFFINITY_CHARS_PER_TOKEN)
+                       : double(AFFINITY_CHARS_PER_TOKEN);
+    bool held = double(cached_tokens) * per_token * 2
+                >= double(length);
+
+    replied(prefixes, peer_id, age, length, held);
+}
+
 }  // namespace affinity

@@ -128,6 +128,14 @@ public:
     static void replied(Zone prefixes, uint64_t peer_id, uint32_t age,
                         uint32_t length, bool held) noexcept;
 
+    // The same from a reply's usage: the probe's prefix counts as held
+    // when at least half of it was cached, tokens weighed in the prompt's
+    // own characters per token (affinity_prefixes_replied()).
+    static void replied_usage(Zone prefixes, uint64_t peer_id, uint32_t age,
+                              uint32_t length, uint64_t prompt_chars,
+                              uint64_t cached_tokens,
+                              uint64_t prompt_tokens) noexcept;
+
     // peer_id's engine computed this many prompt tokens since it started
     // (caller holds the prefix zone's lock): affinity_prefixes_polled().
     static void engine_computed(Zone prefixes, uint64_t peer_id,

@@ -374,6 +374,32 @@ void Zone::add_pins(uint64_t peer_id, int64_t delta) noexcept
     }
 }
 
+void Zone::instance_seen(uint64_t instance, uint32_t now) noexcept
+{
+    ZoneHeader &h = header();
+
+    if (instance == 0 || instance == h.instance) {
+        return;
+    }
+
+    // Its own entry, else a free one or the one heard from longest ago.
+    InstanceSeen *slot = &h.instances[0];
+
+    for (InstanceSeen &seen : h.instances) {
+        if (seen.id == instance) {
+            slot = &seen;
+            break;
+        }
+
+        if (slot->id != 0 && (seen.id == 0 || seen.seen < slot->seen)) {
+            slot = &seen;
+        }
+    }
+
+    slot->id = instance;
+    slot->seen = now;
+}
+
 uint32_t Zone::instances(uint64_t now) const noexcept
 {
     uint32_t n = 1;
@@ -431,6 +457,65 @@ uint64_t Zone::key_hash(const void *key, size_t len) const noexcept
     uint64_t h = hash64(key, len, header_->seed);
     // 0 marks an empty table entry.
     return h != 0 ? h : 1;
+}
+
+namespace {
+
+// A ticket names a slot and the epoch of the count a request was added to
+// (PeerSlot::unheard), in a pointer-sized integer the caller hands back
+// when the request is heard (it travels in the announcement, and with the
+// shim's record of a refused or lost one): the slot + 1 in its low
+// bits, so that 0 names none, the epoch's low bits that fit above.  An
+// epoch comes round again in the same bits after 2^23 clears at the
+// least, long after any announcement is read.
+constexpr unsigned kTicketSlotBits = 9;
+constexpr uintptr_t kTicketSlots = (uintptr_t{1} << kTicketSlotBits) - 1;
+static_assert(kPeerSlots < kTicketSlots, "a slot + 1 fits a ticket");
+
+uintptr_t ticket_of(uint32_t slot, uint64_t word) noexcept
+{
+    return (uintptr_t(word / kUnheardEpoch) << kTicketSlotBits)
+           | uintptr_t(slot + 1);
+}
+
+}  // namespace
+
+uintptr_t Zone::announce_unheard(uint32_t slot) noexcept
+{
+    if (slot >= kPeerSlots) {
+        return 0;
+    }
+
+    // A count that reached 2^32 (never) would carry into a new epoch: one
+    // clear more.
+    uint64_t *unheard = &peer_slots()[slot].unheard;
+    uint64_t word = __atomic_fetch_add(unheard, 1, __ATOMIC_RELAXED);
+
+    return ticket_of(slot, word);
+}
+
+void Zone::hear_unheard(uintptr_t ticket) noexcept
+{
+    // Ticket 0 (none) names slot UINT32_MAX.
+    uint32_t slot = uint32_t(ticket & kTicketSlots) - 1;
+
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    // Only in the epoch it was counted in: an engine's report (or the
+    // slot's hand-over to another peer) may have cleared the count while
+    // the announcement was on its way, and requests counted since are
+    // still unheard.  Never below zero.
+    uint64_t *unheard = &peer_slots()[slot].unheard;
+    uint64_t word = atomic_load(unheard);
+
+    while (ticket_of(slot, word) == ticket && unheard_count(word) > 0
+           && !__atomic_compare_exchange_n(unheard, &word, word - 1, true,
+                                           __ATOMIC_RELAXED,
+                                           __ATOMIC_RELAXED))
+    {
+    }
 }
 
 }  // namespace affinity

@@ -345,6 +345,17 @@ public:
     // through the store of any upstream that counts in the zone.
     uint32_t instances(uint64_t now) const noexcept;
 
+    // A message of another instance was read at now (seconds): remembered
+    // among the instances heard from (caller holds the zone lock).
+    void instance_seen(uint64_t instance, uint32_t now) noexcept;
+
+    // One more of this instance's requests on slot that the store has not
+    // yet carried to the others (PeerSlot::unheard), lock-free: a ticket
+    // to hand back to hear_unheard() once, when it is read back or lost
+    // (0: nothing counted).
+    uintptr_t announce_unheard(uint32_t slot) noexcept;
+    void hear_unheard(uintptr_t ticket) noexcept;
+
     // The other instances' requests presumed beside each of this one's
     // unheard requests on a peer, with instances routing: what they were
     // found to meet, from kUnheardTrusted of them, when that is next to

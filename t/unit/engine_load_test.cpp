@@ -1,6 +1,6 @@
 // The engines' own load: reading their Prometheus text
 // (affinity_engine_metrics) and counting it in the load bound
-// (affinity_zone_peer_polled, affinity_balance_t.engine_ttl).
+// (affinity_engine_answer, affinity_balance_t.engine_ttl).
 #include <string>
 
 #include <gtest/gtest.h>
@@ -384,9 +384,9 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
     // Started at 999.9 s and ended at 1000.2 s, read after a report asked
     // for at 1000.1 s (which counted it running): the end is taken off.
     affinity_engine_asked_t asked;
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000100, kAnswerWithin,
-                             &asked);
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &one, 1000, &asked);
+    affinity_engine_ask(z.get(), up.peer(0).slot, 1000100, kAnswerWithin,
+                        &asked);
+    affinity_engine_answer(z.get(), up.peer(0).slot, &one, 1000, &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 999900);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0) << "in the figure already";
     affinity_zone_peer_ended_elsewhere(z.get(), peer, 1000200);
@@ -394,9 +394,9 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
 
     // Started and ended before it was asked, read only now: nothing.
     affinity_engine_load_t idle = running(0);
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1001300, kAnswerWithin,
-                             &asked);
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1001, &asked);
+    affinity_engine_ask(z.get(), up.peer(0).slot, 1001300, kAnswerWithin,
+                        &asked);
+    affinity_engine_answer(z.get(), up.peer(0).slot, &idle, 1001, &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001000);
     affinity_zone_peer_ended_elsewhere(z.get(), peer, 1001200);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 0);
@@ -409,11 +409,11 @@ TEST(EngineLoad, NewsCountsAgainstWhenTheEngineWasAsked)
 
     // Read while the engine answers: one that started after it was asked
     // is not in the figure it answers, one that started before is.
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1002000, kAnswerWithin,
-                             &asked);
+    affinity_engine_ask(z.get(), up.peer(0).slot, 1002000, kAnswerWithin,
+                        &asked);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1001950);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1002100);
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &idle, 1002, &asked);
+    affinity_engine_answer(z.get(), up.peer(0).slot, &idle, 1002, &asked);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 1);
 }
 
@@ -432,11 +432,11 @@ TEST(EngineLoad, RequestsHereCountAgainstWhenTheEngineWasAsked)
 
     up.acquire(0);
     up.acquire(0);
-    affinity_zone_peer_asked(z.get(), up.peer(0).slot, 1000000, kAnswerWithin,
-                             &asked);
+    affinity_engine_ask(z.get(), up.peer(0).slot, 1000000, kAnswerWithin,
+                        &asked);
     up.release(0);
     up.release(0);
-    affinity_zone_peer_polled(z.get(), up.peer(0).slot, &two, 1000, &asked);
+    affinity_engine_answer(z.get(), up.peer(0).slot, &two, 1000, &asked);
 
     // Peer 0 has none, peer 1 one: a keyless request goes to peer 0.
     up.acquire(1);
@@ -458,61 +458,61 @@ TEST(EngineLoad, OneAskOfAnEngineAtATime)
     affinity_engine_load_t five = running(5);
     affinity_engine_asked_t first, second, third;
 
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000000, kAnswerWithin,
-                                       &first), 1);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 1000000, kAnswerWithin,
+                                  &first), 1);
     affinity_zone_peer_sent_elsewhere(z.get(), peer, 1000100);
-    EXPECT_EQ(affinity_zone_peer_awaits(z.get(), slot, 1000500,
-                                        kAnswerWithin), 1);
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000500, kAnswerWithin,
-                                       &second), 0);
+    EXPECT_EQ(affinity_engine_awaiting(z.get(), slot, 1000500,
+                                       kAnswerWithin), 1);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 1000500, kAnswerWithin,
+                                  &second), 0);
     EXPECT_EQ(second.ms, 0u);
-    EXPECT_EQ(affinity_zone_peer_polled(z.get(), slot, &idle, 1000, &first),
+    EXPECT_EQ(affinity_engine_answer(z.get(), slot, &idle, 1000, &first),
               1);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 1)
         << "the news its answer does not show";
 
     // An answer to the dropped ask, or one answer twice, changes nothing.
-    EXPECT_EQ(affinity_zone_peer_polled(z.get(), slot, &five, 1001, &second),
+    EXPECT_EQ(affinity_engine_answer(z.get(), slot, &five, 1001, &second),
               0);
-    EXPECT_EQ(affinity_zone_peer_polled(z.get(), slot, &five, 1001, &first),
+    EXPECT_EQ(affinity_engine_answer(z.get(), slot, &five, 1001, &first),
               0);
     EXPECT_EQ(up.stats(0).engine_load, 0);
     EXPECT_EQ(up.stats(0).engine_elsewhere, 1);
 
     // Answered: the next poll asks.
-    EXPECT_EQ(affinity_zone_peer_awaits(z.get(), slot, 1000600,
-                                        kAnswerWithin), 0);
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000600, kAnswerWithin,
-                                       &second), 1);
+    EXPECT_EQ(affinity_engine_awaiting(z.get(), slot, 1000600,
+                                       kAnswerWithin), 0);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 1000600, kAnswerWithin,
+                                  &second), 1);
 
     // Given up (no answer to take): the next asks at once.
-    affinity_zone_peer_unanswered(z.get(), slot, &second);
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000700, kAnswerWithin,
-                                       &third), 1);
+    affinity_engine_give_up(z.get(), slot, &second);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 1000700, kAnswerWithin,
+                                  &third), 1);
 
     // Abandoned (its worker is gone): the next asks once it is older than
     // its answer could be, or when the clock went back.
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot,
-                                       1000700 + kAnswerWithin - 1,
-                                       kAnswerWithin, &second), 0);
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1000700 + kAnswerWithin,
-                                       kAnswerWithin, &second), 1);
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 1001200, kAnswerWithin,
-                                       &third), 0)
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot,
+                                  1000700 + kAnswerWithin - 1,
+                                  kAnswerWithin, &second), 0);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 1000700 + kAnswerWithin,
+                                  kAnswerWithin, &second), 1);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 1001200, kAnswerWithin,
+                                  &third), 0)
         << "another worker's clock, read a moment before";
-    EXPECT_EQ(affinity_zone_peer_asked(z.get(), slot, 999000, kAnswerWithin,
-                                       &third), 1);
-    affinity_zone_peer_polled(z.get(), slot, &five, 1002, &third);
+    EXPECT_EQ(affinity_engine_ask(z.get(), slot, 999000, kAnswerWithin,
+                                  &third), 1);
+    affinity_engine_answer(z.get(), slot, &five, 1002, &third);
     EXPECT_EQ(up.stats(0).engine_load, 5);
 }
 
 TEST(EngineLoad, PollingIsOneCallerPerInterval)
 {
     TestZone z;
-    EXPECT_EQ(affinity_zone_poll_due(z.get(), 10000, 1000), 1);
-    EXPECT_EQ(affinity_zone_poll_due(z.get(), 10500, 1000), 0);
-    EXPECT_EQ(affinity_zone_poll_due(z.get(), 11000, 1000), 1);
-    EXPECT_EQ(affinity_zone_poll_due(z.get(), 11000, 1000), 0);
+    EXPECT_EQ(affinity_engine_claim_poll(z.get(), 10000, 1000), 1);
+    EXPECT_EQ(affinity_engine_claim_poll(z.get(), 10500, 1000), 0);
+    EXPECT_EQ(affinity_engine_claim_poll(z.get(), 11000, 1000), 1);
+    EXPECT_EQ(affinity_engine_claim_poll(z.get(), 11000, 1000), 0);
 }
 
 }  // namespace

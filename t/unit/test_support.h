@@ -268,9 +268,9 @@ inline void engine_reported(affinity_zone_t *zone, uint32_t slot,
                             const affinity_engine_load_t &load, uint32_t now)
 {
     affinity_engine_asked_t asked;
-    affinity_zone_peer_asked(zone, slot, uint64_t(now) * 1000, kAnswerWithin,
-                             &asked);
-    affinity_zone_peer_polled(zone, slot, &load, now, &asked);
+    affinity_engine_ask(zone, slot, uint64_t(now) * 1000, kAnswerWithin,
+                        &asked);
+    affinity_engine_answer(zone, slot, &load, now, &asked);
 }
 
 inline void expect_within_bound(const Upstream &up, const char *when)

@@ -13,6 +13,8 @@
 #ifndef AFFINITY_STORE_H
 #define AFFINITY_STORE_H
 
+#include "affinity_api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
