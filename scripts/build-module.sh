@@ -12,6 +12,13 @@
 #                                        UndefinedBehaviorSanitizer, and the
 #                                        core's assertions kept (no -DNDEBUG),
 #                                        into build/asan/ instead
+#   scripts/build-module.sh --trace [<nginx-src>]
+#                                        a module that writes a line to the
+#                                        error log for every routing decision
+#                                        (src/core/trace.h, read by
+#                                        bench/diagnostics/decisions.py), into
+#                                        build/trace/; as nginx's --with-debug,
+#                                        not for production
 #
 # The nginx tree is copied under build/ and configured there, so the source
 # tree given is never modified; the sanitizer build has a tree of its own
@@ -32,10 +39,18 @@ set -euo pipefail
 build="$repo/build"
 
 sanitize=""
+trace=""
 case "${AFFINITY_SANITIZE:-}" in ""|0) ;; *) sanitize=1 ;; esac
-if [ "${1:-}" = --sanitize ]; then
-    sanitize=1
-    shift
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --sanitize) sanitize=1; shift ;;
+        --trace)    trace=1; shift ;;
+        *)          break ;;
+    esac
+done
+if [ -n "$sanitize" ] && [ -n "$trace" ]; then
+    say "--sanitize and --trace are separate builds: choose one"
+    exit 1
 fi
 src="${1:-}"
 
@@ -83,6 +98,12 @@ if [ -n "$sanitize" ]; then
     export AFFINITY_CXXFLAGS_EXTRA="$san_flags -O1 -D_GLIBCXX_ASSERTIONS"
     # configure runs some of its test programs, which are sanitized too.
     export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+fi
+
+if [ -n "$trace" ]; then
+    tree="$tree-trace"
+    out="$build/trace"
+    export AFFINITY_CXXFLAGS_EXTRA="-DAFFINITY_TRACE"
 fi
 
 mkdir -p "$build" "$out"

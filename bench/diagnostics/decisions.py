@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What several instances believed when a replica filled up.
 
-Reads the traces of a replay through nginx instances built with
-decision-trace.patch (see README.md here): each instance's error log,
-with a line per routing decision (the load it counted on every peer) and
+Reads the traces of a replay through nginx instances that load the traced
+build (scripts/build-module.sh --trace, README.md here): each instance's
+error log, with a line per routing decision (the load it counted on every peer) and
 per event of the shared state (an engine's report, another instance's
 news, an own announcement read back), and the mock replicas' arrivals
 and ends.  Prints
@@ -44,7 +44,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('workdir', help="bench.py's work directory of the run, "
                    'build/bench/NAME, with the instances\' proxy*/error.log')
-    p.add_argument('mock_trace', help='the file AFX_MOCK_TRACE named')
+    p.add_argument('mock_trace', help='the file AFFINITY_MOCK_TRACE named')
     p.add_argument('--at', type=int, default=0,
                    help='requests that found at least this many in flight '
                         '(default: the run\'s peak)')

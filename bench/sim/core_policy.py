@@ -330,14 +330,14 @@ def _fresh(path):
     return all(src.stat().st_mtime <= built for src in _sources())
 
 
-def build(build_dir=BUILD_DIR, jobs=2):
-    """Configures (once) and builds the shared library in build_dir;
-    returns its path."""
+def build(build_dir=BUILD_DIR, jobs=2, options=()):
+    """Configures (once) and builds the shared library in build_dir, with
+    CMake options; returns its path."""
     build_dir = Path(build_dir)
     if not (build_dir / 'CMakeCache.txt').exists():
         subprocess.run(['cmake', '-S', str(CORE_SRC), '-B', str(build_dir),
-                        '-DCMAKE_BUILD_TYPE=RelWithDebInfo'], check=True,
-                       stdout=subprocess.DEVNULL)
+                        '-DCMAKE_BUILD_TYPE=RelWithDebInfo', *options],
+                       check=True, stdout=subprocess.DEVNULL)
     subprocess.run(['cmake', '--build', str(build_dir), '--target',
                     'affinity_core_shared', '-j', str(jobs)], check=True,
                    stdout=subprocess.DEVNULL)
@@ -345,10 +345,17 @@ def build(build_dir=BUILD_DIR, jobs=2):
 
 
 def library_path():
-    """$AFFINITY_CORE_LIB, or an up-to-date build of the core's sources."""
+    """$AFFINITY_CORE_LIB, or an up-to-date build of the core's sources;
+    with AFFINITY_TRACE=1, a build that traces every decision on stderr
+    (src/core/trace.h), in a directory of its own."""
     env = os.environ.get('AFFINITY_CORE_LIB')
     if env:
         return Path(env)
+    if os.environ.get('AFFINITY_TRACE', '0') not in ('', '0'):
+        traced = BUILD_DIR.parent / (BUILD_DIR.name + '-trace')
+        if not _fresh(traced / LIBRARY_NAME):
+            build(traced, options=['-DAFFINITY_TRACE=ON'])
+        return traced / LIBRARY_NAME
     for candidate in (BUILD_DIR / LIBRARY_NAME, UNIT_LIBRARY):
         if _fresh(candidate):
             return candidate

@@ -99,6 +99,18 @@ TEXT_PART_TYPES = ('text', 'input_text', 'output_text')
 # Requests: what to simulate
 # ---------------------------------------------------------------------------
 
+# With AFFINITY_MOCK_TRACE=FILE, a line "MA <time> <replica> <in flight>"
+# as each request arrives and "MF ..." as it ends, beside the module's own
+# trace (bench/diagnostics/decisions.py reads both).
+_TRACE = open(os.environ['AFFINITY_MOCK_TRACE'], 'a', buffering=1) \
+    if os.environ.get('AFFINITY_MOCK_TRACE') else None
+
+
+def trace(what, name, inflight):
+    if _TRACE:
+        _TRACE.write('%s %.6f %s %d\n' % (what, time.time(), name, inflight))
+
+
 class BadRequest(Exception):
     """A request body the OpenAI API would reject with 400."""
 
@@ -529,13 +541,16 @@ class ServedReplica:
         """Counts the request in (arrived: loop time) and waits for a
         running slot; returns the model time it has one from."""
         waiter = asyncio.get_running_loop().create_future()
-        if self.replica.arrive(waiter, job.prompt_tokens):
+        admitted = self.replica.arrive(waiter, job.prompt_tokens)
+        trace('MA', self.name, self.replica.inflight)
+        if admitted:
             return arrived
         return max(arrived, await wait_turn(self.replica.admission, waiter))
 
     def finish(self, when):
         """Frees the running slot of a request at model time when."""
         free_slot(self.replica.admission, when)
+        trace('MF', self.name, self.replica.inflight)
 
     async def prefill(self, job, ready):
         """Waits for the prefill lane, then spends the prefill time of the

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine_metrics.h"
+#include "trace.h"
 
 namespace affinity {
 
@@ -116,6 +117,7 @@ bool engine_answer(Zone zone, uint32_t slot,
         atomic_store<uint64_t>(&s.cache_tokens, uint64_t(load.cache_tokens));
     }
     atomic_store<uint64_t>(&s.engine_time, now);
+    AFFINITY_TRACE_EVENT("AFP", slot, int64_t(total + 0.5));
     return true;
 }
 
@@ -145,6 +147,8 @@ void count_elsewhere(Zone zone, uint64_t peer_id, int64_t requests,
     if (s.engine_asking != 0 && at_ms >= s.engine_asking) {
         s.others_since_asking += requests;
     }
+
+    AFFINITY_TRACE_EVENT("AFE", slot, requests);
 }
 
 bool engine_claim_poll(Zone zone, uint64_t now_ms,

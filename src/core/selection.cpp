@@ -5,6 +5,7 @@
 #include "cache_model.h"
 #include "prefix_table.h"
 #include "session_table.h"
+#include "trace.h"
 
 namespace affinity {
 
@@ -894,6 +895,10 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     }
 
     explain(load, request, size_t(chosen), decision);
+
+#ifdef AFFINITY_TRACE
+    load.trace(zone, size_t(chosen), int(decision.route));
+#endif
 
     decision.slot = load.slot(size_t(chosen));
     zone.acquire(request.row, decision.slot, decision.route, request.now);

@@ -109,6 +109,11 @@ public:
     int watched() const noexcept { return watched_; }
     int64_t unheard(size_t i) const noexcept { return unheard_[i]; }
 
+#ifdef AFFINITY_TRACE
+    // One line on the decision and the load it was made on (trace.h).
+    void trace(Zone zone, size_t chosen, int route) const noexcept;
+#endif
+
 private:
     // Whether one more request on peer i stays within limit, with the
     // requests the other instances may be sending it unseen (see

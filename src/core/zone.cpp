@@ -10,6 +10,7 @@
 #include "hashing.h"
 #include "prefix_table.h"
 #include "session_table.h"
+#include "trace.h"
 
 namespace affinity {
 
@@ -498,6 +499,8 @@ void Zone::hear_unheard(uintptr_t ticket) noexcept
 {
     // Ticket 0 (none) names slot UINT32_MAX.
     uint32_t slot = uint32_t(ticket & kTicketSlots) - 1;
+
+    AFFINITY_TRACE_EVENT("AFH", slot, 0);
 
     if (slot >= kPeerSlots) {
         return;
