@@ -36,14 +36,16 @@ typedef enum {
     AFFINITY_ROUTE_NONE = 0,
     AFFINITY_ROUTE_SESSION_HIT,     /* served by its pinned peer */
     AFFINITY_ROUTE_SESSION_NEW,     /* first request of a key: pinned now */
-    AFFINITY_ROUTE_SESSION_MOVED,   /* pinned peer failed: pinned anew */
+    AFFINITY_ROUTE_SESSION_MOVED,   /* pinned peer failed, gone or presumed
+                                       empty (cache model): pinned anew */
     AFFINITY_ROUTE_SESSION_SPILL,   /* pinned peer over the bound or busy:
-                                       served elsewhere, pin kept */
-    AFFINITY_ROUTE_FALLBACK,        /* no key and no known prefix:
+                                       served elsewhere, the pin follows */
+    AFFINITY_ROUTE_FALLBACK,        /* no key and no prompt levels:
                                        weighted least in-flight */
     AFFINITY_ROUTE_PREFIX_HIT,      /* to a peer that served the longest
                                        known prefix of the prompt */
-    AFFINITY_ROUTE_PREFIX_NEW,      /* no prefix known: placed on the ring */
+    AFFINITY_ROUTE_PREFIX_NEW,      /* no level held by a peer that may take
+                                       it: least loaded, ring order ties */
     AFFINITY_ROUTE_RESPONSE_HIT,    /* to the peer that stored the response
                                        or conversation it continues */
     AFFINITY_ROUTE_RESPONSE_LOST    /* continues one whose peer is unknown,
@@ -162,7 +164,7 @@ typedef struct {
  * routed by the prompt as below, else to the previous pin or the next peer
  * on the ring) that the pin follows; a new pin, placed by
  * the prompt (below) or on the ring with bounded load, when the key is new
- * or its peer failed.
+ * or its peer failed, left or is presumed to hold none of the prompt.
  * Else, with prompt levels: the longest level held by a usable peer under
  * the bound wins; among its recent peers the least loaded one, ties to the
  * least loaded peer of all (ties in ring order from the longest level),
