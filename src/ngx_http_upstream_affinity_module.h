@@ -401,6 +401,9 @@ typedef void (*ngx_http_upstream_affinity_upstream_pt)(ngx_cycle_t *cycle,
 
 
 /* ngx_http_upstream_affinity_module.c: configuration */
+ngx_http_upstream_srv_conf_t *ngx_http_upstream_affinity_next(
+    ngx_http_upstream_main_conf_t *umcf, ngx_uint_t *i,
+    ngx_http_upstream_affinity_srv_conf_t **ascf);
 void ngx_http_upstream_affinity_each_upstream(ngx_cycle_t *cycle,
     ngx_http_upstream_affinity_upstream_pt handler);
 ssize_t ngx_http_upstream_affinity_parse_size(ngx_conf_t *cf,

@@ -248,7 +248,7 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
     uint32_t                                       slot;
     ngx_uint_t                                     i, j;
     affinity_zone_t                               *zone;
-    ngx_http_upstream_srv_conf_t                 **uscfp;
+    ngx_http_upstream_srv_conf_t                  *uscf;
     ngx_http_upstream_main_conf_t                 *umcf;
     ngx_http_upstream_affinity_view_t             *view;
     ngx_http_upstream_affinity_srv_conf_t         *ascf;
@@ -258,23 +258,16 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
     affinity_peer_stats_t                          learned;
 
     umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
-    uscfp = umcf->upstreams.elts;
 
-    for (i = 0; i < umcf->upstreams.nelts; i++) {
+    for (i = 0; (uscf = ngx_http_upstream_affinity_next(umcf, &i, &ascf)); ) {
 
-        if (uscfp[i]->srv_conf == NULL) {
-            continue;           /* an implicit upstream of proxy_pass */
-        }
-
-        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
-
-        if (ascf == NULL || ascf->counter_zone == NULL
-            || ascf->view == NULL || uscfp[i]->peer.data == NULL)
+        if (ascf->counter_zone == NULL || ascf->view == NULL
+            || uscf->peer.data == NULL)
         {
             continue;
         }
 
-        view = ngx_http_upstream_affinity_view(ascf, uscfp[i]->peer.data,
+        view = ngx_http_upstream_affinity_view(ascf, uscf->peer.data,
                                                r->pool, r->connection->log);
         if (view == NULL) {
             return NGX_ERROR;
@@ -285,7 +278,7 @@ ngx_http_upstream_affinity_collect(ngx_http_request_t *r,
             return NGX_ERROR;
         }
 
-        us->name = uscfp[i]->host;
+        us->name = uscf->host;
         us->conf = ascf;
 
         if (ngx_array_init(&us->peers, r->pool,
