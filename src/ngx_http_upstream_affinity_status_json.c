@@ -41,13 +41,15 @@ ngx_http_upstream_affinity_status_json(ngx_http_request_t *r,
     ngx_http_upstream_affinity_upstream_status_t  *us;
 
     root = json_object();
-    all = json_object();
+    if (root == NULL) {
+        return NGX_ERROR;
+    }
 
-    if (root == NULL || all == NULL
-        || json_object_set_new(root, "version",
-                               json_string(AFFINITY_VERSION))
+    /* json_object_set_new() takes its value, even when it fails */
+
+    if (json_object_set_new(root, "version", json_string(AFFINITY_VERSION))
         || json_object_set_new(root, "nginx", json_string(NGINX_VERSION))
-        || json_object_set_new(root, "upstreams", all))
+        || json_object_set_new(root, "upstreams", all = json_object()))
     {
         json_decref(root);
         return NGX_ERROR;
@@ -183,7 +185,6 @@ ngx_http_upstream_affinity_json_upstream(
     ps = us->peers.elts;
 
     for (j = 0; j < us->peers.nelts; j++) {
-        routes = json_object();
         p = json_pack("{s:s%,s:b,s:b,s:I,s:I,s:I,s:I}",
                       "name", (char *) ps[j].name.data, ps[j].name.len,
                       "backup", (int) ps[j].backup,
@@ -194,10 +195,9 @@ ngx_http_upstream_affinity_json_upstream(
                       "failures", (json_int_t) ps[j].stats.failures,
                       "pins", (json_int_t) ngx_max(ps[j].stats.pins, 0));
 
-        if (routes == NULL || p == NULL || json_array_append_new(list, p)
-            || json_object_set_new(p, "routes", routes))
+        if (json_array_append_new(list, p)
+            || json_object_set_new(p, "routes", routes = json_object()))
         {
-            json_decref(routes);
             goto failed;
         }
 
