@@ -44,6 +44,117 @@ static void ngx_http_upstream_affinity_release_armed(void *data);
 static void ngx_http_upstream_affinity_release(ngx_event_t *ev);
 
 
+/* a warning: the fallback it records, if any, and what the log says */
+typedef struct {
+    ngx_uint_t                              fallback;   /* an
+                                                           affinity_fallback_e
+                                                           + 1, or 0 */
+    const char                             *text;
+} ngx_http_upstream_affinity_warning_t;
+
+
+/*
+ * What the module goes on without, and says once per worker, by
+ * ngx_http_upstream_affinity_warning_e.  A "%V" is the warning's argument.
+ */
+static ngx_http_upstream_affinity_warning_t
+    ngx_http_upstream_affinity_warnings[NGX_HTTP_UPSTREAM_AFFINITY_WARN_LAST] =
+{
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED */
+    { AFFINITY_FALLBACK_NOT_BUFFERED + 1,
+      "affinity: request body is not buffered "
+      "(proxy_request_buffering off), balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_NOT_JSON */
+    { AFFINITY_FALLBACK_NOT_JSON + 1,
+      "affinity: request body of type \"%V\" is not JSON, "
+      "balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY */
+    { AFFINITY_FALLBACK_NO_BODY + 1,
+      "affinity: request without a body, balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE */
+    { AFFINITY_FALLBACK_TOO_LARGE + 1,
+      "affinity: request body larger than 16m, balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ */
+    { AFFINITY_FALLBACK_READ_ERROR + 1,
+      "affinity: could not read the request body from its temporary file, "
+      "balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID */
+    { AFFINITY_FALLBACK_PARSE_ERROR + 1,
+      "affinity: request body is not a valid JSON object, "
+      "balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY */
+    { AFFINITY_FALLBACK_NO_MEMORY + 1,
+      "affinity: no memory to read request bodies, balancing without them" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE */
+    { AFFINITY_FALLBACK_NO_PROMPT + 1,
+      "affinity: request body has no prompt (messages, prompt or input), "
+      "balancing without it" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM */
+    { 0,
+      "affinity: no random bytes for a session id, "
+      "balancing requests without a key" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_CONTINUED_ID */
+    { 0,
+      "affinity: request continues a response id longer than 256 bytes, "
+      "which is never learned; routing it as usual" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ENCODED */
+    { 0,
+      "affinity: response with Content-Encoding \"%V\", its id "
+      "is not learned (let nginx compress instead)" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_FILE */
+    { 0,
+      "affinity: response body went to a temporary file, its id "
+      "is not learned (set proxy_max_temp_file_size 0; "
+      "proxy_cache and proxy_store always write one)" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MEMORY */
+    { 0,
+      "affinity: no memory to read a response id, not learned" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MALFORMED */
+    { 0,
+      "affinity: malformed JSON in a response, its id is not learned" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TRUNCATED */
+    { 0,
+      "affinity: a response ended inside its JSON object, its id is "
+      "not learned" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ID */
+    { 0,
+      "affinity: a response id is longer than 256 bytes or escaped, "
+      "not learned" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_NO_EVENT */
+    { 0,
+      "affinity: an event stream sent no data in its first megabyte, "
+      "its id is not learned" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TAKEN */
+    { 0,
+      "affinity: a reply of %V reused the id of a response another "
+      "server stores; it is not learned" },
+
+    /* NGX_HTTP_UPSTREAM_AFFINITY_WARN_USAGE_NONE */
+    { 0,
+      "affinity: replies give no cached token count "
+      "(usage.prompt_tokens_details.cached_tokens), so the size of the "
+      "replicas' caches is not learned (vLLM: "
+      "--enable-prompt-tokens-details; or set prefix_affinity cache=)" }
+};
+
+
 /* per worker: the JSON reader, and each warning logged once */
 static affinity_json_t  *ngx_http_upstream_affinity_json;
 static ngx_uint_t        ngx_http_upstream_affinity_warned[
@@ -90,12 +201,8 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
     if (r->request_body_no_buffering
         && (r->headers_in.content_length_n > 0 || r->headers_in.chunked))
     {
-        body->fallback = AFFINITY_FALLBACK_NOT_BUFFERED + 1;
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED,
-            "affinity: request body is not buffered "
-            "(proxy_request_buffering off), balancing without it", NULL);
-        return NGX_DECLINED;
+        return ngx_http_upstream_affinity_decline(r, body,
+                           NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED, NULL);
     }
 
     /* a missing type is accepted: many API clients omit it */
@@ -107,12 +214,8 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
                              (u_char *) "json", 4 - 1)
             == NULL)
         {
-            body->fallback = AFFINITY_FALLBACK_NOT_JSON + 1;
-            ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_NOT_JSON,
-                "affinity: request body of type \"%V\" is not JSON, "
-                "balancing without it", type);
-            return NGX_DECLINED;
+            return ngx_http_upstream_affinity_decline(r, body,
+                             NGX_HTTP_UPSTREAM_AFFINITY_WARN_NOT_JSON, type);
         }
     }
 
@@ -120,23 +223,16 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
 
     if (total == 0) {
         if (r->method & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH)) {
-            body->fallback = AFFINITY_FALLBACK_NO_BODY + 1;
-            ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY,
-                "affinity: request without a body, balancing without it",
-                NULL);
+            return ngx_http_upstream_affinity_decline(r, body,
+                                NGX_HTTP_UPSTREAM_AFFINITY_WARN_EMPTY, NULL);
         }
 
         return NGX_DECLINED;
     }
 
     if (total > NGX_HTTP_UPSTREAM_AFFINITY_BODY_MAX) {
-        body->fallback = AFFINITY_FALLBACK_TOO_LARGE + 1;
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE,
-            "affinity: request body larger than 16m, "
-            "balancing without it", NULL);
-        return NGX_DECLINED;
+        return ngx_http_upstream_affinity_decline(r, body,
+                            NGX_HTTP_UPSTREAM_AFFINITY_WARN_TOO_LARGE, NULL);
     }
 
     if (ngx_http_upstream_affinity_json == NULL) {
@@ -144,12 +240,8 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
                  affinity_json_create(NGX_HTTP_UPSTREAM_AFFINITY_BODY_RETAIN);
 
         if (ngx_http_upstream_affinity_json == NULL) {
-            body->fallback = AFFINITY_FALLBACK_NO_MEMORY + 1;
-            ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
-                "affinity: no memory to read request bodies, "
-                "balancing without them", NULL);
-            return NGX_DECLINED;
+            return ngx_http_upstream_affinity_decline(r, body,
+                               NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY, NULL);
         }
     }
 
@@ -183,12 +275,8 @@ ngx_http_upstream_affinity_body_load(ngx_http_request_t *r,
     {
         ngx_http_upstream_affinity_body_unload(body);
 
-        body->fallback = AFFINITY_FALLBACK_PARSE_ERROR + 1;
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
-            "affinity: request body is not a valid JSON object, "
-            "balancing without it", NULL);
-        return NGX_DECLINED;
+        return ngx_http_upstream_affinity_decline(r, body,
+                              NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID, NULL);
     }
 
     body->json = ngx_http_upstream_affinity_json;
@@ -264,12 +352,8 @@ ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
         p = mmap(NULL, size, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS,
                  -1, 0);
         if (p == MAP_FAILED) {
-            body->fallback = AFFINITY_FALLBACK_NO_MEMORY + 1;
-            ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY,
-                "affinity: no memory to read request bodies, "
-                "balancing without them", NULL);
-            return NGX_DECLINED;
+            return ngx_http_upstream_affinity_decline(r, body,
+                               NGX_HTTP_UPSTREAM_AFFINITY_WARN_MEMORY, NULL);
         }
 
         body->map = p;
@@ -297,12 +381,8 @@ ngx_http_upstream_affinity_body_copy(ngx_http_request_t *r,
         if (n != (ssize_t) size) {
             ngx_http_upstream_affinity_body_unload(body);
 
-            body->fallback = AFFINITY_FALLBACK_READ_ERROR + 1;
-            ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ,
-                "affinity: could not read the request body from "
-                "its temporary file, balancing without it", NULL);
-            return NGX_DECLINED;
+            return ngx_http_upstream_affinity_decline(r, body,
+                                 NGX_HTTP_UPSTREAM_AFFINITY_WARN_READ, NULL);
         }
 
         p += size;
@@ -398,19 +478,13 @@ ngx_http_upstream_affinity_prompt(ngx_http_request_t *r,
         break;
 
     case AFFINITY_PROMPT_NONE:
-        body->fallback = AFFINITY_FALLBACK_NO_PROMPT + 1;
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE,
-            "affinity: request body has no prompt (messages, prompt "
-            "or input), balancing without it", NULL);
+        (void) ngx_http_upstream_affinity_decline(r, body,
+                          NGX_HTTP_UPSTREAM_AFFINITY_WARN_PROMPT_NONE, NULL);
         break;
 
     default: /* AFFINITY_PROMPT_INVALID */
-        body->fallback = AFFINITY_FALLBACK_PARSE_ERROR + 1;
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
-            "affinity: request body is not a valid JSON object, "
-            "balancing without it", NULL);
+        (void) ngx_http_upstream_affinity_decline(r, body,
+                              NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID, NULL);
         break;
     }
 
@@ -496,10 +570,13 @@ ngx_http_upstream_affinity_body_exit(void)
 }
 
 
+/*
+ * Logs a warning once per worker; its argument, if any, is its "%V".
+ */
+
 void
 ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_warning_e warning, const char *fmt,
-    ngx_str_t *arg)
+    ngx_http_upstream_affinity_warning_e warning, ngx_str_t *arg)
 {
     if (ngx_http_upstream_affinity_warned[warning]) {
         return;
@@ -507,10 +584,24 @@ ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
 
     ngx_http_upstream_affinity_warned[warning] = 1;
 
-    if (arg) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0, fmt, arg);
+    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                  ngx_http_upstream_affinity_warnings[warning].text, arg);
+}
 
-    } else {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0, fmt);
-    }
+
+/*
+ * The request is balanced without its body: the warning's fallback is
+ * recorded for the counters and the warning logged once.  NGX_DECLINED.
+ */
+
+ngx_int_t
+ngx_http_upstream_affinity_decline(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body,
+    ngx_http_upstream_affinity_warning_e warning, ngx_str_t *arg)
+{
+    body->fallback = ngx_http_upstream_affinity_warnings[warning].fallback;
+
+    ngx_http_upstream_affinity_warn(r, warning, arg);
+
+    return NGX_DECLINED;
 }

@@ -125,9 +125,7 @@ ngx_http_upstream_affinity_session_key(ngx_http_request_t *r,
 
         } else {
             ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM,
-                "affinity: no random bytes for a session id, "
-                "balancing requests without a key", NULL);
+                               NGX_HTTP_UPSTREAM_AFFINITY_WARN_RANDOM, NULL);
         }
     }
 
@@ -175,12 +173,8 @@ ngx_http_upstream_affinity_field(ngx_http_request_t *r,
                               (char *) out, sizeof(out), &len);
 
     if (frc == AFFINITY_FIELD_INVALID) {
-        body->fallback = AFFINITY_FALLBACK_PARSE_ERROR + 1;
-        ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID,
-            "affinity: request body is not a valid JSON object, "
-            "balancing without it", NULL);
-        return NGX_DECLINED;
+        return ngx_http_upstream_affinity_decline(r, body,
+                              NGX_HTTP_UPSTREAM_AFFINITY_WARN_INVALID, NULL);
     }
 
     if (frc != AFFINITY_FIELD_FOUND) {

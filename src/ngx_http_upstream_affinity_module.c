@@ -313,24 +313,14 @@ static ngx_int_t
 ngx_http_upstream_affinity_check_method(ngx_conf_t *cf)
 {
     ngx_uint_t                              i;
-    ngx_http_upstream_srv_conf_t          **uscfp;
+    ngx_http_upstream_srv_conf_t           *uscf;
     ngx_http_upstream_main_conf_t          *umcf;
     ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
     umcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_upstream_module);
-    uscfp = umcf->upstreams.elts;
 
-    for (i = 0; i < umcf->upstreams.nelts; i++) {
-
-        if (uscfp[i]->srv_conf == NULL) {
-            continue;           /* an implicit upstream of proxy_pass */
-        }
-
-        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
-
-        if (ascf == NULL || ascf->directive.len == 0
-            || ascf->counter_zone != NULL)
-        {
+    for (i = 0; (uscf = ngx_http_upstream_affinity_next(umcf, &i, &ascf)); ) {
+        if (ascf->counter_zone != NULL) {
             continue;
         }
 
@@ -339,8 +329,8 @@ ngx_http_upstream_affinity_check_method(ngx_conf_t *cf)
                       "upstream \"%V\" in %s:%ui replaces it: \"hash\", "
                       "\"ip_hash\", \"least_conn\" and \"random\" cannot "
                       "be combined with the affinity directives",
-                      &ascf->directive, &uscfp[i]->host,
-                      uscfp[i]->file_name, uscfp[i]->line);
+                      &ascf->directive, &uscf->host,
+                      uscf->file_name, uscf->line);
 
         return NGX_ERROR;
     }
@@ -386,6 +376,41 @@ ngx_http_upstream_affinity_exit_process(ngx_cycle_t *cycle)
 
 
 /*
+ * The upstreams given this module's directives, one by one: the next after
+ * *i, its configuration in *ascf; NULL after the last.  Those the module
+ * balances have a counter zone (ngx_http_upstream_init_affinity() sets
+ * it); once the configuration is checked, all of them do.
+ */
+
+ngx_http_upstream_srv_conf_t *
+ngx_http_upstream_affinity_next(ngx_http_upstream_main_conf_t *umcf,
+    ngx_uint_t *i, ngx_http_upstream_affinity_srv_conf_t **ascf)
+{
+    ngx_http_upstream_srv_conf_t           *uscf, **uscfp;
+    ngx_http_upstream_affinity_srv_conf_t  *conf;
+
+    uscfp = umcf->upstreams.elts;
+
+    while (*i < umcf->upstreams.nelts) {
+        uscf = uscfp[(*i)++];
+
+        if (uscf->srv_conf == NULL) {
+            continue;           /* an implicit upstream of proxy_pass */
+        }
+
+        conf = uscf->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
+
+        if (conf && conf->directive.len) {
+            *ascf = conf;
+            return uscf;
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
  * Calls handler with each upstream of the cycle that this module balances:
  * what a worker starts and stops per upstream (stores, pollers).
  */
@@ -394,10 +419,10 @@ void
 ngx_http_upstream_affinity_each_upstream(ngx_cycle_t *cycle,
     ngx_http_upstream_affinity_upstream_pt handler)
 {
-    ngx_uint_t                               i;
-    ngx_http_upstream_srv_conf_t           **uscfp;
-    ngx_http_upstream_main_conf_t           *umcf;
-    ngx_http_upstream_affinity_srv_conf_t   *ascf;
+    ngx_uint_t                              i;
+    ngx_http_upstream_srv_conf_t           *uscf;
+    ngx_http_upstream_main_conf_t          *umcf;
+    ngx_http_upstream_affinity_srv_conf_t  *ascf;
 
     umcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_upstream_module);
@@ -405,18 +430,9 @@ ngx_http_upstream_affinity_each_upstream(ngx_cycle_t *cycle,
         return;
     }
 
-    uscfp = umcf->upstreams.elts;
-
-    for (i = 0; i < umcf->upstreams.nelts; i++) {
-
-        if (uscfp[i]->srv_conf == NULL) {
-            continue;           /* an implicit upstream of proxy_pass */
-        }
-
-        ascf = uscfp[i]->srv_conf[ngx_http_upstream_affinity_module.ctx_index];
-
-        if (ascf && ascf->counter_zone) {
-            handler(cycle, uscfp[i], ascf);
+    for (i = 0; (uscf = ngx_http_upstream_affinity_next(umcf, &i, &ascf)); ) {
+        if (ascf->counter_zone) {
+            handler(cycle, uscf, ascf);
         }
     }
 }

@@ -135,7 +135,11 @@ typedef struct {
 } ngx_http_upstream_affinity_shctx_t;
 
 
-/* reasons for balancing without the request body, each logged once */
+/*
+ * What a worker warns of once, going on without it: the request body
+ * (a fallback, counted by reason), a session key, a response id, the
+ * replies' usage.  The messages are ngx_http_upstream_affinity_body.c's.
+ */
 typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_UNBUFFERED = 0,
     NGX_HTTP_UPSTREAM_AFFINITY_WARN_NOT_JSON,
@@ -397,6 +401,9 @@ typedef void (*ngx_http_upstream_affinity_upstream_pt)(ngx_cycle_t *cycle,
 
 
 /* ngx_http_upstream_affinity_module.c: configuration */
+ngx_http_upstream_srv_conf_t *ngx_http_upstream_affinity_next(
+    ngx_http_upstream_main_conf_t *umcf, ngx_uint_t *i,
+    ngx_http_upstream_affinity_srv_conf_t **ascf);
 void ngx_http_upstream_affinity_each_upstream(ngx_cycle_t *cycle,
     ngx_http_upstream_affinity_upstream_pt handler);
 ssize_t ngx_http_upstream_affinity_parse_size(ngx_conf_t *cf,
@@ -452,8 +459,10 @@ void ngx_http_upstream_affinity_body_unload(
     ngx_http_upstream_affinity_body_t *body);
 void ngx_http_upstream_affinity_body_exit(void);
 void ngx_http_upstream_affinity_warn(ngx_http_request_t *r,
-    ngx_http_upstream_affinity_warning_e warning, const char *fmt,
-    ngx_str_t *arg);
+    ngx_http_upstream_affinity_warning_e warning, ngx_str_t *arg);
+ngx_int_t ngx_http_upstream_affinity_decline(ngx_http_request_t *r,
+    ngx_http_upstream_affinity_body_t *body,
+    ngx_http_upstream_affinity_warning_e warning, ngx_str_t *arg);
 
 /* ngx_http_upstream_affinity_response.c: Responses API continuations */
 ngx_int_t ngx_http_upstream_affinity_continued(ngx_http_request_t *r,

@@ -130,9 +130,7 @@ ngx_http_upstream_affinity_continued(ngx_http_request_t *r,
 
     if (id.len > AFFINITY_RESPONSE_ID_MAX) {
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_CONTINUED_ID,
-            "affinity: request continues a response id longer than "
-            "256 bytes, which is never learned; routing it as usual", NULL);
+                         NGX_HTTP_UPSTREAM_AFFINITY_WARN_CONTINUED_ID, NULL);
         return NGX_OK;
     }
 
@@ -375,9 +373,7 @@ ngx_http_upstream_affinity_response_header_filter(ngx_http_request_t *r)
     if (format == 0) {
         if (encoding) {
             ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ENCODED,
-                "affinity: response with Content-Encoding \"%V\", its id "
-                "is not learned (let nginx compress instead)", encoding);
+                    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ENCODED, encoding);
         }
 
         return ngx_http_next_header_filter(r);
@@ -387,8 +383,7 @@ ngx_http_upstream_affinity_response_header_filter(ngx_http_request_t *r)
 
     if (ctx->scan == NULL) {
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MEMORY,
-            "affinity: no memory to read a response id, not learned", NULL);
+                      NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MEMORY, NULL);
         return ngx_http_next_header_filter(r);
     }
 
@@ -435,10 +430,7 @@ ngx_http_upstream_affinity_response_body_filter(ngx_http_request_t *r,
             /* proxy buffering wrote it to a temporary file */
 
             ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_FILE,
-                "affinity: response body went to a temporary file, its id "
-                "is not learned (set proxy_max_temp_file_size 0; "
-                "proxy_cache and proxy_store always write one)", NULL);
+                        NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_FILE, NULL);
             ctx->scan = NULL;
             return ngx_http_next_body_filter(r, in);
         }
@@ -511,9 +503,7 @@ ngx_http_upstream_affinity_learn(ngx_http_request_t *r,
 
     if (rc == AFFINITY_LEARNED_TAKEN) {
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TAKEN,
-            "affinity: a reply of %V reused the id of a response another "
-            "server stores; it is not learned", name);
+                       NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TAKEN, name);
         return;
     }
 
@@ -550,31 +540,23 @@ ngx_http_upstream_affinity_unlearned(ngx_http_request_t *r,
 
     case AFFINITY_SCAN_MALFORMED:
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MALFORMED,
-            "affinity: malformed JSON in a response, its id is not learned",
-            NULL);
+                   NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_MALFORMED, NULL);
         break;
 
     case AFFINITY_SCAN_TRUNCATED:
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TRUNCATED,
-            "affinity: a response ended inside its JSON object, its id is "
-            "not learned", NULL);
+                   NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_TRUNCATED, NULL);
         break;
 
     case AFFINITY_SCAN_ID_TOO_LONG:
     case AFFINITY_SCAN_ID_ESCAPED:
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ID,
-            "affinity: a response id is longer than 256 bytes or escaped, "
-            "not learned", NULL);
+                          NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_ID, NULL);
         break;
 
     case AFFINITY_SCAN_NO_EVENT:
         ngx_http_upstream_affinity_warn(r,
-            NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_NO_EVENT,
-            "affinity: an event stream sent no data in its first "
-            "megabyte, its id is not learned", NULL);
+                    NGX_HTTP_UPSTREAM_AFFINITY_WARN_RESPONSE_NO_EVENT, NULL);
         break;
 
     default:

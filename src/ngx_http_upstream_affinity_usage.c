@@ -234,12 +234,7 @@ ngx_http_upstream_affinity_replied(ngx_http_request_t *r,
     if (!affinity_usage_scan_result(ctx->usage, &cached, &prompt)) {
         if (!ctx->usage_streamed) {
             ngx_http_upstream_affinity_warn(r,
-                NGX_HTTP_UPSTREAM_AFFINITY_WARN_USAGE_NONE,
-                "affinity: replies give no cached token count "
-                "(usage.prompt_tokens_details.cached_tokens), so the "
-                "size of the replicas' caches is not learned (vLLM: "
-                "--enable-prompt-tokens-details; or set "
-                "prefix_affinity cache=)", NULL);
+                           NGX_HTTP_UPSTREAM_AFFINITY_WARN_USAGE_NONE, NULL);
         }
 
         return;
