@@ -31,12 +31,18 @@
 #   make bench-trace     the whole Mooncake trace, roomy profile, sessions
 #                        on, every main policy
 #   make bench-levels    prefix_affinity's level schedules on the trace
+#   make bench-throughput
+#                        requests per second through nginx on loopback,
+#                        the module against nginx's own hash consistent
+#                        (part of make bench)
 #   make bench-instructions
 #                        instructions per request under callgrind, the
 #                        module against nginx's own hash consistent, into
-#                        bench/results/instructions.md; with
+#                        build/bench/instructions.md; with
 #                        AFFINITY_MODULE_BASE=other.so, against another
 #                        build of the module too (under a minute)
+#   make bench-micro     the core's microbenchmarks (Google Benchmark), into
+#                        build/bench/micro.txt (part of make bench)
 #   make bench-faults    fault and soak run: reloads, killed workers, dead
 #                        backends and bad bodies under load (FAULT_SECONDS,
 #                        default 300; FAULT_SHORT=1 for 60 s), then the
@@ -47,6 +53,17 @@
 #                        and replaced by junk under load, three runs:
 #                        failures, crashes, what was lost, how fast the
 #                        instances agree again (about 12 min)
+#   make bench-instances 1, 2 and 4 instances of the module, on their own
+#                        and sharing a store, on quick slices
+#
+#                        Every bench* target writes its results into
+#                        build/bench/<name>, which git ignores; with
+#                        RECORD=1 (make bench-quick RECORD=1) it updates
+#                        the committed result in bench/results/<name>
+#                        instead (bench/results/README.md lists them).
+#                        Each result is stamped with the command that
+#                        produced it, the commit, the module's version
+#                        and the date (bench/stamp.py).
 #   make test-matrix     e2e tests against several nginx versions
 #   make install         module and load_module snippet, as Debian lays out
 #                        (stripped; its debug symbols in a separate file)
@@ -127,52 +144,57 @@ fuzz-replay: deps
 
 test: unit unit-asan fuzz-replay pytests e2e test-asan test-deb
 
-# bench/bench.py: results in bench/results/<name>/ (quick-tight, full,
-# trace, levels); bench/bench.py --help for workloads, profiles, seeds.
+# Where the benchmarks write (bench/stamp.py): build/bench, which git
+# ignores, or with RECORD=1 the committed results in bench/results; the
+# drivers take it from BENCH_RESULTS, so that make -n shows it.
+BENCH_RESULTS = $(shell RECORD='$(RECORD)' $(PYTHON) bench/stamp.py root)
+BENCH_ENV = NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
+            BENCH_RESULTS=$(BENCH_RESULTS)
+
+# bench/bench.py: results in $(BENCH_RESULTS)/<name>/ (quick-tight, full,
+# trace, levels, instances); bench/bench.py --help for workloads,
+# profiles, seeds.
 bench-quick: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/bench.py --quick
+	@$(BENCH_ENV) $(PYTHON) bench/bench.py --quick
 
 bench-instances: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/bench.py --instances
+	@$(BENCH_ENV) $(PYTHON) bench/bench.py --instances
 
 bench-levels: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/bench.py --levels
+	@$(BENCH_ENV) $(PYTHON) bench/bench.py --levels
 
 bench-trace: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/bench.py --profile roomy --workload conversation \
-	    --sessions on --seeds 1 --limit 0 --name trace
+	@$(BENCH_ENV) $(PYTHON) bench/bench.py --profile roomy \
+	    --workload conversation --sessions on --seeds 1 --limit 0 \
+	    --name trace
 
 bench-throughput: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    bench/bench-throughput.sh
+	@$(BENCH_ENV) bench/bench-throughput.sh
 
 bench-instructions: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    PYTHON=$(PYTHON) bench/bench-instructions.sh
+	@$(BENCH_ENV) PYTHON=$(PYTHON) bench/bench-instructions.sh
+
+# The microbenchmarks' output, under the stamp (bench/stamp.py text).
+MICRO_RUN = $(BUILD)/micro/affinity_micro --benchmark_min_time=0.5
 
 bench-micro: deps
 	@cmake -S bench/micro -B $(BUILD)/micro -DCMAKE_BUILD_TYPE=Release \
 	    > /dev/null
 	@cmake --build $(BUILD)/micro -j $(JOBS)
-	@$(BUILD)/micro/affinity_micro --benchmark_min_time=0.5 \
-	    | tee bench/results/micro.txt
+	@mkdir -p $(BENCH_RESULTS)
+	@{ $(PYTHON) bench/stamp.py text \
+	       --command 'make bench-micro ($(MICRO_RUN))' && echo && \
+	   $(MICRO_RUN); } | tee $(BENCH_RESULTS)/micro.txt
 
 bench: module bench-micro bench-throughput
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/bench.py
+	@$(BENCH_ENV) $(PYTHON) bench/bench.py
 
 bench-faults: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/faults/run.py
+	@$(BENCH_ENV) $(PYTHON) bench/faults/run.py
 	@$(MAKE) --no-print-directory bench-store-faults
 
 bench-store-faults: module
-	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \
-	    $(PYTHON) bench/faults/store_outage.py
+	@$(BENCH_ENV) $(PYTHON) bench/faults/store_outage.py
 
 demo: module
 	@NGINX_BIN=$(NGINX_BIN) AFFINITY_MODULE=$(CURDIR)/$(MODULE) \

@@ -16,7 +16,10 @@
 # length of the paths in nginx.conf and on the environment: every run is
 # in the same temporary directory, with the module copied to the same
 # name, and nginx starts with an empty environment.  Each run's
-# callgrind.out and logs are kept in build/bench-instructions/.
+# callgrind.out and logs are kept in build/bench-instructions/; the table
+# goes to build/bench/instructions.md, or with RECORD=1 to the committed
+# bench/results/instructions.md, stamped with its command, commit, module
+# version and date (bench/stamp.sh).
 #
 #   bench/bench-instructions.sh [output.md]
 #   REQUESTS=3000 WARMUP_REQUESTS=300 BENCH_PORT=19480 (and the next 4)
@@ -26,7 +29,9 @@ set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/../scripts/lib.sh"     # repo, module, nginx
-out="${1:-$repo/bench/results/instructions.md}"
+# shellcheck source=bench/stamp.sh
+. "$(dirname "$0")/stamp.sh"              # result_path, stamp, shown
+out="${1:-$(result_path instructions.md)}"
 requests="${REQUESTS:-3000}"
 warmup="${WARMUP_REQUESTS:-300}"
 base="${AFFINITY_MODULE_BASE:-}"
@@ -61,9 +66,6 @@ mkdir -p "$dir" "$(dirname "$out")"
 
 # listening PORT: whether something listens on 127.0.0.1:PORT.
 listening() { (: > "/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# shown PATH: PATH relative to the repository when it is in it.
-shown() { echo "${1#"$repo"/}"; }
 
 for p in "$port" "${b[@]}"; do
     if listening "$p"; then
@@ -215,15 +217,14 @@ row() {
 
 started=$(date +%s)
 version=$("$nginx" -v 2>&1 | sed 's/^nginx version: //')
-# The commit of the module's sources, "+changes" when they differ from it.
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [ -n "$(git -C "$repo" status --porcelain -- src config config.make auto \
-           2>/dev/null)" ]; then
-    commit="$commit+changes"
-fi
+# The stamp is taken before the runs: the commit they measured.
+stamped=$(stamp markdown "bench/bench-instructions.sh${1:+ $(shown "$1")}" \
+          REQUESTS WARMUP_REQUESTS AFFINITY_MODULE_BASE)
 
 {
     echo "## Instructions per request (callgrind, 1 nginx process, upstream keepalive)"
+    echo
+    echo "$stamped"
     echo
     echo "$version under \`valgrind --tool=callgrind\` ($(valgrind --version)),"
     echo "\`master_process off\`; backends are nginx \`return 200\` in the same"
@@ -251,13 +252,10 @@ row "\`prefix_affinity\` / \`hash \$request_body consistent\`, POST, 4 KB chat b
     'hash $request_body consistent;'
 {
     echo
-    echo "Module: $(shown "$module"), sources at $commit."
+    echo "Module: $(shown "$module")."
     if [ -n "$base" ]; then
         echo "Base module: $(shown "$base")."
     fi
-    echo
-    echo "Command: \`bench/bench-instructions.sh\` (\`make bench-instructions\`)$(
-        [ -z "$base" ] || echo ", with \`AFFINITY_MODULE_BASE\`")."
 } >> "$out.tmp"
 mv "$out.tmp" "$out"
 cat "$out"

@@ -6,13 +6,19 @@
 #   prefix_affinity against "hash $request_body consistent" (100 chat
 #   conversations, POST bodies of 4 KB, 32 KB and 128 KB).
 #
+# The table goes to build/bench/throughput.md, or with RECORD=1 to the
+# committed bench/results/throughput.md, stamped with its command, commit,
+# module version and date (bench/stamp.sh).
+#
 #   bench/bench-throughput.sh [output.md]
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNECTIONS=32
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/../scripts/lib.sh"     # repo, module, nginx
-out="${1:-$repo/bench/results/throughput.md}"
+# shellcheck source=bench/stamp.sh
+. "$(dirname "$0")/stamp.sh"              # result_path, stamp, shown
+out="${1:-$(result_path throughput.md)}"
 rounds="${ROUNDS:-3}"
 secs="${SECONDS_PER_RUN:-8}"
 conns="${CONNECTIONS:-32}"
@@ -148,8 +154,13 @@ median() {
         printf "%.0f", m }'
 }
 
+stamped=$(stamp markdown "bench/bench-throughput.sh${1:+ $(shown "$1")}" \
+          ROUNDS SECONDS_PER_RUN CONNECTIONS)
+
 {
     echo "## Throughput on loopback (wrk, 1 nginx worker, upstream keepalive)"
+    echo
+    echo "$stamped"
     echo
     echo "$rounds alternated runs of ${secs}s per side, $conns connections;"
     echo "backends are nginx \`return 200\` on the same worker."

@@ -45,10 +45,13 @@ are in profile seconds, as the simulator's.  The speed is at most --speed
 and low enough that requests are sent at most --max-wall-rate per second
 (the client, nginx and the mock share this machine's cores).
 
-Results go to bench/results/<name>/: results.md, results.json and, with
-python3-matplotlib, vs_oracle_<profile>.png.  Each figure is the median
-over the seeds with the min-max spread; ratios to the oracle are taken per
-seed.
+Results go to build/bench/<name>/, beside the run's working files, or
+with RECORD=1 in the environment to the committed bench/results/<name>/:
+results.md, results.json and, with python3-matplotlib,
+vs_oracle_<profile>.png; results.md and results.json begin with the
+command, commit, module version and date of the run (bench/stamp.py).
+Each figure is the median over the seeds with the min-max spread; ratios
+to the oracle are taken per seed.
 """
 
 import argparse
@@ -66,6 +69,7 @@ import urllib.request
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO                  # for bench.sim, not this directory
 
+from bench import stamp  # noqa: E402
 from bench.sim import profiles, trace, workloads  # noqa: E402
 from bench.sim.mock_backend import MockProcess  # noqa: E402
 
@@ -685,9 +689,9 @@ def describe_profile(p, cache_tokens):
             f'the workload\'s rate')
 
 
-def write_report(results, args, outdir, elapsed):
-    """results.md and results.json; returns the markdown."""
-    lines = [f'# bench/results/{args.name}', '',
+def write_report(results, args, outdir, elapsed, stamped):
+    """results.md and results.json, stamped; returns the markdown."""
+    lines = [f'# {stamp.shown(outdir)}', '', stamp.markdown(stamped), '',
              'Each figure: the median over the seeds, with the min-max '
              'spread in parentheses when they differ; ratios to the oracle '
              'are taken seed by seed.  TTFT in profile seconds; peak '
@@ -788,7 +792,8 @@ def write_report(results, args, outdir, elapsed):
     text = '\n'.join(lines + summary + [''] + detail) + '\n'
     with open(os.path.join(outdir, 'results.md'), 'w') as f:
         f.write(text)
-    doc = {'args': {k: v for k, v in vars(args).items()
+    doc = {'stamp': stamped,
+           'args': {k: v for k, v in vars(args).items()
                     if k not in ('module', 'nginx', 'trace')},
            'elapsed_s': round(elapsed, 1),
            'results': {p: {w: {k: v for k, v in e.items() if k != 'profile'}
@@ -968,7 +973,8 @@ class Lock:
 
 def main(argv=None):
     args = parse_args(argv)
-    outdir = os.path.join(REPO, 'bench', 'results', args.name)
+    stamped = stamp.stamp()
+    outdir = stamp.results_path(args.name)
     workdir = os.path.join(REPO, 'build', 'bench', args.name)
     os.makedirs(outdir, exist_ok=True)
     os.makedirs(workdir, exist_ok=True)
@@ -993,9 +999,9 @@ def main(argv=None):
                     # a report after each case: a long run can be read
                     # before it ends
                     write_report(results, args, outdir,
-                                 time.time() - started)
+                                 time.time() - started, stamped)
         elapsed = time.time() - started
-    text = write_report(results, args, outdir, elapsed)
+    text = write_report(results, args, outdir, elapsed, stamped)
     write_plots(results, outdir)
     print()
     print(text)

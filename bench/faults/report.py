@@ -6,7 +6,8 @@
 Reads meta.json, requests.jsonl, events.json, samples.jsonl,
 final_status.json, error.log (and the sanitizer directory, if the run had
 one) and writes faults.json, faults.md and faults-rss.png to RESULTS_DIR
-(default: WORKDIR).
+(default: WORKDIR); faults.md and faults.json begin with the stamp of the
+run (meta.json's: its command line, commit, module version and date).
 
 Failed requests are sorted into
     dead_peer              502/504 whose tries ($upstream_addr) include a
@@ -26,6 +27,13 @@ import os
 import re
 import statistics
 import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(1, REPO)
+
+from bench import stamp  # noqa: E402
 
 CONN_ERRS = ('eof', 'reset', 'broken_pipe')
 
@@ -108,10 +116,6 @@ def failure_kind(rec):
 SIGNAL_RE = re.compile(r'worker process (\d+) exited on signal (\d+)')
 CODE_RE = re.compile(r'process (\d+) exited with (?:fatal )?code (\d+)')
 LEVEL_RE = re.compile(r'^\S+ \S+ \[(\w+)\] \d+#\d+: (?:\*\d+ )?(.*)$')
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
 
 
 def normalize(msg):
@@ -453,6 +457,9 @@ def markdown(s):
     w = out.append
     w('# Fault and soak benchmark')
     w('')
+    if m.get('stamp'):
+        w(stamp.markdown(m['stamp']))
+        w('')
     w('`%s`%s — %s, nginx %s, module `%s` (sha1 %s), git HEAD %s%s.'
       % (m['command'],
          (' with ' + ' '.join('%s=%s' % kv for kv in m['env'].items()))
@@ -754,8 +761,10 @@ def write(summary, workdir, results, plot=True):
             events = json.load(f)
         if draw_plot(summary, samples, events, png):
             summary['plot'] = 'faults-rss.png'
+    stamped = summary.get('meta', {}).get('stamp')
     with open(os.path.join(results, 'faults.json'), 'w') as f:
-        json.dump(summary, f, indent=1)
+        json.dump(dict({'stamp': stamped} if stamped else {}, **summary), f,
+                  indent=1)
         f.write('\n')
     with open(os.path.join(results, 'faults.md'), 'w') as f:
         f.write(markdown(summary))

@@ -17,11 +17,14 @@ pids, the status endpoint's per-peer in-flight, the client's own in-flight
 count.  At the end the load stops, the run settles for --settle seconds and
 the status is read: in-flight left over must be 0.  report.py turns the
 raw data (in the work directory) into faults.json, faults.md and
-faults-rss.png.
+faults-rss.png, in build/bench/, or with RECORD=1 in the environment in the
+committed bench/results/ (bench/stamp.py); faults.md and faults.json begin
+with the run's command line, commit, module version and date.
 
     bench/faults/run.py                      FAULT_SECONDS (default 300)
     bench/faults/run.py --short              60 s, faults closer together;
                                              results stay in the work dir
+                                             even with RECORD=1
     bench/faults/run.py --seconds 900 --concurrency 32
     bench/faults/run.py --sanitizer-dir DIR  nginx under
         scripts/sanitizer-env.sh DIR (AFFINITY_MODULE a sanitizer build);
@@ -58,6 +61,7 @@ sys.path.insert(1, REPO)
 
 import report    # noqa: E402
 import traffic   # noqa: E402
+from bench import stamp         # noqa: E402
 from bench.sim import http1     # noqa: E402
 
 NBACKENDS = 4
@@ -838,7 +842,8 @@ def parse_args():
         'FAULT_WORKDIR', os.path.join(REPO, 'build', 'bench-faults')))
     p.add_argument('--results', default=env('FAULT_RESULTS', None),
                    help='where faults.json/.md/-rss.png go (default: '
-                   'bench/results, or the work directory with --short)')
+                   'build/bench, bench/results with RECORD=1; the work '
+                   'directory with --short)')
     p.add_argument('--corpus', default=os.path.join(REPO, 'fuzz', 'corpus'))
     p.add_argument('--sanitizer-dir', default=None)
     p.add_argument('--nginx', default=env('NGINX_BIN', '/usr/sbin/nginx'))
@@ -857,8 +862,7 @@ def parse_args():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.results is None:
-        a.results = a.workdir if a.short else os.path.join(REPO, 'bench',
-                                                           'results')
+        a.results = a.workdir if a.short else stamp.results_root()
     a.workdir = os.path.abspath(a.workdir)
     if a.sanitizer_dir:
         a.sanitizer_dir = os.path.abspath(a.sanitizer_dir)
@@ -886,6 +890,8 @@ def main():
     nginx_v = subprocess.run([args.nginx, '-v'], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT).stdout.decode().strip()
     meta = {
+        'stamp': stamp.stamp(env=sorted(k for k in os.environ
+                                        if k.startswith('FAULT_'))),
         'command': ' '.join([os.path.relpath(sys.argv[0], REPO)]
                             + sys.argv[1:]),
         'env': {k: repo_relative(os.environ[k]) for k in sorted(os.environ)

@@ -28,8 +28,10 @@ on signal"); the share of sessions B routed by A's pin by the delay after
 it was set (store up) or after the fault ended (sessions pinned during
 it): those never routed by it, at the longest delays, are lost; and the
 probes' own failed requests.  --runs N repeats the whole run (each with
-fresh processes); results go to build/bench-faults/<--name>/, or to
-bench/results/<--name>/ with --record (results.json, results.md).
+fresh processes); results go to build/bench/<--name>/, or to the
+committed bench/results/<--name>/ with --record or RECORD=1 in the
+environment (results.json, results.md; bench/stamp.py), each beginning
+with the run's command line, commit, module version and date.
 
     bench/faults/store_outage.py [--runs 3] [--rate 200] [--faults ...]
 
@@ -57,6 +59,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, REPO)
 
 import run       # noqa: E402  (free_ports, wait_port, pdeathsig, log)
+from bench import stamp                      # noqa: E402
 from bench.sim import core_policy, http1     # noqa: E402
 
 NBACKENDS = 4
@@ -434,15 +437,14 @@ class Run:
 def report(doc):
     runs = doc['runs']
     delays = sorted(set(UP_DELAYS + BACK_DELAYS))
-    lines = ['# ' + doc['name'], '',
+    lines = ['# ' + doc['name'], '', stamp.markdown(doc['stamp']), '',
              'bench/faults/store_outage.py: two nginx instances (2 workers '
              'each) sharing a redis-server in front of 4 backends; %d '
              'requests a second to either at random (three in four keyed); '
              'after %g s of the store up, each fault for %g s, %g s apart: '
-             '%s.  %d runs.  Command: `%s`; commit %s.'
+             '%s.  %d runs.'
              % (doc['rate'], doc['before'], doc['outage'], doc['after'],
-                ', '.join(doc['faults']), len(runs), doc['command'],
-                doc['commit']), '',
+                ', '.join(doc['faults']), len(runs)), '',
              '| phase | requests | failed | latency p50 / p99 (ms) |',
              '|---|---:|---:|---:|']
     for name in runs[0]['phases']:
@@ -484,20 +486,6 @@ def report(doc):
     return '\n'.join(lines) + '\n'
 
 
-def commit():
-    """The commit measured, with + when the tree has uncommitted changes."""
-    try:
-        head = subprocess.run(['git', '-C', REPO, 'rev-parse', '--short',
-                               'HEAD'], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(['git', '-C', REPO, 'status', '--porcelain',
-                                '--untracked-files=no'],
-                               capture_output=True, text=True).stdout.strip()
-        return head + ('+' if dirty else '')
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--runs', type=int, default=3)
@@ -513,7 +501,8 @@ def main(argv=None):
     p.add_argument('--name', default='store-faults')
     p.add_argument('--record', action='store_true',
                    help='write to bench/results/<name>/ (a committed '
-                        'result), not build/bench-faults/<name>/')
+                        'result), not build/bench/<name>/ (RECORD=1 '
+                        'does the same)')
     p.add_argument('--keep', action='store_true',
                    help='keep each run\'s work directory (logs)')
     p.add_argument('--nginx', default=os.environ.get('NGINX_BIN',
@@ -522,6 +511,7 @@ def main(argv=None):
         'AFFINITY_MODULE', os.path.join(
             REPO, 'build', 'ngx_http_upstream_affinity_module.so')))
     args = p.parse_args(argv)
+    stamped = stamp.stamp(program=__file__, argv=argv)
     args.faults = [f for f in args.faults.split(',') if f]
     for f in args.faults:
         if f not in FAULTS:
@@ -546,17 +536,13 @@ def main(argv=None):
                 run.log('run %d: work directory %s' % (i + 1, workdir))
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
-    doc = {'name': args.name, 'rate': args.rate, 'before': args.before,
-           'outage': args.outage, 'after': args.after,
-           'faults': args.faults, 'runs': runs,
-           'command': ' '.join(['bench/faults/store_outage.py']
-                               + (argv if argv is not None
-                                  else sys.argv[1:])),
-           'commit': commit()}
+    doc = {'stamp': stamped, 'name': args.name, 'rate': args.rate,
+           'before': args.before, 'outage': args.outage,
+           'after': args.after, 'faults': args.faults, 'runs': runs}
     if args.record:
         outdir = os.path.join(REPO, 'bench', 'results', args.name)
     else:
-        outdir = os.path.join(REPO, 'build', 'bench-faults', args.name)
+        outdir = stamp.results_path(args.name)
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, 'results.json'), 'w') as f:
         json.dump(doc, f, indent=1)

@@ -13,7 +13,9 @@ numbers are directly comparable with a replay against the mock.
         --size full --profile tight --sessions off --store-latency 0.01 \\
         --policies module_x1_metrics,module_x4_shared
 
-prints one JSON document.  Workloads are workloads.py's (the Mooncake
+prints one JSON document (or writes it to --output), which begins with
+the stamp of bench/stamp.py: the command line, commit, module version and
+date of the run.  Workloads are workloads.py's (the Mooncake
 conversation trace by default, whole unless --limit, --start or --size
 cut a slice); --profile takes a fleet profile of profiles.py (replicas,
 running slots, cache size, arrival rate multiplier), whose values the
@@ -77,6 +79,7 @@ from pathlib import Path
 if __package__ in (None, ''):       # run as a file: bench/sim/bounds.py
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
+from bench import stamp  # noqa: E402
 from bench.sim import model, profiles, trace, workloads  # noqa: E402
 from bench.sim.fleet import (DEFAULT_FACTOR, DEFAULT_SLACK,  # noqa: E402
                              Fleet)
@@ -955,7 +958,8 @@ def compute(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    doc = compute(args)
+    doc = {'stamp': stamp.stamp(program=__file__, argv=argv),
+           **compute(args)}
     text = json.dumps(doc, indent=2)
     if args.output:
         Path(args.output).write_text(text + '\n')

@@ -15,7 +15,10 @@ loses, deterministically, in minutes.
     /usr/bin/python3 bench/sim/instances_offline.py --merge DIR/*/results.json
         --out DIR
 
-writes bench/results/<name>/results.json and results.md (or DIR's).
+writes build/bench/<name>/results.json and results.md, or DIR's, or with
+RECORD=1 in the environment the committed bench/results/<name>/'s; each
+begins with the run's command line, commit, module version and date
+(bench/stamp.py).
 Latencies are in seconds of profile time: the replay of bench.py runs 20
 times faster than real time, so 0.01 s stands for a store 0.5 ms away.
 --read-lag, --poll-lag and --transit are bounds.py's, the last two for one
@@ -42,6 +45,7 @@ from pathlib import Path
 if __package__ in (None, ''):       # run as a file
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
+from bench import stamp  # noqa: E402
 from bench.sim import bounds, workloads  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,9 +212,12 @@ def ablation_table(docs):
     return main, lines
 
 
-def ablation_report(docs, title):
+def ablation_report(docs, title, stamped=None):
     seeds, table = ablation_table(docs)
-    return '\n'.join(['# ' + title, '',
+    stamped = stamped or docs[0].get('stamp')
+    return '\n'.join(['# ' + title, '']
+                     + ([stamp.markdown(stamped), ''] if stamped else [])
+                     + [
                       'Offline (bench/sim/instances_offline.py), tight '
                       'profile, full size, seeds %s: N instances sharing a '
                       "store and the engines' figures (module_xN_shared), "
@@ -231,21 +238,23 @@ def ablation_report(docs, title):
 def report(doc):
     if 'variants' in doc:
         return ablation_report([doc], doc['name'])
-    lines = ['# ' + doc['name'], '',
-             'Offline (bench/sim/instances_offline.py), tight profile, '
-             'full size, seeds %s: four instances sharing a store and the '
-             "engines' figures (%s) against one with the "
-             "engines' figures (module_x1_metrics), seed by seed: hits ÷ "
-             "one's / TTFT p50 ÷ one's / peak in-flight − one's, median "
-             '[min–max].  Latency: seconds of profile time before what one '
-             'instance publishes reaches the others (0.01: a store 0.5 ms '
-             'away, replayed 20 times faster than real time).  Arrivals: '
-             "the trace's times, in ticks of 3 s, or each request at a "
-             'random moment of its tick.%s' % (', '.join(
-                 str(s) for s in doc['seeds']),
-                 doc.get('policy', SHARED), lags_text(doc)), '',
-             '| workload | arrivals | sessions | latency | four ÷ one |',
-             '|---|---|---|---:|---|']
+    lines = ['# ' + doc['name'], '']
+    if doc.get('stamp'):
+        lines += [stamp.markdown(doc['stamp']), '']
+    lines += ['Offline (bench/sim/instances_offline.py), tight profile, '
+              'full size, seeds %s: four instances sharing a store and the '
+              "engines' figures (%s) against one with the "
+              "engines' figures (module_x1_metrics), seed by seed: hits ÷ "
+              "one's / TTFT p50 ÷ one's / peak in-flight − one's, median "
+              '[min–max].  Latency: seconds of profile time before what one '
+              'instance publishes reaches the others (0.01: a store 0.5 ms '
+              'away, replayed 20 times faster than real time).  Arrivals: '
+              "the trace's times, in ticks of 3 s, or each request at a "
+              'random moment of its tick.%s' % (', '.join(
+                  str(s) for s in doc['seeds']),
+                  doc.get('policy', SHARED), lags_text(doc)), '',
+              '| workload | arrivals | sessions | latency | four ÷ one |',
+              '|---|---|---|---:|---|']
     for workload, by_arrivals in doc['results'].items():
         for arrivals, seeds in by_arrivals.items():
             for sessions in ('on', 'off'):
@@ -274,7 +283,7 @@ def main(argv=None):
     p.add_argument('--first-seed', type=int, default=1,
                    help='seeds FIRST.. FIRST + SEEDS - 1 (default 1)')
     p.add_argument('--out', help='where results go (default '
-                   'bench/results/NAME)')
+                   'build/bench/NAME, with RECORD=1 bench/results/NAME)')
     p.add_argument('--instances',
                    help='comma-separated instance counts sharing '
                         '(module_xN_shared), for ablations; with --without')
@@ -296,13 +305,15 @@ def main(argv=None):
         p.add_argument('--' + lag, type=float, default=0.0,
                        help="bounds.py's (default %(default)s)")
     args = p.parse_args(argv)
+    stamped = stamp.stamp(program=__file__, argv=argv)
     if args.merge:
         if not args.out:
             p.error('--merge needs --out')
         docs = [json.loads(Path(f).read_text()) for f in args.merge]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        text = ablation_report(docs, 'Ablation of what instances share')
+        text = ablation_report(docs, 'Ablation of what instances share',
+                               stamped)
         (out / 'summary.md').write_text(text)
         sys.stdout.write(text)
         return
@@ -341,7 +352,7 @@ def main(argv=None):
                 print('%s/%s/%d done in %.0f s' % (name, a, seed,
                                                    time.time() - began),
                       flush=True)
-    doc = {'name': args.name, 'policy': shared,
+    doc = {'stamp': stamped, 'name': args.name, 'policy': shared,
            'seeds': seeds,
            'latencies': latencies, 'lags': lags, 'results': results,
            'elapsed_s': round(time.time() - started, 1)}
@@ -350,7 +361,7 @@ def main(argv=None):
             '_client' if args.spread == 'client' else ''), counts=counts,
                    variants=[list(v) for v in variants])
     outdir = Path(args.out) if args.out \
-        else REPO / 'bench' / 'results' / args.name
+        else Path(stamp.results_path(args.name))
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / 'results.json').write_text(json.dumps(doc, indent=1) + '\n')
     (outdir / 'results.md').write_text(report(doc))

@@ -33,7 +33,9 @@ table gives the spread over the seeds, min-max of each figure.
 The module policies run the module's core library (core_policy.py), found
 as $AFFINITY_CORE_LIB when set, which the subprocesses inherit.  The
 simulations are deterministic: the same library and arguments give the
-same table.  Prints markdown on stdout, progress on stderr.
+same table.  Prints markdown on stdout, beginning with the run's command
+line, commit, module version and date (bench/stamp.py), progress on
+stderr.
 """
 
 import argparse
@@ -47,6 +49,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if __package__ in (None, ''):       # run as a file
+    sys.path[0] = str(REPO)
+
+from bench import stamp  # noqa: E402
+
 BOUNDS = Path('bench') / 'sim' / 'bounds.py'
 
 WORKLOADS = ('conversation', 'shared-docs', 'agentic', 'chat')
@@ -175,6 +182,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    stamped = stamp.stamp(program=__file__, argv=argv)
     workloads = args.workloads.split(',')
     seeds = range(1, args.seeds + 1)
     bounds = [(f, k) for f in args.factors.split(',')
@@ -185,6 +193,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     docs = run_all(keys, args.jobs)
     wall = time.perf_counter() - t0
+    print(stamp.markdown(stamped) + '\n')
     print('Each cell: hits / oracle, TTFT p50 / oracle, peak in-flight '
           '- oracle; the oracle at factor %s, slack %s; medians of seeds '
           '%d-%d.\n' % (DEFAULT_BOUND + (seeds[0], seeds[-1])))

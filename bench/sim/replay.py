@@ -51,6 +51,7 @@ from pathlib import Path
 if __package__ in (None, ''):       # run as a file: bench/sim/replay.py
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
+from bench import stamp  # noqa: E402
 from bench.sim import http1, trace, workloads  # noqa: E402
 
 START_LEAD_S = 0.05     # so that the first sends are not already late
@@ -486,7 +487,8 @@ def parse_args(argv=None):
                         '(its peaks then include earlier runs)')
     p.add_argument('--label', default='replay')
     p.add_argument('--model', default='mock-llm')
-    p.add_argument('--output', help='write the result JSON here')
+    p.add_argument('--output', help='write the result JSON here, stamped '
+                   'with the run\'s command, commit, version and date')
     p.add_argument('--timeout', type=float, default=120.0,
                    help='seconds (wall) per request (default %(default)s)')
     p.add_argument('--routes',
@@ -593,7 +595,8 @@ def one_line(doc):
 def main(argv=None):
     args = parse_args(argv)
     raise_open_file_limit()
-    doc = asyncio.run(run(args))
+    stamped = stamp.stamp(program=__file__, argv=argv)
+    doc = {'stamp': stamped, **asyncio.run(run(args))}
     if args.output:
         write_result(doc, args.output)
     print(one_line(doc))
