@@ -297,6 +297,40 @@ subtest 'parallel' => sub {
     is $t->backend_stats($fast2)->{max_inflight}, 200, 'all 200 in flight together';
 };
 
+subtest 'held and tagged requests' => sub {
+    # Held until released, however long that takes; counted by X-Tag.
+    my @tags = ('a', 'a', 'b', undef);
+    my @socks = map {
+        my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                         PeerPort => $fast1)
+            or die "connect $fast1: $!";
+        my $tag = defined $_ ? "X-Tag: $_\r\n" : '';
+        print {$sock} "GET /held HTTP/1.1\r\nHost: x\r\nX-Hold: 1\r\n"
+            . "${tag}Connection: close\r\n\r\n";
+        $sock;
+    } @tags;
+
+    my $stats;
+    my $deadline = time + 10;
+    until (($stats = $t->backend_stats($fast1))->{held} == 4 || time > $deadline) {
+        select undef, undef, undef, 0.05;
+    }
+    is $stats->{held}, 4, 'four requests held';
+    is $stats->{inflight}, 4, 'held requests are in flight';
+    is_deeply $t->backend_tags($fast1), { a => 2, b => 1 }, 'in flight by X-Tag';
+
+    is $t->backend_release($fast1), 4, 'four released';
+    for my $sock (@socks) {
+        local $/;
+        like <$sock>, qr{^HTTP/1\.1 200.*\r\n\r\n$fast1\n\z}s, 'answered once released';
+    }
+    $stats = $t->backend_stats($fast1);
+    is $stats->{held}, 0, 'none held';
+    is $stats->{inflight}, 0, 'none in flight';
+    is_deeply $t->backend_tags($fast1), {}, 'no tags left';
+    is $t->backend_release($fast1), 0, 'nothing to release';
+};
+
 subtest 'http client' => sub {
     my $res = $t->http(GET => '/cookie');
     is_deeply $res->{set_cookie}, ['a=1', 'b=2'], 'set_cookie list';
