@@ -389,7 +389,8 @@ sub handle_request {
 
     if ($path eq '/__stats') {
         my $tagged = join ',', map { "$_:$tags{$_}" } sort keys %tags;
-        queue_response($c, 200, sprintf("port=%d inflight=%d max_inflight=%d requests=%d held=%d%s%s\n",
+        queue_response($c, 200, sprintf(
+            "port=%d inflight=%d max_inflight=%d requests=%d held=%d%s%s\n",
             $PORT, @stats{qw(inflight max_inflight requests)}, scalar @held,
             length $tagged ? " tags=$tagged" : '',
             $DEFAULT_HOST ? '' : " addr=$HOST"), $req);
