@@ -121,7 +121,8 @@ for my $round (1 .. 3) {
     is served($child), $N - $holds,
         "round $round: the other workers' requests served";
 
-    # The next status a second after the last look gives them back.
+    # A status, a request or a new worker, a second after the last look,
+    # gives them back.
     my $given = qr/process $victim exited with (\d+) requests in flight,/;
     eventually(sub { status(); $t->error_log =~ $given }, 30 * $slow);
     my ($back) = $t->error_log =~ $given;
