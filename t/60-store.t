@@ -79,9 +79,17 @@ $b_upstream =~ s{/etc/nginx/affinity-store\.password}{$auth};
 $b_upstream =~ s{/etc/nginx/affinity-store\.secret}{$secret};
 $b_upstream =~ s/zone=llm_(\w+):\d+m/zone=b_$1:1m/g;
 
+my $b_status = $b->port;
+
 $a->write_conf(proxy_conf($a, upstream(%down)),
                events_conf => '    accept_mutex on;');
-$b->write_conf(proxy_conf($b, servers(\@replicas) . $b_upstream));
+$b->write_conf(proxy_conf($b, servers(\@replicas) . $b_upstream,
+                          http => <<"HTTP"));
+    server {
+        listen 127.0.0.1:$b_status;
+        location / { affinity_status; }
+    }
+HTTP
 $a->start_nginx;
 $b->start_nginx;
 
@@ -97,6 +105,21 @@ sub ask {
         body => $opt{body} // chat([ user => "Hello from $session" ]));
 }
 
+# The keys B holds in its zone of $kind (sessions, responses).
+sub known_on_b {
+    my ($kind) = @_;
+    my $r = $b->http(GET => '/', port => $b_status);
+    return 0 unless $r->{status} == 200;
+    return $json->decode($r->{body})->{upstreams}{llm}{zones}{$kind}{entries};
+}
+
+# Whether B comes to hold $n keys of $kind more than $before, from what A
+# learned: B asks nothing meanwhile, so they are A's, read from the store.
+sub learned_by_b {
+    my ($kind, $before, $n) = @_;
+    return eventually(sub { known_on_b($kind) >= $before + $n }, 10);
+}
+
 sub last_routes {
     my ($t, $n) = @_;
     my @r = routes($t);
@@ -106,9 +129,10 @@ sub last_routes {
 # ---- sessions --------------------------------------------------------------
 
 my @sessions = map { "shared-$_" } 1 .. 20;
+my $known = known_on_b('sessions');
 is scalar(grep { replica(ask($a, $_)) eq $only } @sessions), 20,
     'instance A pins every session to the one replica it sees';
-sleep 0.5;
+ok learned_by_b(sessions => $known, 20), 'B learns the 20 pins';
 
 my @on_b = map { replica(ask($b, $_)) } @sessions;
 is scalar(grep { $_ eq $only } @on_b), 20,
@@ -138,12 +162,13 @@ cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
 # A generated id is pinned and shared too, though its first request is
 # reported by what placed it (its prompt).
 {
+    my $known = known_on_b('sessions');
     my @generated = map {
         ask($a, undef, body => chat([ user => "Generated id, question $_" ]))
             ->{headers}{'x-session-id'} // ''
     } 1 .. 8;
     like $_, qr/^[0-9a-f-]{36}$/, 'A generated an id' for @generated;
-    sleep 0.5;
+    ok learned_by_b(sessions => $known, 8), 'B learns their pins';
     my @there = map {
         replica(ask($b, $_, body => chat([ user => "Another turn of $_" ])))
     } @generated;
@@ -170,6 +195,7 @@ cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
 
 {
     my @ids;
+    my $known = known_on_b('responses');
     for my $i (1 .. 10) {
         my $res = $a->http(POST => '/v1/responses', headers => \%ct,
             body => $json->encode({ model => 'm', input => "chain $i",
@@ -177,7 +203,7 @@ cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
         push @ids, $json->decode($res->{body})->{id} if $res->{status} == 200;
     }
     is scalar(@ids), 10, 'responses created through A';
-    sleep 0.5;
+    ok learned_by_b(responses => $known, 10), 'B learns their ids';
     my @res = map {
         $b->http(POST => '/v1/responses', headers => \%ct,
             body => $json->encode({ model => 'm', input => 'next',

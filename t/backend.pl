@@ -28,6 +28,12 @@ A request counts as in-flight from the moment it has been fully read until
 its response is queued.  A client that goes away while its request waits
 does not shorten the wait (like a real backend that keeps working).
 
+A request with an C<X-Hold> header waits, with no delay of its own, until
+C</__release> is asked: a test can hold requests in flight for as long as
+it needs, whatever the machine's speed.  A request with an C<X-Tag> header
+is counted under that tag while in flight (a proxy can send C<$pid> there:
+which worker holds which requests).
+
 Request bodies may use Content-Length or chunked transfer encoding.
 HTTP/1.1 connections are kept alive unless the client sends
 C<Connection: close>; HTTP/1.0 connections are kept alive only when the
@@ -35,9 +41,12 @@ client sends C<Connection: keep-alive>.
 
 Special paths (answered at once, not counted as requests):
 
-    /__stats   body "port=P inflight=N max_inflight=N requests=N\n", with
-               " addr=ADDR" before the newline when ADDR is not 127.0.0.1
+    /__stats   body "port=P inflight=N max_inflight=N requests=N held=N\n",
+               with " tags=TAG:N,TAG:N" (the requests in flight by X-Tag,
+               when any has one) and " addr=ADDR" (when ADDR is not
+               127.0.0.1) before the newline
     /__reset   zero max_inflight and requests (inflight is kept), body "ok\n"
+    /__release answer every held request now, body "released N\n"
 
 Options:
 
@@ -88,9 +97,11 @@ my $DEFAULT_HOST = $HOST eq '127.0.0.1';
 my $IDENTITY     = $DEFAULT_HOST ? $PORT : "$HOST:$PORT";
 
 my %stats = (inflight => 0, max_inflight => 0, requests => 0);
+my %tags;      # X-Tag => requests in flight with it
 
 my %conns;     # "$sock" => connection state
 my @timers;    # [deadline, connection] for delayed responses
+my @held;      # connections whose request waits for /__release
 my $running = 1;
 
 $SIG{PIPE} = 'IGNORE';
@@ -248,7 +259,8 @@ sub close_conn {
     if ($c->{state} eq 'wait') {
         # Read error while the request was waiting: drop it.
         @timers = grep { $_->[1] != $c } @timers;
-        $stats{inflight}--;
+        @held = grep { $_ != $c } @held;
+        request_ended($c);
     }
     $rsel->remove($c->{sock});
     $wsel->remove($c->{sock});
@@ -376,9 +388,18 @@ sub handle_request {
     my ($path) = split /\?/, $req->{path}, 2;
 
     if ($path eq '/__stats') {
-        queue_response($c, 200, sprintf("port=%d inflight=%d max_inflight=%d requests=%d%s\n",
-            $PORT, @stats{qw(inflight max_inflight requests)},
+        my $tagged = join ',', map { "$_:$tags{$_}" } sort keys %tags;
+        queue_response($c, 200, sprintf(
+            "port=%d inflight=%d max_inflight=%d requests=%d held=%d%s%s\n",
+            $PORT, @stats{qw(inflight max_inflight requests)}, scalar @held,
+            length $tagged ? " tags=$tagged" : '',
             $DEFAULT_HOST ? '' : " addr=$HOST"), $req);
+        return;
+    }
+    if ($path eq '/__release') {
+        my @released = splice @held;
+        finish_request($_) for @released;
+        queue_response($c, 200, 'released ' . scalar(@released) . "\n", $req);
         return;
     }
     if ($path eq '/__reset') {
@@ -391,11 +412,23 @@ sub handle_request {
     $stats{inflight}++;
     $stats{max_inflight} = $stats{inflight} if $stats{inflight} > $stats{max_inflight};
 
-    my $delay = $req->{headers}{'x-delay-ms'};
-    $delay = $opt{delay_ms} unless defined $delay && $delay =~ /^\d+$/;
+    my $tag = $req->{headers}{'x-tag'};
+    if (defined $tag && $tag =~ /^[\w.-]+$/) {
+        $c->{tag} = $tag;
+        $tags{$tag}++;
+    }
 
     $c->{state} = 'wait';
     $c->{req}   = $req;
+
+    if (defined $req->{headers}{'x-hold'}) {
+        push @held, $c;
+        return;
+    }
+
+    my $delay = $req->{headers}{'x-delay-ms'};
+    $delay = $opt{delay_ms} unless defined $delay && $delay =~ /^\d+$/;
+
     if ($delay > 0) {
         push @timers, [time + $delay / 1000, $c];
     }
@@ -407,8 +440,15 @@ sub handle_request {
 sub finish_request {
     my ($c) = @_;
     return if $c->{closed};
-    $stats{inflight}--;
+    request_ended($c);
     queue_response($c, 200, "$IDENTITY\n", delete $c->{req});
+}
+
+sub request_ended {
+    my ($c) = @_;
+    $stats{inflight}--;
+    my $tag = delete $c->{tag} // return;
+    delete $tags{$tag} unless --$tags{$tag};
 }
 
 sub queue_response {

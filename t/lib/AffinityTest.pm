@@ -53,7 +53,8 @@ C<start_backend_at> on any address of 127.0.0.0/8 (all local on Linux).
 A backend is named by a I<key>: its port if it listens on 127.0.0.1 (so
 plain port numbers work as they always have), C<"ADDR:PORT"> otherwise.
 Every method that takes a backend (C<stop_backend>, C<backend_stats>,
-C<backend_reset>, the C<port> of C<http>) accepts a key.
+C<backend_reset>, C<backend_tags>, C<backend_release>, the C<port> of
+C<http>) accepts a key.
 
 The DNS server answers A queries from a records file that C<set_dns>
 replaces atomically; it is read again for every query, so the next query
@@ -519,8 +520,9 @@ sub stop_service {
     return;
 }
 
-# $t->backend_stats($key) - { port, inflight, max_inflight, requests }, and
-# addr for a backend not on 127.0.0.1.
+# $t->backend_stats($key) - { port, inflight, max_inflight, requests, held },
+# tags while tagged requests are in flight (see backend_tags), and addr for
+# a backend not on 127.0.0.1.
 sub backend_stats {
     my ($self, $key) = @_;
     my $res = $self->http(GET => '/__stats', port => $key);
@@ -536,6 +538,24 @@ sub backend_reset {
     my $res = $self->http(GET => '/__reset', port => $key);
     croak "GET /__reset on backend $key failed" unless $res->{status} == 200;
     return 1;
+}
+
+# $t->backend_tags($key) - the requests in flight at a backend by their
+# X-Tag header: { tag => count }.
+sub backend_tags {
+    my ($self, $key) = @_;
+    my $tags = $self->backend_stats($key)->{tags} // '';
+    return { map { /^(.+):(\d+)$/ ? ($1 => $2) : () } split /,/, $tags };
+}
+
+# $t->backend_release($key) - answers the requests a backend holds (sent
+# with X-Hold); returns how many.
+sub backend_release {
+    my ($self, $key) = @_;
+    my $res = $self->http(GET => '/__release', port => $key);
+    croak "GET /__release on backend $key failed"
+        unless $res->{status} == 200 && $res->{body} =~ /^released (\d+)/;
+    return $1;
 }
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-// Prompt prefixes: the level schedule, the canonical prompt text of chat
-// completions, completions and Responses API bodies, and its levels counted
-// in code points, through affinity_level_schedule() and
-// affinity_json_prompt().
+// Prompt prefixes: the canonical prompt text of chat completions,
+// completions and Responses API bodies (prompt_walk.cpp), and the levels
+// cut from it (level_hasher.cpp): the schedule, counted in code points, the
+// message ends, through affinity_level_schedule() and affinity_json_prompt().
 //
 // The canonical text (prompt_walk.h), with US = 0x1f, RS = 0x1e and
 // GS = 0x1d:
