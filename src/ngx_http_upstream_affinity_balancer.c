@@ -514,6 +514,8 @@ ngx_http_upstream_affinity_decided(ngx_http_upstream_affinity_peer_data_t *ap,
     ctx->alternative_us = decision->alternative_us;
     ctx->alternative_len = 0;
     ctx->first_byte = 0;
+    ctx->backlog = decision->backlog_chars;
+    ctx->backlogged = (ctx->timed != NULL);
 
     if (decision->alternative < 0) {
         return;
@@ -722,6 +724,9 @@ ngx_http_upstream_free_affinity_peer(ngx_peer_connection_t *pc, void *data,
         if (state & NGX_PEER_FAILED) {
             affinity_zone_peer_failed(ap->shctx->zone, ap->slot);
         }
+
+        /* a try that ends without its first byte leaves the backlog too */
+        ngx_http_upstream_affinity_started(ap->ctx);
 
         affinity_zone_peer_release(ap->shctx->zone, ap->shctx->row,
                                    ap->slot);

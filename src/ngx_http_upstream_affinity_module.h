@@ -374,6 +374,9 @@ typedef struct {
                                                            body, after the
                                                            try began, + 1;
                                                            0: none yet */
+    uint32_t                                backlog;    /* the try's prompt
+                                                           characters in its
+                                                           peer's backlog */
     ngx_uint_t                              fallback;   /* why the body was
                                                            not used: an
                                                            affinity_fallback_e
@@ -384,6 +387,8 @@ typedef struct {
     unsigned                                echo:1;     /* safe in a cookie */
     unsigned                                exposed:1;  /* in the variable */
     unsigned                                usage_streamed:1;
+    unsigned                                backlogged:1;   /* until its
+                                                               first byte */
     ngx_http_upstream_affinity_srv_conf_t  *conf;
 } ngx_http_upstream_affinity_ctx_t;
 
@@ -474,8 +479,10 @@ affinity_response_format_e ngx_http_upstream_affinity_reply_format(
     ngx_http_request_t *r, ngx_str_t **encoding);
 
 /* ngx_http_upstream_affinity_usage.c: the replies' usage, for the cache
-   model */
+   model, and their first bytes, for the peers' backlogs */
 ngx_int_t ngx_http_upstream_affinity_init_usage_filter(ngx_conf_t *cf);
+void ngx_http_upstream_affinity_started(
+    ngx_http_upstream_affinity_ctx_t *ctx);
 
 /* ngx_http_upstream_affinity_metrics.c: the engines' own load */
 void ngx_http_upstream_affinity_metrics_init(ngx_cycle_t *cycle);

@@ -266,8 +266,8 @@ failed:
  * The pace of a peer: the replies it was learned from, the prefill time of
  * a thousand prompt tokens it does not hold, the decode time of an output
  * token, the wait before prefill of a request sent now (behind its
- * requests in flight), and the prompt characters a token; null while
- * unknown.
+ * requests in flight), the prompt characters a token, null while unknown,
+ * and the characters of prompts sent there whose first byte has not come.
  */
 
 static json_t *
@@ -278,7 +278,7 @@ ngx_http_upstream_affinity_json_pace(
 
     pace = &ps->pace;
 
-    return json_pack("{s:I,s:o,s:o,s:o,s:o}",
+    return json_pack("{s:I,s:o,s:o,s:o,s:o,s:I}",
                      "replies", (json_int_t) pace->replies,
                      "prefill_ms_per_ktoken",
                      ngx_http_upstream_affinity_json_figure(
@@ -294,7 +294,8 @@ ngx_http_upstream_affinity_json_pace(
                      "chars_per_token",
                      ngx_http_upstream_affinity_json_figure(
                          pace->chars_per_token
-                         ? (int64_t) pace->chars_per_token : -1, 256));
+                         ? (int64_t) pace->chars_per_token : -1, 256),
+                     "backlog_chars", (json_int_t) pace->backlog_chars);
 }
 
 

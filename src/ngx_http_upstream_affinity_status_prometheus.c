@@ -69,6 +69,7 @@ typedef enum {
     NGX_HTTP_UPSTREAM_AFFINITY_ENGINE_CACHE_TOKENS,
     NGX_HTTP_UPSTREAM_AFFINITY_LEARNED_CACHE_TOKENS,
     NGX_HTTP_UPSTREAM_AFFINITY_PACE_REPLIES,
+    NGX_HTTP_UPSTREAM_AFFINITY_PACE_BACKLOG,
     NGX_HTTP_UPSTREAM_AFFINITY_PACE_PREFILL,    /* from here: nanoseconds */
     NGX_HTTP_UPSTREAM_AFFINITY_PACE_DECODE,
     NGX_HTTP_UPSTREAM_AFFINITY_PACE_WAIT,
@@ -96,6 +97,9 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
       "replies taught (prefix_affinity without cache=)." },
     { "nginx_upstream_affinity_peer_pace_replies_total", "counter",
       "Replies the peer's pace was learned from." },
+    { "nginx_upstream_affinity_peer_backlog_chars", "gauge",
+      "Characters of prompts sent the peer whose first byte has not come: "
+      "the prefill a request sent now waits behind." },
     { "nginx_upstream_affinity_peer_prefill_seconds_per_token", "gauge",
       "The prefill time of a prompt token the peer does not hold, as its "
       "replies taught." },
@@ -342,6 +346,9 @@ ngx_http_upstream_affinity_status_prometheus(ngx_http_request_t *r,
                     break;
                 case NGX_HTTP_UPSTREAM_AFFINITY_PACE_REPLIES:
                     v = ps[j].pace.replies;
+                    break;
+                case NGX_HTTP_UPSTREAM_AFFINITY_PACE_BACKLOG:
+                    v = (int64_t) ps[j].pace.backlog_chars;
                     break;
                 case NGX_HTTP_UPSTREAM_AFFINITY_PACE_PREFILL:
                     v = ps[j].pace.prefill_ns

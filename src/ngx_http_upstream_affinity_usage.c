@@ -92,7 +92,20 @@ ngx_http_upstream_affinity_usage_body_filter(ngx_http_request_t *r,
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_upstream_affinity_module);
 
-    if (ctx == NULL || ctx->usage == NULL || in == NULL) {
+    if (ctx == NULL || in == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    if (ctx->backlogged) {
+        for (cl = in; cl; cl = cl->next) {
+            if (ngx_buf_size(cl->buf)) {
+                ngx_http_upstream_affinity_started(ctx);
+                break;
+            }
+        }
+    }
+
+    if (ctx->usage == NULL) {
         return ngx_http_next_body_filter(r, in);
     }
 
@@ -266,4 +279,23 @@ ngx_http_upstream_affinity_init_usage_filter(ngx_conf_t *cf)
     ngx_http_top_body_filter = ngx_http_upstream_affinity_usage_body_filter;
 
     return NGX_OK;
+}
+
+
+/*
+ * The try's first byte came, or the try ended: its prompt leaves its peer's
+ * backlog, the prefill that requests routed there since wait behind (the
+ * core's affinity_zone_peer_started()), once per try.
+ */
+
+void
+ngx_http_upstream_affinity_started(ngx_http_upstream_affinity_ctx_t *ctx)
+{
+    if (ctx == NULL || !ctx->backlogged) {
+        return;
+    }
+
+    ctx->backlogged = 0;
+    affinity_zone_peer_started(ctx->timed->zone, ctx->timed_slot,
+                               ctx->backlog);
 }

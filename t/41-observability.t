@@ -70,6 +70,7 @@ $EXPECTED{"nginx_upstream_affinity_$_"} = [qw(upstream peer backup)]
     for qw(peer_inflight peer_requests_total peer_failures_total peer_pins
            peer_engine_load peer_engine_cache_tokens
            peer_learned_cache_tokens peer_pace_replies_total
+           peer_backlog_chars
            peer_prefill_seconds_per_token peer_decode_seconds_per_token
            peer_estimated_wait_seconds);
 $EXPECTED{nginx_upstream_affinity_routes_total} = [qw(upstream peer route)];

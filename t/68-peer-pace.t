@@ -119,7 +119,8 @@ subtest 'nothing learned yet' => sub {
         is_deeply $pace->{$port},
             { replies => 0, prefill_ms_per_ktoken => undef,
               decode_ms_per_token => undef, wait_ms => undef,
-              chars_per_token => undef }, "$name{$port}: an empty pace";
+              chars_per_token => undef, backlog_chars => 0 },
+            "$name{$port}: an empty pace";
     }
 };
 

@@ -478,6 +478,10 @@ class Simulation:
         rep = self.fleet.replicas[job.replica]
         rep.end_prefill(job.chain)
         job.ttft = now - job.req.arrival
+        # The first token, for a policy that counts prefills ahead.
+        started = getattr(self.policy, 'started', None)
+        if started is not None and job.token is not None:
+            started(job.token)
         self._push(now + rep.params.decode_seconds(job.req.output_tokens),
                    _FINISH, job)
         following = rep.lane.release()

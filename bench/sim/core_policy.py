@@ -175,7 +175,7 @@ class Decision(ctypes.Structure):
                 ('cache_chars', c_u32), ('watched', ctypes.c_int32),
                 ('watched_unheard', c_u32), ('queued', c_u32),
                 ('held_chars', c_u32), ('estimate_us', ctypes.c_int64),
-                ('alternative', ctypes.c_int32), ('reserved', c_u32),
+                ('alternative', ctypes.c_int32), ('backlog_chars', c_u32),
                 ('alternative_us', ctypes.c_int64)]
 
 
@@ -253,6 +253,7 @@ SIGNATURES = {
                                        ctypes.c_size_t]),
     'affinity_zone_peer_slot': (c_u32, [ctypes.c_void_p, c_u64, c_u32]),
     'affinity_zone_peer_release': (None, [ctypes.c_void_p, c_u32, c_u32]),
+    'affinity_zone_peer_started': (None, [ctypes.c_void_p, c_u32, c_u32]),
     'affinity_zone_peer_timed': (None, [ctypes.c_void_p, c_u32, c_u64,
                                         P(ReplyTimes)]),
     'affinity_zone_peer_stats': (None, [ctypes.c_void_p, c_u32,
@@ -653,7 +654,8 @@ class ModulePolicy:
         timing = (self.peers[decision.peer].id, decision.queued,
                   chars or len(req.source.body_bytes())
                   if req.source is not None else chars)
-        return decision.peer, (decision.slot, probe, timing)
+        return decision.peer, (decision.slot, probe, timing,
+                               decision.backlog_chars)
 
     def replied(self, token, cached_tokens, prompt_tokens, first_s=None,
                 total_s=None, output_tokens=0):
@@ -661,7 +663,7 @@ class ModulePolicy:
         cached and prompt tokens teach its replica's cache size; its first
         token after first_s seconds and its last after total_s, streamed,
         teach its replica's pace (affinity_zone_peer_timed)."""
-        slot, probe, timing = token
+        slot, probe, timing, _ = token
         if probe is not None:
             peer_id, age, length, chars = probe
             self.lib.affinity_prefixes_replied(
@@ -674,6 +676,15 @@ class ModulePolicy:
                                prompt_tokens, cached_tokens, output_tokens)
             self.lib.affinity_zone_peer_timed(self.counter.handle, slot,
                                               peer_id, ctypes.byref(times))
+
+    def started(self, token):
+        """The request of token (choose()) got its first token: its
+        prefill leaves its replica's backlog (affinity_zone_peer_started),
+        as ..._usage.c does at a stream's first byte."""
+        slot, backlog = token[0], token[3]
+        if slot != NO_SLOT:
+            self.lib.affinity_zone_peer_started(self.counter.handle, slot,
+                                                backlog)
 
     def release(self, token):
         """The request of token (choose()) has ended."""
@@ -986,6 +997,10 @@ class Instances:
     def replied(self, token, cached_tokens, prompt_tokens, *times):
         k, inner, _ = token
         self.members[k].replied(inner, cached_tokens, prompt_tokens, *times)
+
+    def started(self, token):
+        k, inner, _ = token
+        self.members[k].started(inner)
 
     def release(self, token):
         k, inner, peer_id = token

@@ -336,7 +336,8 @@ void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
         return;
     }
 
-    const PeerPace &p = zone_of(zone).peer_slots()[slot].pace;
+    const PeerSlot &s = zone_of(zone).peer_slots()[slot];
+    const PeerPace &p = s.pace;
 
     pace->replies = atomic_load(&p.replies);
     pace->prefill_ns = atomic_load(&p.prefill_ns);
@@ -346,6 +347,18 @@ void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
     for (uint32_t q = 0; q < kPaceQueues; q++) {
         pace->wait_us[q] = pace_wait(p, q);
     }
+
+    // As routing reads it: nothing while nothing is in flight (zone.h).
+    if (atomic_load(&s.inflight) > 0) {
+        pace->backlog_chars = uint64_t(std::max<int64_t>(
+            atomic_load(&s.backlog), 0));
+    }
+}
+
+void affinity_zone_peer_started(affinity_zone_t *zone, uint32_t slot,
+                                uint32_t backlog_chars) noexcept
+{
+    zone_of(zone).started(slot, backlog_chars);
 }
 
 void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t row,

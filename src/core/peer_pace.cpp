@@ -27,6 +27,10 @@ constexpr uint32_t kDecodeTokensMin = 4;
 // first replies at a new depth, and after a queue formed, are believed.
 constexpr uint64_t kWaitLeapUs = 1000;
 
+// A pooled wait of this many decode tokens or more is a queue: below it,
+// the engine's own scheduling and other prompts' prefills.
+constexpr double kKneeTokens = 16.0;
+
 constexpr uint32_t kCharsPerTokenUnit = 256;
 constexpr uint32_t kCharsPerTokenDefault =
     AFFINITY_CHARS_PER_TOKEN * kCharsPerTokenUnit;
@@ -183,20 +187,83 @@ int64_t pace_wait(const PeerPace &pace, uint32_t queued) noexcept
     return std::max(most, last + slope * int64_t(queue - last_at));
 }
 
-int64_t pace_first_token(const PeerPace &pace, uint32_t queued,
-                         uint64_t uncached) noexcept
+QueueShape pace_shape(const PeerPace *const *paces, size_t n) noexcept
 {
-    int64_t wait = pace_wait(pace, queued);
+    double sum[kPaceQueues] = {};
+    uint32_t count[kPaceQueues] = {};
 
-    if (wait < 0) {
+    for (size_t i = 0; i < n; i++) {
+        if (paces[i] == nullptr) {
+            continue;
+        }
+
+        uint32_t decode = load(&paces[i]->decode_us);
+
+        if (decode == 0) {
+            continue;
+        }
+
+        for (uint32_t q = 0; q < kPaceQueues; q++) {
+            uint32_t w = load(&paces[i]->wait_us[q]);
+
+            if (w != 0) {
+                sum[q] += double(w - 1) / double(decode);
+                count[q]++;
+            }
+        }
+    }
+
+    // The knee: the first depth whose pooled wait is a queue.  The step:
+    // the mean growth a request beyond it, over the depths learned.
+    QueueShape shape;
+    double growth = 0.0;
+    uint32_t grown = 0;
+
+    for (uint32_t q = 0; q < kPaceQueues; q++) {
+        if (count[q] == 0) {
+            continue;
+        }
+
+        double wait = sum[q] / count[q];
+
+        if (shape.knee == 0 && wait >= kKneeTokens) {
+            shape.knee = std::max<uint32_t>(q, 1);
+        }
+
+        if (shape.knee != 0 && q >= shape.knee) {
+            growth += wait / double(q + 1 - shape.knee);
+            grown++;
+        }
+    }
+
+    if (grown) {
+        shape.step = growth / grown;
+    }
+
+    return shape;
+}
+
+int64_t pace_estimate(const PeerPace &pace, const QueueShape &shape,
+                      uint32_t queued, uint64_t uncached) noexcept
+{
+    uint32_t decode = load(&pace.decode_us);
+    uint32_t prefill = load(&pace.prefill_ns);
+
+    if (decode == 0 || prefill == 0) {
         return -1;
+    }
+
+    double wait = 0.0;
+
+    if (shape.knee != 0 && queued + 1 > shape.knee) {
+        wait = double(queued + 1 - shape.knee) * shape.step * double(decode);
     }
 
     uint32_t ratio = load(&pace.chars_per_token);
     uint64_t tokens = uncached * kCharsPerTokenUnit
                       / (ratio ? ratio : kCharsPerTokenDefault);
 
-    return wait + int64_t(uint64_t(load(&pace.prefill_ns)) * tokens / 1000);
+    return int64_t(wait) + int64_t(uint64_t(prefill) * tokens / 1000);
 }
 
 }  // namespace affinity

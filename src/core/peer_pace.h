@@ -6,6 +6,7 @@
 // to estimate a request's time to first token there (docs/routing.md).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "affinity_core.h"
@@ -39,10 +40,24 @@ void pace_learn(PeerPace &pace, const affinity_reply_times_t &t) noexcept;
 // -1 while nothing is learned at that count or below.
 int64_t pace_wait(const PeerPace &pace, uint32_t queued) noexcept;
 
+// How waits grow with the queue, pooled over an upstream's peers: each
+// peer's wait at a depth in its own decode time, so that fast and slow
+// peers of one engine show one shape.  Flat below the knee (running slots
+// free), one step of decode tokens a request beyond it.
+struct QueueShape {
+    uint32_t knee = 0;      // requests in flight that wait nothing; 0:
+                            // no queue seen yet
+    double step = 0.0;      // decode tokens a request beyond the knee
+};
+
+// The shape of the peers' paces (n of them, null entries skipped).
+QueueShape pace_shape(const PeerPace *const *paces, size_t n) noexcept;
+
 // The time to first token of a prompt of `uncached` characters the peer
-// does not hold, sent behind `queued` requests: the wait and the prefill,
-// in microseconds; -1 while the wait is not learned.
-int64_t pace_first_token(const PeerPace &pace, uint32_t queued,
-                         uint64_t uncached) noexcept;
+// does not hold, sent behind `queued` requests, by the shape: the wait
+// beyond the knee and the prefill, in microseconds; -1 while the peer's
+// decode or prefill is not learned.
+int64_t pace_estimate(const PeerPace &pace, const QueueShape &shape,
+                      uint32_t queued, uint64_t uncached) noexcept;
 
 }  // namespace affinity

@@ -15,6 +15,12 @@ namespace {
 // agent's parallel calls); a conversation's next turn comes later.
 constexpr uint64_t kSiblingsWithin = 1000;     // ms
 
+// Two peers' estimates closer than an eighth of the larger and a
+// millisecond are a tie, left to the counts: the estimates are learned
+// and noisy, the counts exact.
+constexpr int64_t kSoonerShare = 8;
+constexpr int64_t kSoonerUs = 1000;
+
 }  // namespace
 
 LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
@@ -36,6 +42,8 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
         int64_t unheard = 0;
         uint64_t tokens = 0;
         uint32_t slot = peers[i].slot;
+
+        backlog_[i] = 0;
 
         if (!zone.owns(slot, peers[i].id)) {
             slot = zone.claim_slot(peers[i].id, now);
@@ -69,8 +77,14 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
                                    n);
             }
 
-            // On the engine figures' cache line: read with them.
+            // On the engine figures' cache line: read with them, and the
+            // prefill ahead, none while nothing is in flight (zone.h).
             tokens = atomic_load(&s.cache_tokens);
+
+            if (n > 0) {
+                backlog_[i] = uint64_t(std::max<int64_t>(
+                    atomic_load(&s.backlog), 0));
+            }
         }
 
         slots_[i] = slot;
@@ -86,6 +100,15 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
     }
 
     share_per_weight_ = weights ? double(total + 1) / double(weights) : 0.0;
+
+    const PeerPace *paces[kMaxPeers];
+
+    for (size_t i = 0; i < npeers_; i++) {
+        paces[i] = slots_[i] != kNoSlot ? &slots[slots_[i]].pace : nullptr;
+    }
+
+    shape_ = pace_shape(paces, npeers_);
+
     uint32_t instances = zone.instances(now);
 
     presumed_ = zone.unheard_presumed(instances);
@@ -98,10 +121,34 @@ int64_t LoadBound::first_token(size_t i, uint64_t uncached) const noexcept
         return -1;
     }
 
-    return pace_first_token(slot_base_[slots_[i]].pace,
-                            uint32_t(std::min<int64_t>(inflight_[i],
-                                                       UINT32_MAX)),
-                            uncached);
+    // The prompts ahead that wait for their prefill, then this one's.
+    return pace_estimate(slot_base_[slots_[i]].pace, shape_,
+                         uint32_t(std::min<int64_t>(inflight_[i],
+                                                    UINT32_MAX)),
+                         uncached + backlog_[i]);
+}
+
+bool LoadBound::less_loaded(size_t a, size_t b, bool timed) const noexcept
+{
+    if (timed && chars_ != 0) {
+        int64_t ea = first_token(a, chars_);
+        int64_t eb = first_token(b, chars_);
+
+        if (ea >= 0 && eb >= 0) {
+            int64_t margin = std::max(ea, eb) / kSoonerShare + kSoonerUs;
+
+            if (ea + margin < eb) {
+                return true;
+            }
+
+            if (eb + margin < ea) {
+                return false;
+            }
+        }
+    }
+
+    return (inflight_[a] + 1) * int64_t(peers_[b].weight)
+           < (inflight_[b] + 1) * int64_t(peers_[a].weight);
 }
 
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
@@ -140,7 +187,8 @@ bool LoadBound::fits(size_t i, double limit) const noexcept
     return double(inflight_[i] + 1) + presumed <= limit;
 }
 
-int LoadBound::least_loaded(int skip, uint32_t rotate) const noexcept
+int LoadBound::least_loaded(int skip, uint32_t rotate, bool timed) const
+    noexcept
 {
     int best = -1;
 
@@ -151,7 +199,7 @@ int LoadBound::least_loaded(int skip, uint32_t rotate) const noexcept
             continue;
         }
 
-        if (best < 0 || less_loaded(i, static_cast<size_t>(best))) {
+        if (best < 0 || less_loaded(i, static_cast<size_t>(best), timed)) {
             best = static_cast<int>(i);
         }
     }
@@ -160,9 +208,10 @@ int LoadBound::least_loaded(int skip, uint32_t rotate) const noexcept
 }
 
 int LoadBound::least_loaded_on_ring(const Ring *ring, uint64_t hash,
-                                    uint32_t rotate) const noexcept
+                                    uint32_t rotate, bool timed) const
+    noexcept
 {
-    int least = least_loaded(-1, rotate);
+    int least = least_loaded(-1, rotate, timed);
 
     if (least < 0 || ring == nullptr) {
         return least;
@@ -172,7 +221,7 @@ int LoadBound::least_loaded_on_ring(const Ring *ring, uint64_t hash,
     // the ring that is not more loaded than it ties with it.
     int first = ring->walk(hash, [&](uint32_t peer) {
         return peer < npeers_ && usable(peer)
-               && !less_loaded(static_cast<size_t>(least), peer);
+               && !less_loaded(static_cast<size_t>(least), peer, timed);
     });
 
     return first >= 0 ? first : least;
@@ -654,11 +703,12 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
             if (request.levels[j].length < kDocumentChars) {
                 // Ties in the ring order of the whole prompt, so that prompts
                 // that share a long opening and end within one level's
-                // spacing spread over the idle peers rather than meet.
-                int spread = whole == own
-                             ? idlest
-                             : load.least_loaded_on_ring(ring, whole,
-                                                         request.rotate);
+                // spacing spread over the idle peers rather than meet.  By
+                // counts: the rest of the prompt is its own, a conversation
+                // placed as a new one is (below).
+                int spread = load.least_loaded_on_ring(ring, whole,
+                                                       request.rotate,
+                                                       false);
 
                 if (spread >= 0 && load.accepts(size_t(spread))) {
                     best = spread;
@@ -695,8 +745,13 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         }
     }
 
-    int fresh = walked ? idlest
-                       : load.least_loaded_on_ring(ring, own, request.rotate);
+    // A prompt no peer is presumed to hold opens a conversation: its next
+    // turns' cache goes where it lands.  Placed by counts, which keep the
+    // conversations, and the caches they fill, even over the peers: by the
+    // estimate, the faster peers took more than their caches hold
+    // (docs/routing.md, "Which peer is less loaded").  So is one whose
+    // longest held level is a short one every peer holds, above.
+    int fresh = load.least_loaded_on_ring(ring, own, request.rotate, false);
 
     if (fresh >= 0) {
         decision = decided(fresh, AFFINITY_ROUTE_PREFIX_NEW, 0);
@@ -773,11 +828,12 @@ uint32_t record_levels(PrefixTable &table, const uint64_t *keys,
 }
 
 // What the decision was made on, for the reply's times and the reason
-// ($affinity_reason): the chosen peer's queue, what it held and its
-// estimated time to first token, and the least loaded other peer's
+// ($affinity_reason): the chosen peer's queue, what it held (held_chars)
+// and its estimated time to first token, and the least loaded other peer's
 // estimate for the whole prompt.
 void explain(const LoadBound &load, const affinity_request_t &request,
-             size_t chosen, affinity_decision_t &decision) noexcept
+             size_t chosen, uint64_t held_chars,
+             affinity_decision_t &decision) noexcept
 {
     uint64_t size = request.prompt_size;
 
@@ -786,7 +842,7 @@ void explain(const LoadBound &load, const affinity_request_t &request,
         size = request.levels[request.nlevels - 1].length;
     }
 
-    uint64_t held = std::min<uint64_t>(decision.prefix_len, size);
+    uint64_t held = std::min<uint64_t>(held_chars, size);
 
     decision.queued = uint32_t(std::clamp<int64_t>(load.inflight(chosen), 0,
                                                    UINT32_MAX));
@@ -812,6 +868,16 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
     decision = decided(-1, AFFINITY_ROUTE_NONE, 0);
 
     LoadBound load(zone, peers, states, npeers, balance, request.now);
+
+    uint64_t size = request.prompt_size;
+
+    if (request.nlevels && request.levels
+        && request.levels[request.nlevels - 1].length > size)
+    {
+        size = request.levels[request.nlevels - 1].length;
+    }
+
+    load.weigh(size);
 
     bool sessions = zone.header().kind
                     == static_cast<uint32_t>(ZoneKind::Sessions);
@@ -883,6 +949,18 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
         decision.route = AFFINITY_ROUTE_RESPONSE_LOST;
     }
 
+    // What the chosen peer held of the prompt: the level matched, or for a
+    // session kept on its pin the longest level the pin holds, read before
+    // the levels are recorded for it.
+    uint64_t held = decision.prefix_len;
+
+    if (prefixes && held == 0
+        && decision.route == AFFINITY_ROUTE_SESSION_HIT)
+    {
+        held = uint64_t(std::max<int64_t>(
+            held_length(table, keys, capped, load, cache, chosen), 0));
+    }
+
     // The chosen peer now holds every level of this prompt in its cache:
     // later prompts that extend it will find it, whatever routed this one.
     if (prefixes) {
@@ -894,14 +972,17 @@ int route(Zone zone, const Ring *ring, const affinity_peer_t *peers,
                                              size_t(chosen), cache);
     }
 
-    explain(load, request, size_t(chosen), decision);
+    explain(load, request, size_t(chosen), held, decision);
 
 #ifdef AFFINITY_TRACE
     load.trace(zone, size_t(chosen), int(decision.route));
 #endif
 
     decision.slot = load.slot(size_t(chosen));
-    zone.acquire(request.row, decision.slot, decision.route, request.now);
+    decision.backlog_chars = uint32_t(std::min<uint64_t>(
+        size - std::min<uint64_t>(decision.held_chars, size), UINT32_MAX));
+    zone.acquire(request.row, decision.slot, decision.route, request.now,
+                 decision.slot != kNoSlot ? decision.backlog_chars : 0);
 
     // Placed there or not, the first peer weighed beside unheard requests
     // tells, once the announcement is read back, how many of the other

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "affinity_core.h"
+#include "peer_pace.h"
 #include "ring.h"
 #include "zone.h"
 
@@ -45,16 +46,18 @@ public:
     // (fits()).
     bool accepts(size_t i, int64_t extra = 0) const noexcept;
 
-    // The usable peer with the least in-flight per weight, other than skip;
-    // ties go to the first in rotation order starting at rotate.  -1 if none.
-    int least_loaded(int skip, uint32_t rotate) const noexcept;
+    // The usable peer least loaded (less_loaded(); by counts alone unless
+    // timed), other than skip; ties go to the first in rotation order
+    // starting at rotate.  -1 if none.
+    int least_loaded(int skip, uint32_t rotate, bool timed = true) const
+        noexcept;
 
-    // The usable peer with the least in-flight per weight; ties go to the
-    // first of them in ring order from hash (so that equal prompts meet on
-    // an idle fleet), or without a ring in rotation order from rotate.
-    // -1 if none.
+    // The usable peer least loaded; ties go to the first of them in ring
+    // order from hash (so that equal prompts meet on an idle fleet), or
+    // without a ring in rotation order from rotate.  -1 if none.
     int least_loaded_on_ring(const Ring *ring, uint64_t hash,
-                             uint32_t rotate) const noexcept;
+                             uint32_t rotate, bool timed = true) const
+        noexcept;
 
     // The first usable peer under its bound in ring order from hash, other
     // than skip; -1 if none.
@@ -92,12 +95,15 @@ public:
         return states_[i] == AFFINITY_PEER_FAILED;
     }
 
-    // Whether peer a has fewer in-flight requests per weight than peer b.
-    bool less_loaded(size_t a, size_t b) const noexcept
-    {
-        return (inflight_[a] + 1) * int64_t(peers_[b].weight)
-               < (inflight_[b] + 1) * int64_t(peers_[a].weight);
-    }
+    // Whether peer a is the sooner: by the estimated time to first token
+    // of the prompt weigh() set, the prefill ahead of it included, when
+    // both peers' paces are learned and the estimates are not a tie; else
+    // by fewer in-flight requests per weight (docs/routing.md, "Which peer
+    // is less loaded").
+    bool less_loaded(size_t a, size_t b, bool timed = true) const noexcept;
+
+    // The prompt's characters, for less_loaded(); 0: counts only.
+    void weigh(uint64_t chars) noexcept { chars_ = chars; }
 
     // Whether what the other instances may be sending unseen is presumed
     // for this request (fits()); it is, unless routing turns it off.
@@ -134,6 +140,9 @@ private:
     // The first peer weighed (fits()) with unheard requests, -1: none.
     // What the decision consulted, not the bound: set by const checks.
     mutable int watched_ = -1;
+    QueueShape shape_;              // the peers' pooled wait (peer_pace.h)
+    uint64_t chars_ = 0;            // weigh()
+    uint64_t backlog_[kMaxPeers];   // characters (zone.h), 0 when idle
     double share_per_weight_;
     double factor_;
     double slack_;

@@ -328,7 +328,7 @@ uint32_t Zone::find_slot(uint64_t peer_id) const noexcept
 // row is reaped, never one too many.  A count too high would narrow the
 // peer's bound for good; one too low is read as zero at worst.
 void Zone::acquire(uint32_t row, uint32_t slot, uint32_t route,
-                   uint64_t now) noexcept
+                   uint64_t now, uint32_t backlog) noexcept
 {
     if (slot >= kPeerSlots) {
         return;
@@ -348,6 +348,14 @@ void Zone::acquire(uint32_t row, uint32_t slot, uint32_t route,
     atomic_add<int64_t>(&s.inflight, 1);
     atomic_add<uint64_t>(&s.requests, 1);
     atomic_add<uint64_t>(&s.routes[route % kRoutes], 1);
+    atomic_add<int64_t>(&s.backlog, int64_t(backlog));
+}
+
+void Zone::started(uint32_t slot, uint32_t backlog) noexcept
+{
+    if (slot < kPeerSlots) {
+        atomic_add<int64_t>(&peer_slots()[slot].backlog, -int64_t(backlog));
+    }
 }
 
 void Zone::release(uint32_t row, uint32_t slot) noexcept
@@ -356,7 +364,14 @@ void Zone::release(uint32_t row, uint32_t slot) noexcept
         return;
     }
 
-    atomic_add<int64_t>(&peer_slots()[slot].inflight, -1);
+    PeerSlot &s = peer_slots()[slot];
+
+    // The last one out clears the backlog: what a worker that died left
+    // there, or a start that raced with the clear, lasts no longer than
+    // the peer's next idle moment.
+    if (__atomic_sub_fetch(&s.inflight, 1, __ATOMIC_RELAXED) == 0) {
+        atomic_store<int64_t>(&s.backlog, 0);
+    }
 
     if (row < header_->rows) {
         int32_t *count = &counts(row)[slot];

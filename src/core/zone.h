@@ -24,7 +24,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 11;
+constexpr uint32_t kLayoutVersion = 12;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -205,6 +205,11 @@ struct alignas(64) PeerSlot {
     uint32_t held_age;          // the oldest prefix found held
     uint32_t learned_unit;      // characters of its clock per stamp; 0:
                                 // not modelled yet
+    // Characters of prompts sent the peer, not presumed held, whose first
+    // byte has not come yet: the prefill a request sent now waits behind.
+    // Atomic, in the counter zone; read as 0 while the peer is idle, as a
+    // worker that died with tries open leaves them counted.
+    int64_t backlog;
     // What its replies taught of its speed (peer_pace.h), on a line of
     // its own: written at each reply's end, read at each decision.
     alignas(64) PeerPace pace;
@@ -335,7 +340,11 @@ public:
     // One request more or less in flight on a slot, counted in the row of
     // the worker that holds it too (lock-free).  row may be kNoRow.
     void acquire(uint32_t row, uint32_t slot, uint32_t route,
-                 uint64_t now) noexcept;
+                 uint64_t now, uint32_t backlog = 0) noexcept;
+
+    // A request's first token came, or it ended without one: its backlog
+    // characters leave the slot's (lock-free).
+    void started(uint32_t slot, uint32_t backlog) noexcept;
     void release(uint32_t row, uint32_t slot) noexcept;
 
     void add_pins(uint64_t peer_id, int64_t delta) noexcept;

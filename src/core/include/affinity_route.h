@@ -83,7 +83,7 @@ typedef struct {
     uint32_t    continues;  /* continues a stored response or
                                conversation (response_affinity) */
 
-    /* prompt prefixes (affinity_prompt_levels()), or none */
+    /* prompt prefixes (affinity_json_prompt()), or none */
     affinity_zone_t         *prefixes;      /* the prefix index zone */
     const affinity_level_t  *levels;        /* shortest first */
     uint32_t                 nlevels;
@@ -144,7 +144,9 @@ typedef struct {
     /* the best other peer weighed (index, -1 if none) and its estimate
        (-1: not learned): for $affinity_reason */
     int32_t     alternative;
-    uint32_t    reserved;
+    /* the characters of the prompt the chosen peer must prefill, counted in
+       its backlog until affinity_zone_peer_started() */
+    uint32_t    backlog_chars;
     int64_t     alternative_us;
 } affinity_decision_t;
 

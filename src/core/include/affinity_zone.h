@@ -185,6 +185,8 @@ typedef struct {
     uint32_t    chars_per_token;    /* x 256; 0 unknown */
     int64_t     wait_us[AFFINITY_PACE_QUEUES];  /* by requests in flight
                                                    when sent; -1 unknown */
+    uint64_t    backlog_chars;  /* prompt characters sent, not presumed
+                                   held, whose first byte has not come */
 } affinity_peer_pace_t;
 
 /* Lock-free: the pace of the peer in slot. */
@@ -200,6 +202,12 @@ AFFINITY_API void affinity_zone_peer_stats(const affinity_zone_t *zone,
  * row of the worker that counted it (AFFINITY_NO_ROW if it has none). */
 AFFINITY_API void affinity_zone_peer_release(affinity_zone_t *zone,
     uint32_t row, uint32_t slot) AFFINITY_NOEXCEPT;
+
+/* Lock-free: the request counted in slot with decision->backlog_chars got
+ * its first byte, or its try ended without one: its prompt leaves the
+ * peer's backlog (affinity_peer_pace_t.backlog_chars).  Once per try. */
+AFFINITY_API void affinity_zone_peer_started(affinity_zone_t *zone,
+    uint32_t slot, uint32_t backlog_chars) AFFINITY_NOEXCEPT;
 
 /* Lock-free: counts a request placed outside affinity_route() (by round
  * robin on a backup peer, or by an nginx sticky hint), as a fallback; now

@@ -1,0 +1,310 @@
+// Routing by the estimated time to first token (selection.h, less_loaded()):
+// the queue shape pooled over the peers, a slow peer getting less once
+// queues form, the prefill ahead (backlog) waited behind, and counts as
+// before while nothing is learned.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "affinity_core.h"
+#include "peer_pace.h"
+#include "test_support.h"
+#include "zone.h"
+
+using affinity_test::Routed;
+using affinity_test::Router;
+using affinity_test::TestZone;
+using affinity_test::Upstream;
+
+namespace {
+
+// Running slots of the synthetic engines, and the decode tokens a request
+// beyond them waits (a reply's average decode over the slots).
+constexpr uint32_t kSlots = 4;
+constexpr uint32_t kStepTokens = 50;
+
+// An engine: prefill per thousand tokens not held and decode per token, in
+// microseconds.  Its wait is kStepTokens decode tokens per request beyond
+// kSlots.
+struct Engine {
+    uint32_t prefill_us_per_k;
+    uint32_t decode_us;
+
+    affinity_reply_times_t reply(uint32_t queued) const
+    {
+        uint32_t prompt = 1000;
+        uint32_t output = 100;
+        uint64_t wait = queued + 1 > kSlots
+                        ? uint64_t(queued + 1 - kSlots) * kStepTokens
+                          * decode_us
+                        : 0;
+        uint64_t first = wait + prefill_us_per_k * uint64_t(prompt) / 1000;
+        uint64_t total = first + uint64_t(decode_us) * (output - 1);
+
+        affinity_reply_times_t t{};
+        t.first_ms = uint32_t(first / 1000);
+        t.total_ms = uint32_t(total / 1000);
+        t.queued = queued;
+        t.streamed = 1;
+        t.prompt_chars = prompt * 4;
+        t.prompt_tokens = prompt;
+        t.output_tokens = output;
+        return t;
+    }
+};
+
+const Engine kFast{50000, 20000};
+const Engine kSlow{125000, 50000};
+
+class PaceRouting : public ::testing::Test {
+protected:
+    // Teaches peer i the engine's pace: replies sent with nothing in
+    // flight (prefill), then at every depth.
+    void teach(size_t i, const Engine &engine)
+    {
+        for (int round = 0; round < 40; round++) {
+            for (uint32_t q = 0; q < AFFINITY_PACE_QUEUES; q++) {
+                affinity_reply_times_t t = engine.reply(q);
+                affinity_zone_peer_timed(zone.get(), up.peer(i).slot,
+                                         up.peer(i).id, &t);
+            }
+        }
+    }
+
+    // A prompt that opens with a system prompt both peers hold (a level of
+    // 2,000 characters), then a level of its own: placed among the
+    // holders.  (A prompt no peer holds opens a conversation, placed by
+    // counts: see below.)
+    std::vector<affinity_level_t> prompt(int n, uint32_t length = 2500)
+    {
+        std::string text = "prompt " + std::to_string(n);
+        affinity_level_t own{};
+        own.length = length;
+        own.hash = affinity_hash(text.data(), text.size(), 0);
+        return {system(), own};
+    }
+
+    static affinity_level_t system()
+    {
+        affinity_level_t level{};
+        level.length = 2000;
+        level.hash = affinity_hash("system", 6, 0);
+        return level;
+    }
+
+    void SetUp() override
+    {
+        uint64_t hash = system().hash;
+
+        for (size_t i = 0; i < up.size(); i++) {
+            affinity_prefixes_record(prefixes.get(), &hash, 1, up.peer(i).id,
+                                     router.now, router.prefix_timeout, 0);
+        }
+    }
+
+    void fill(size_t i, int n)
+    {
+        for (int k = 0; k < n; k++) {
+            up.acquire(i);
+        }
+    }
+
+    TestZone zone;
+    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
+    Upstream up{zone.get(), {1, 1}};
+    Router router{zone.get(), up};
+};
+
+}  // namespace
+
+TEST(QueueShape, PooledOverPeersOfDifferentSpeeds)
+{
+    TestZone zone;
+    affinity::PeerPace paces[2] = {};
+    const Engine engines[2] = {kFast, kSlow};
+
+    for (int i = 0; i < 2; i++) {
+        for (int round = 0; round < 40; round++) {
+            for (uint32_t q = 0; q < AFFINITY_PACE_QUEUES; q++) {
+                affinity::pace_learn(paces[i], engines[i].reply(q));
+            }
+        }
+    }
+
+    const affinity::PeerPace *both[2] = {&paces[0], &paces[1]};
+    affinity::QueueShape shape = affinity::pace_shape(both, 2);
+
+    EXPECT_EQ(shape.knee, kSlots);
+    EXPECT_NEAR(shape.step, double(kStepTokens), kStepTokens / 10.0);
+
+    // Beyond the knee the slow peer waits as much longer as it decodes.
+    int64_t fast = affinity::pace_estimate(paces[0], shape, 6, 0);
+    int64_t slow = affinity::pace_estimate(paces[1], shape, 6, 0);
+
+    EXPECT_NEAR(double(slow) / double(fast), 2.5, 0.25);
+
+    // Below it, only the prefill: the slow peer's by its own rate.
+    EXPECT_EQ(affinity::pace_estimate(paces[0], shape, 2, 0), 0);
+    EXPECT_NEAR(double(affinity::pace_estimate(paces[1], shape, 2, 4000)),
+                125000.0, 12500.0);
+}
+
+TEST(QueueShape, NoQueueSeenYetIsFlat)
+{
+    affinity::PeerPace pace{};
+
+    for (int round = 0; round < 40; round++) {
+        for (uint32_t q = 0; q < kSlots; q++) {
+            affinity::pace_learn(pace, kFast.reply(q));
+        }
+    }
+
+    const affinity::PeerPace *one[1] = {&pace};
+    affinity::QueueShape shape = affinity::pace_shape(one, 1);
+
+    EXPECT_EQ(shape.knee, 0u);
+    EXPECT_EQ(affinity::pace_estimate(pace, shape, 10, 0), 0);
+
+    affinity::PeerPace unknown{};
+    EXPECT_EQ(affinity::pace_estimate(unknown, shape, 0, 1000), -1);
+}
+
+TEST_F(PaceRouting, ASlowPeerGetsLessOnceQueuesForm)
+{
+    teach(0, kSlow);
+    teach(1, kFast);
+
+    // Both beyond their running slots, as many in flight: each new prompt
+    // waits 2.5 times less on the fast peer, until its queue is as long in
+    // time.
+    fill(0, 6);
+    fill(1, 6);
+
+    int fast = 0;
+
+    for (int n = 0; n < 3; n++) {
+        Routed r = router.route_prompt(prefixes.get(), prompt(n));
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+        fast += r.decision.peer == 1;
+    }
+
+    EXPECT_EQ(fast, 3);
+}
+
+TEST_F(PaceRouting, EqualPeersAreLeftToTheCounts)
+{
+    teach(0, kFast);
+    teach(1, kFast);
+    fill(0, 6);
+    fill(1, 6);
+
+    // The same speed: the counts decide, as without a pace, and the
+    // requests alternate.
+    for (int n = 0; n < 6; n++) {
+        Routed r = router.route_prompt(prefixes.get(), prompt(n));
+        ASSERT_EQ(r.rc, 0);
+
+        if (n % 2 == 1) {
+            EXPECT_EQ(up.inflight(0), up.inflight(1)) << "after " << n + 1;
+        }
+    }
+}
+
+TEST_F(PaceRouting, ThePrefillAheadIsWaitedBehind)
+{
+    teach(0, kFast);
+    teach(1, kFast);
+
+    // A long prompt is sent to one peer and has not started: its prefill
+    // (all but the system prompt of 200,000 characters, 2.5 s at 50 ms a
+    // thousand tokens) is ahead of any request sent there.
+    router.prompt_size = 200000;
+    Routed longest = router.route_prompt(prefixes.get(), prompt(100, 4000));
+    ASSERT_EQ(longest.rc, 0);
+    EXPECT_EQ(longest.decision.backlog_chars, 198000u);
+    size_t busy = size_t(longest.decision.peer);
+    size_t other = 1 - busy;
+
+    // The other peer as many in flight, none of them ahead of a prefill.
+    fill(other, 1);
+    router.prompt_size = 0;
+
+    Routed r = router.route_prompt(prefixes.get(), prompt(1));
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_EQ(size_t(r.decision.peer), other);
+    EXPECT_GT(r.decision.alternative_us, r.decision.estimate_us + 2000000);
+
+    // Its first byte came: nothing ahead there any more.
+    affinity_zone_peer_started(zone.get(), longest.decision.slot,
+                               longest.decision.backlog_chars);
+    fill(busy, 1);
+
+    Routed after = router.route_prompt(prefixes.get(), prompt(2));
+    ASSERT_EQ(after.rc, 0);
+    EXPECT_LT(after.decision.alternative_us,
+              after.decision.estimate_us + 100000);
+}
+
+TEST_F(PaceRouting, TheLastRequestOutClearsTheBacklog)
+{
+    teach(0, kFast);
+    teach(1, kFast);
+
+    // A try that never reported its start (its worker died): the backlog
+    // it left goes when the peer has nothing in flight.
+    router.prompt_size = 200000;
+    Routed r = router.route_prompt(prefixes.get(), prompt(1, 4000));
+    ASSERT_EQ(r.rc, 0);
+    size_t busy = size_t(r.decision.peer);
+
+    up.release(busy);
+    router.prompt_size = 0;
+    fill(0, 1);
+    fill(1, 1);
+
+    Routed after = router.route_prompt(prefixes.get(), prompt(2));
+    ASSERT_EQ(after.rc, 0);
+    EXPECT_LT(after.decision.alternative_us,
+              after.decision.estimate_us + 100000);
+}
+
+TEST_F(PaceRouting, ANewConversationIsPlacedByCounts)
+{
+    teach(0, kSlow);
+    teach(1, kFast);
+    fill(0, 6);
+    fill(1, 6);
+
+    // Held nowhere: where it lands, its next turns' cache lands too, so
+    // the counts keep the conversations even, whatever the speeds.
+    std::string text = "a conversation of its own";
+    affinity_level_t level{};
+    level.length = 2000;
+    level.hash = affinity_hash(text.data(), text.size(), 0);
+
+    for (int n = 0; n < 4; n++) {
+        level.hash++;
+        Routed r = router.route_prompt(prefixes.get(), {level});
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
+
+        if (n % 2 == 1) {
+            EXPECT_EQ(up.inflight(0), up.inflight(1)) << "after " << n + 1;
+        }
+    }
+}
+
+TEST_F(PaceRouting, WithoutAPaceTheCountsDecide)
+{
+    fill(0, 3);
+    fill(1, 1);
+
+    Routed r = router.route_prompt(prefixes.get(), prompt(1));
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_EQ(r.decision.peer, 1);
+    EXPECT_EQ(r.decision.estimate_us, -1);
+}
