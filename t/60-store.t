@@ -247,7 +247,28 @@ cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
         'A finds the store back';
     ok eventually(sub { $b->error_log =~ /store of upstream "llm" is back/ }, 10),
         'B finds the store back';
-    sleep 1;
+
+    # Each of A's workers keeps what it learned meanwhile and writes it
+    # before anything newer once its own connection is back; B reads the
+    # stream in order.  So once every worker of A that lost the store is
+    # back, and B knows a pin A made after that (a session_hit, not one B
+    # placed itself), B has read them.
+    ok eventually(sub {
+        my $lost = () = $a->error_log =~ /store of upstream "llm" unavailable/g;
+        my $back = () = $a->error_log =~ /store of upstream "llm" is back/g;
+        return $back >= $lost;
+    }, 30), 'every worker of A finds the store back';
+    my $caught = 0;
+    for my $k (1 .. 50) {
+        ask($a, "after-outage-$k");
+        my $there = replica(ask($b, "after-outage-$k"));
+        if ($there eq $only && (last_routes($b, 1))[0]{route} eq 'session_hit') {
+            $caught = 1;
+            last;
+        }
+        sleep 0.2;
+    }
+    ok $caught, 'B reads a pin A made after the store came back';
 
     is scalar(grep { replica(ask($b, $_)) eq $only } @outage), 10,
         'what A learned while the store was away reaches B';
