@@ -16,7 +16,8 @@ IO::Select event loop.  It listens on ADDR:PORT (ADDR is 127.0.0.1 unless
 C<--host> says otherwise) and can serve hundreds of concurrent connections.
 
 Every request (except the special paths below) is answered, after a delay,
-with C<200>, the headers C<X-Backend-Port: PORT>, C<Content-Type: text/plain>
+with C<200>, the headers C<X-Backend-Port: PORT>, C<X-Delayed-Ms> (the
+delay it applied), C<Content-Type: text/plain>
 and C<Content-Length>, and the body C<"PORT\n">.  A backend listening on an
 address other than 127.0.0.1 (several can then share a port, as the servers
 a DNS name resolves to do) also sends C<X-Backend-Addr: ADDR:PORT>, and its
@@ -428,6 +429,7 @@ sub handle_request {
 
     my $delay = $req->{headers}{'x-delay-ms'};
     $delay = $opt{delay_ms} unless defined $delay && $delay =~ /^\d+$/;
+    $c->{delay} = $delay;
 
     if ($delay > 0) {
         push @timers, [time + $delay / 1000, $c];
@@ -459,6 +461,7 @@ sub queue_response {
         "HTTP/1.1 $status $reason{$status}",
         "X-Backend-Port: $PORT",
         ($DEFAULT_HOST ? () : "X-Backend-Addr: $HOST:$PORT"),
+        (defined $c->{delay} ? 'X-Delayed-Ms: ' . delete $c->{delay} : ()),
         'Content-Type: text/plain',
         'Content-Length: ' . length($body),
         'Connection: ' . ($c->{keepalive} ? 'keep-alive' : 'close'),
