@@ -2,7 +2,7 @@
 
 # The prefill ahead of a request: two equal mock replicas whose prefill is
 # slow (half a millisecond a token), both holding one system prompt.  Once
-# their pace is learned, a long prompt (15,000 tokens, seconds of prefill)
+# their pace is learned, a long prompt (30,000 tokens, 15 s of prefill)
 # goes to one, and a stream of long output to the other, whose first token
 # comes at once.  Each then has one request in flight: the counts tie.
 # Short prompts that open with the system prompt, sent next, wait behind
@@ -122,14 +122,14 @@ my %opened = map { $_->[2] => 1 } (logged())[ $first .. $first + 7 ];
 is scalar(keys %opened), 2, 'both replicas hold the system prompt'
     or diag explain [ logged() ];
 
-# The long prompt: 60,000 characters, 7.5 s of prefill on either replica.
-in_background(text('long', 60000), 4, system => $SYSTEM);
+# The long prompt: 120,000 characters, 15 s of prefill on either replica.
+in_background(text('long', 120000), 4, system => $SYSTEM);
 
 my $busy;
 ok eventually(sub {
     my $p = peers();
     ($busy) = grep { $p->{$_}{inflight} == 1
-                     && $p->{$_}{pace}{backlog_chars} >= 50000 } @replicas;
+                     && $p->{$_}{pace}{backlog_chars} >= 100000 } @replicas;
     return defined $busy;
 }, 20), 'the long prompt waits for its prefill, counted as backlog'
     or diag explain peers();
@@ -146,6 +146,7 @@ ok eventually(sub {
     or diag explain peers();
 
 # Short prompts now: the counts tie, the prefill ahead does not.
+my $p;
 my $before = () = logged();
 for my $k (1 .. 6) {
     my $r = ask(text('short' . $k, 400), 8, system => $SYSTEM);
@@ -164,12 +165,21 @@ my ($theirs) = $short[0][1] =~ /~(\d+) ms$/;
 ok defined $theirs && $theirs >= 3000,
     'which counts the long prefill ahead there' or diag explain $short[0];
 
+# Each short prompt's first byte took it off again; the long one still
+# waits, the stream still runs.
+$p = peers();
+is $p->{$other}{pace}{backlog_chars}, 0,
+    'the short prompts left nothing ahead, the stream in flight'
+    or diag explain $p;
+cmp_ok $p->{$busy}{pace}{backlog_chars}, '>=', 100000,
+    'the long prompt still waits there' or diag explain $p;
+
 # Both done: no backlog left.
 for my $pid (@children) {
     waitpid $pid, 0;
     is $? >> 8, 0, 'the request in the background was served';
 }
-my $p = peers();
+$p = peers();
 is $p->{$_}{pace}{backlog_chars}, 0, "replica $_: no backlog left"
     for @replicas;
 

@@ -358,7 +358,9 @@ void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
 void affinity_zone_peer_started(affinity_zone_t *zone, uint32_t slot,
                                 uint32_t backlog_chars) noexcept
 {
-    zone_of(zone).started(slot, backlog_chars);
+    if (zone != nullptr) {
+        zone_of(zone).started(slot, backlog_chars);
+    }
 }
 
 void affinity_zone_peer_release(affinity_zone_t *zone, uint32_t row,

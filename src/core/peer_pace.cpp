@@ -31,6 +31,15 @@ constexpr uint64_t kWaitLeapUs = 1000;
 // the engine's own scheduling and other prompts' prefills.
 constexpr double kKneeTokens = 16.0;
 
+// A decode faster than this a token is no engine's: a proxy in front of
+// the peer that delivers a stream at once.  Such a peer's waits, in its
+// decode time, would swamp the pooled shape.
+constexpr uint32_t kDecodeUsPlausible = 100;
+
+// Estimates are clamped here (about eleven days): sums and margins of
+// two stay far inside int64_t.
+constexpr double kEstimateMaxUs = 1e12;
+
 constexpr uint32_t kCharsPerTokenUnit = 256;
 constexpr uint32_t kCharsPerTokenDefault =
     AFFINITY_CHARS_PER_TOKEN * kCharsPerTokenUnit;
@@ -199,7 +208,7 @@ QueueShape pace_shape(const PeerPace *const *paces, size_t n) noexcept
 
         uint32_t decode = load(&paces[i]->decode_us);
 
-        if (decode == 0) {
+        if (decode < kDecodeUsPlausible) {
             continue;
         }
 
@@ -260,10 +269,13 @@ int64_t pace_estimate(const PeerPace &pace, const QueueShape &shape,
     }
 
     uint32_t ratio = load(&pace.chars_per_token);
-    uint64_t tokens = uncached * kCharsPerTokenUnit
-                      / (ratio ? ratio : kCharsPerTokenDefault);
+    double tokens = double(uncached) * kCharsPerTokenUnit
+                    / double(ratio ? ratio : kCharsPerTokenDefault);
 
-    return int64_t(wait) + int64_t(uint64_t(prefill) * tokens / 1000);
+    // In double, and at most kEstimateMaxUs: learned figures at their
+    // extremes must not overflow what they are compared as.
+    return int64_t(std::min(wait + double(prefill) * tokens / 1000.0,
+                            kEstimateMaxUs));
 }
 
 }  // namespace affinity

@@ -81,7 +81,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
             // prefill ahead, none while nothing is in flight (zone.h).
             tokens = atomic_load(&s.cache_tokens);
 
-            if (n > 0) {
+            if (atomic_load(&s.inflight) > 0) {
                 backlog_[i] = uint64_t(std::max<int64_t>(
                     atomic_load(&s.backlog), 0));
             }

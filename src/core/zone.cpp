@@ -353,8 +353,19 @@ void Zone::acquire(uint32_t row, uint32_t slot, uint32_t route,
 
 void Zone::started(uint32_t slot, uint32_t backlog) noexcept
 {
-    if (slot < kPeerSlots) {
-        atomic_add<int64_t>(&peer_slots()[slot].backlog, -int64_t(backlog));
+    if (slot >= kPeerSlots) {
+        return;
+    }
+
+    // Never below zero: a start whose prompt a clear already took off
+    // (release()) must not cancel another's.
+    int64_t *word = &peer_slots()[slot].backlog;
+    int64_t was = atomic_load(word);
+
+    while (!__atomic_compare_exchange_n(
+               word, &was, std::max<int64_t>(was - int64_t(backlog), 0),
+               true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    {
     }
 }
 
@@ -367,9 +378,10 @@ void Zone::release(uint32_t row, uint32_t slot) noexcept
     PeerSlot &s = peer_slots()[slot];
 
     // The last one out clears the backlog: what a worker that died left
-    // there, or a start that raced with the clear, lasts no longer than
-    // the peer's next idle moment.
-    if (__atomic_sub_fetch(&s.inflight, 1, __ATOMIC_RELAXED) == 0) {
+    // there lasts no longer than the peer's next idle moment.  (A count a
+    // killed worker left one below the truth reaches zero a request early:
+    // the backlog is then low until the next start is counted.)
+    if (__atomic_sub_fetch(&s.inflight, 1, __ATOMIC_RELAXED) <= 0) {
         atomic_store<int64_t>(&s.backlog, 0);
     }
 
