@@ -105,6 +105,26 @@ protected:
         }
     }
 
+    // A long prompt (200,000 characters, all but the system prompt not
+    // held: 2.5 s of prefill at 50 ms a thousand tokens), sent and not
+    // started yet.
+    Routed send_long(int n)
+    {
+        router.prompt_size = 200000;
+        Routed r = router.route_prompt(prefixes.get(), prompt(n, 4000));
+        router.prompt_size = 0;
+        return r;
+    }
+
+    // A prompt routed now sees the other peer's estimate as its own, give
+    // or take its prefill: nothing waits ahead on either.
+    void expect_nothing_ahead(const std::vector<affinity_level_t> &levels)
+    {
+        Routed r = router.route_prompt(prefixes.get(), levels);
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_LT(r.decision.alternative_us, r.decision.estimate_us + 100000);
+    }
+
     void fill(size_t i, int n)
     {
         for (int k = 0; k < n; k++) {
@@ -220,10 +240,8 @@ TEST_F(PaceRouting, ThePrefillAheadIsWaitedBehind)
     teach(1, kFast);
 
     // A long prompt is sent to one peer and has not started: its prefill
-    // (all but the system prompt of 200,000 characters, 2.5 s at 50 ms a
-    // thousand tokens) is ahead of any request sent there.
-    router.prompt_size = 200000;
-    Routed longest = router.route_prompt(prefixes.get(), prompt(100, 4000));
+    // is ahead of any request sent there.
+    Routed longest = send_long(100);
     ASSERT_EQ(longest.rc, 0);
     EXPECT_EQ(longest.decision.backlog_chars, 198000u);
     size_t busy = size_t(longest.decision.peer);
@@ -231,7 +249,6 @@ TEST_F(PaceRouting, ThePrefillAheadIsWaitedBehind)
 
     // The other peer as many in flight, none of them ahead of a prefill.
     fill(other, 1);
-    router.prompt_size = 0;
 
     Routed r = router.route_prompt(prefixes.get(), prompt(1));
     ASSERT_EQ(r.rc, 0);
@@ -243,10 +260,7 @@ TEST_F(PaceRouting, ThePrefillAheadIsWaitedBehind)
                                longest.decision.backlog_chars);
     fill(busy, 1);
 
-    Routed after = router.route_prompt(prefixes.get(), prompt(2));
-    ASSERT_EQ(after.rc, 0);
-    EXPECT_LT(after.decision.alternative_us,
-              after.decision.estimate_us + 100000);
+    expect_nothing_ahead(prompt(2));
 }
 
 TEST_F(PaceRouting, TheLastRequestOutClearsTheBacklog)
@@ -256,20 +270,15 @@ TEST_F(PaceRouting, TheLastRequestOutClearsTheBacklog)
 
     // A try that never reported its start (its worker died): the backlog
     // it left goes when the peer has nothing in flight.
-    router.prompt_size = 200000;
-    Routed r = router.route_prompt(prefixes.get(), prompt(1, 4000));
+    Routed r = send_long(1);
     ASSERT_EQ(r.rc, 0);
     size_t busy = size_t(r.decision.peer);
 
     up.release(busy);
-    router.prompt_size = 0;
     fill(0, 1);
     fill(1, 1);
 
-    Routed after = router.route_prompt(prefixes.get(), prompt(2));
-    ASSERT_EQ(after.rc, 0);
-    EXPECT_LT(after.decision.alternative_us,
-              after.decision.estimate_us + 100000);
+    expect_nothing_ahead(prompt(2));
 }
 
 TEST_F(PaceRouting, ANewConversationIsPlacedByCounts)
