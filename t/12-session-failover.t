@@ -13,7 +13,7 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes placement moved);
+use AffinityConf qw(proxy_conf servers routes placement moved eventually);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(4);
@@ -50,8 +50,14 @@ subtest 'a killed backend moves only its own sessions' => sub {
     my @moved = grep { $_->{route} eq 'session_moved' } routes($t);
     is scalar(@moved), scalar(@victims), 'each was re-pinned once';
 
+    # Past fail_timeout the backend is usable again: new sessions reach it.
     $t->start_backend($victim);
-    sleep 3;    # past fail_timeout: the backend is usable again
+    my $probe = 0;
+    ok eventually(sub {
+        my $r = $t->http(GET => '/',
+                         headers => { 'X-Session-ID' => 'probe-' . $probe++ });
+        return ($r->{headers}{'x-backend-port'} // '') eq $victim;
+    }, 15), 'the backend is back';
 
     my $back = placement($t, \@ids);
     is_deeply moved($after, $back), [], 'moved sessions stay where they moved';

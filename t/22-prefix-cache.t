@@ -129,8 +129,15 @@ subtest 'prompts sent past this nginx count, as the engine reports them' => sub 
                          body => chat([ user => text("bypass$k", 2000) ]));
         is $r->{status}, 200, 'sent past nginx';
     }
-    # A few polls (every 100 ms).
-    select undef, undef, undef, 1;
+    # The first page served after the bypass holds it; two more polls
+    # (every 100 ms) and nginx has read it.
+    my $scrapes = sub {
+        JSON::PP->new->decode(
+            $t->http(GET => '/stats', port => $replica)->{body})->{scrapes};
+    };
+    my $since = $scrapes->();
+    ok eventually(sub { $scrapes->() >= $since + 3 }, 10),
+        'the engine was polled since';
 
     is ask(reported => $q->(3)), 'prefix_new',
         'presumed evicted by what the engine computed';

@@ -183,9 +183,10 @@ cmp_ok scalar(grep { $_ ne $only } @fresh), '>', 5,
 {
     my $prompt = chat([ system => 'Shared instructions. ' x 40 ],
                       [ user => 'A question only A has seen.' ]);
+    my $known = known_on_b('prefixes');
     is replica(ask($a, undef, body => $prompt)), $only,
         'a prompt without a session goes to A\'s replica';
-    sleep 0.5;
+    ok learned_by_b('prefixes', $known, 1), 'B reads where A sent it';
     is replica(ask($b, undef, body => $prompt)), $only,
         'B sends the same prompt there';
     is((last_routes($b, 1))[0]{route}, 'prefix_hit', '... as prefix_hit');

@@ -30,7 +30,8 @@ Endpoints, per replica:
     GET  /v1/conversations/{id}/items
                    lists take ?order=desc (the default, as OpenAI's) or asc
     GET  /metrics  Prometheus text: cache, queue and store counters
-    GET  /stats    the same figures as JSON
+    GET  /stats    the same figures as JSON, and how many /metrics pages
+                   were served (scrapes)
     POST /reset    empties the prefix cache and the stores, zeroes the counters
     GET  /health, /v1/models
 Every response carries X-Replica and X-Replica-Port.  Inference replies
@@ -526,6 +527,7 @@ class ServedReplica:
         self.params = replica.params
         self.sequence = 0
         self.lane_free = 0.0        # model time the last prefill ends
+        self.scrapes = 0            # /metrics pages served
         self.empty_stores()
 
     def empty_stores(self):
@@ -1068,10 +1070,12 @@ class Connection:
     async def serve_info(self, request, path):
         replica = self.replica
         if path == '/metrics':
+            replica.scrapes += 1
             return await self.send(request, 200, replica.metrics_text().encode(),
                                    'text/plain; version=0.0.4; charset=utf-8')
         if path == '/stats':
-            figures = {'replica': replica.name, 'port': replica.port}
+            figures = {'replica': replica.name, 'port': replica.port,
+                       'scrapes': replica.scrapes}
             figures.update(replica.stats())
             return await self.send_json(request, 200, figures)
         if path == '/health':
