@@ -18,6 +18,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use JSON::PP;
 use POSIX ();
 use Test::More;
 use Time::HiRes qw(sleep);
@@ -34,6 +35,7 @@ my $b = AffinityTest->new(workers => 2);
 my @ports = $a->start_backends(1);
 my $redis = $a->port;
 my $stream = "affinity-cache-test-$$";
+my $b_status = $b->port;
 
 $a->start_redis($redis);
 
@@ -48,6 +50,8 @@ for my $t ($a, $b) {
         . "        affinity_store 127.0.0.1:$redis stream=$stream;\n",
         http => $t == $b
             ? proxied_upstream(slow => servers([ $slow ]), $slow_listen)
+              . "    server {\n        listen 127.0.0.1:$b_status;\n"
+              . "        location / { affinity_status; }\n    }\n"
             : ''));
     $t->start_nginx;
 }
@@ -62,12 +66,23 @@ sub ask {
     return (routes($t))[-1]{route};
 }
 
+# B's store counters (affinity_status).
+sub store_of_b {
+    my $r = $b->http(GET => '/', port => $b_status);
+    return JSON::PP->new->decode($r->{body})->{upstreams}{llm}{store};
+}
+
 my $n = 0;
 sub others {
     my ($count) = @_;
+    my $applied = store_of_b()->{applied};
     ask($a, chat([ user => text('other' . $n++, 2000) ])) for 1 .. $count;
-    # What A announced reaches B (the store is on this machine).
-    sleep 0.5;
+    # What A announced reaches B (the store is on this machine): each
+    # prompt's fill and levels, applied.
+    ok eventually(sub { store_of_b()->{applied} >= $applied + 2 * $count },
+                  15), "B applies what A announced of $count prompts"
+        or diag explain store_of_b();
+    sleep 0.5;      # time for a second count, were any counted twice, to show
 }
 
 my $doc = text('document', 2400);
@@ -94,12 +109,12 @@ is ask($b, question(5)), 'prefix_hit', 'B: cached again';
         $b->http(GET => '/', port => $slow_listen);
         POSIX::_exit(0);
     }
-    sleep 0.3;
+    ok eventually(sub { $b->backend_stats($slow)->{inflight} == 1 }, 10),
+        'B\'s workers have the slow request';
     my %old = map { $_ => 1 } $b->worker_pids;
     kill 'HUP', $b->master_pid or die "kill HUP: $!";
     ok eventually(sub { grep({ !$old{$_} } $b->worker_pids) >= 2 }, 10),
         'B reloaded';
-    sleep 0.3;      # its new workers read the stream
     ok scalar(grep { $old{$_} } $b->worker_pids),
         'B\'s old workers still finish the slow request';
 

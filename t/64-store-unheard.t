@@ -266,7 +266,8 @@ my ($fourth, $pinned4) = sibling_in_flight('agent-4');
 ok eventually(sub { announcements() > $announced }, 2),
     'agent-4: the store took the first sibling\'s announcement'
     or diag explain [ $announced, announcements(), state_of_a()->{store} ];
-sleep 0.5;      # its answer reached A long ago
+sleep 0.5;      # for its answer to reach A: taken for the read-back, it
+                # would show
 is unheard()->{$pinned4}, 1,
     'agent-4: it is still unheard while A has not read it back';
 kill 'USR2', $relay_pid or die "relay: $!";
@@ -297,7 +298,8 @@ like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/, 'the store takes writes';
     sibling('probe-6');
     my ($sixth, $pinned6) = paused_with_a_sibling('agent-6');
     close $sixth;
-    sleep 0.5;      # A sees the client go and ends the request
+    ok eventually(sub { grep { $_->{session} eq 'agent-6' } routes($a) }, 10),
+        'agent-6: A sees the client go and ends the request';
     is unheard()->{$pinned6}, 1,
         'agent-6: it ended while its announcement waits';
     like redis_command(qw(CLIENT KILL TYPE normal)), qr/^:[1-9]/,
@@ -305,7 +307,8 @@ like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/, 'the store takes writes';
     like redis_command(qw(CLIENT UNPAUSE)), qr/^\+OK/,
         'agent-6: the store takes writes';
     ok eventually(sub { store_back($a) }, 10), 'agent-6: A is back on the store';
-    sleep 1;        # what A sent once back, B has read
+    sleep 1;        # for B to read what A sent once back: an end told
+                    # alone would show
     ok b_counts_none_of_a(), 'agent-6: B takes off none of A\'s requests'
         or diag explain engine_figures($b, $b_status, 'llm');
 }
@@ -451,7 +454,8 @@ ok eventually(sub {
         my @now = $a->worker_pids;
         return @now && !grep { my $w = $_; grep { $_ == $w } @killed } @now;
     }, 5), 'restart: A\'s worker is replaced';
-sleep 1.5;      # its reader reads the stream, a few hundred entries
+sleep 1.5;      # its reader reads the stream, a few hundred entries:
+                # what was read back, read back again would show
 SKIP: {
     skip 'A polled the replica since', 1
         unless polled_before($restart_port, $restarted);

@@ -142,7 +142,7 @@ is scalar(grep { $_->{status} == 200 } map { ask($b, "wrong-$_") } 1 .. 10), 10,
 ok eventually(sub {
         errors_of($b, qr/unavailable for \w+ \(authentication failed: "WRONGPASS/) >= 1
     }, 5), 'it is logged as a failed authentication, with the store\'s words';
-sleep 3;
+sleep 3;        # the worker tries again: an error said again would show
 cmp_ok errors_of($b, qr/authentication failed/), '<=', 1,
     'once for the worker, whatever its tries';
 unlike $b->error_log, qr/wrong-pass/, 'the password itself is never logged';
@@ -240,6 +240,7 @@ is_deeply [ map { $_->{route} } (routes($b))[-5 .. -1] ], [ ('session_new') x 5 
 # again, sealed as it was: B refuses it as a message its writer sent
 # before, and keeps the newer pin.
 {
+    my $applied = status_of($b)->{store}{applied};
     is replica(ask($a, 'replayed')), $only, 'A pins a session';
     my $mine = digest($keys, pin => 'replayed');
     my $old;
@@ -248,7 +249,8 @@ is_deeply [ map { $_->{route} } (routes($b))[-5 .. -1] ], [ ('session_new') x 5 
                      entries($redis, $stream);
             return $old;
         }, 5), 'A\'s pin is in the stream';
-    sleep 0.3;      # for B to read it
+    ok eventually(sub { status_of($b)->{store}{applied} > $applied }, 10),
+        'B reads it';
     is replica(ask($b, 'replayed', 'B turn 1')), $only, 'B follows it';
 
     # B loses the replica: the session moves there, and B's pin is newer.

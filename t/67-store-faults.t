@@ -122,13 +122,16 @@ $b->start_nginx;
 # ---- ids from the future, then the stream deleted --------------------------
 
 for my $round ('read on', 'a reload between') {
+    my $malformed = b_status()->{store}{malformed};
     like xadd($redis, $stream, m => 'from the future') // '', qr/^\d+-\d+$/,
         "$round: an entry";
     my $s = AffinityTest::redis_send($redis, 'XADD', $stream,
                                      '99999999999999-0', 'm', 'future');
     like scalar(<$s>), qr/^\$/, "$round: an entry with an id from the future";
     close $s;
-    sleep 0.5;      # B reads it: its record of the stream is in the future
+    # B reads both, not messages: its record of the stream is in the future
+    ok eventually(sub { b_status()->{store}{malformed} >= $malformed + 2 },
+                  10), "$round: B reads them";
     my $rewound = b_status()->{store}{rewound};
     $s = AffinityTest::redis_send($redis, 'DEL', $stream);
     like scalar(<$s>), qr/^:1/, "$round: the stream deleted";
@@ -168,7 +171,7 @@ like $b->error_log, qr/stream of upstream "llm" went back from 99999999999999-0/
     }
     ok eventually(sub { b_status()->{store}{rewound} > $rewound }, 12),
         'B reads the restored stream from its start';
-    sleep 0.5;
+    sleep 0.5;      # for B to read the rest: one counted replayed would show
     is b_status()->{store}{replayed}, $replayed,
         'and counts none of its entries replayed';
 }
@@ -185,11 +188,12 @@ like $b->error_log, qr/stream of upstream "llm" went back from 99999999999999-0/
     $b->reload_nginx;
     my $moved = replica(ask($b, $s, 'moved'));
     isnt $moved, $only, 'B moves it';
-    sleep 0.3;
+    sleep 0.3;      # B's pin reaches the store before the reload
 
     configure($b, $redis);
     $b->reload_nginx;
-    sleep 1;        # the new reader reads the stream from its start
+    sleep 1;        # the new reader reads the stream from its start: the
+                    # older pin put back would show
     is replica(ask($b, $s, 'after the reload')), $moved,
         'after a reload, B keeps the newer pin'
         or diag explain [ grep { $_->{session} eq $s } routes($b) ];
@@ -198,7 +202,7 @@ like $b->error_log, qr/stream of upstream "llm" went back from 99999999999999-0/
     ok eventually(sub { scalar($b->worker_pids) == 2
                         && $b->http(GET => '/', port => $b_status)->{status} == 200 }, 10),
         'every worker of B killed and replaced';
-    sleep 1;
+    sleep 1;        # likewise
     is replica(ask($b, $s, 'after the workers died')), $moved,
         '... and after its workers died';
 }
@@ -213,7 +217,7 @@ like $b->error_log, qr/stream of upstream "llm" went back from 99999999999999-0/
     ok eventually(sub { count_in_log($a, qr/unavailable for writing \(no reply in time\)/) >= 1 }, 8),
         'A notices the stalled store';
     my @more = placed_on_a('stopped-more', 8);
-    sleep 2.5;
+    sleep 2.5;      # the workers try again: the outage said again would show
     cmp_ok count_in_log($a, qr/unavailable for/) - $lost, '<=', 2,
         'said once per worker';
     kill 'CONT', $redis_pid or die "continue redis: $!";
@@ -241,7 +245,7 @@ like $b->error_log, qr/stream of upstream "llm" went back from 99999999999999-0/
     ok eventually(sub { $a->error_log =~ /unavailable for writing \(writes refused: "READONLY/ }, 8),
         'A is refused its writes, and says why';
     my $back = count_in_log($a, qr/is back/);
-    sleep 2;
+    sleep 2;        # the workers try again: a wrong "is back" would show
     is count_in_log($a, qr/is back/), $back, 'and does not say it is back meanwhile';
 
     my $s = AffinityTest::redis_send($replica_port, 'REPLICAOF', 'NO', 'ONE');
