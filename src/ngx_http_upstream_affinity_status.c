@@ -226,9 +226,9 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
     ngx_http_upstream_affinity_upstream_status_t *us,
     ngx_http_upstream_affinity_view_t *view)
 {
-    int64_t                                    queued;
-    uint32_t                                   slot;
-    ngx_uint_t                                 j;
+    int64_t                                   *waits;
+    uint32_t                                   slot, *slots;
+    ngx_uint_t                                 j, n;
     affinity_zone_t                           *zone;
     affinity_peer_stats_t                      learned;
     ngx_http_upstream_affinity_srv_conf_t     *ascf;
@@ -243,7 +243,15 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
 
     ngx_http_upstream_affinity_reap(shctx, r->connection->log);
 
-    for (j = 0; j < view->npeers + view->nbackup; j++) {
+    n = view->npeers + view->nbackup;
+
+    slots = ngx_palloc(r->pool, n * sizeof(uint32_t) + 1);
+    waits = ngx_palloc(r->pool, n * sizeof(int64_t) + 1);
+    if (slots == NULL || waits == NULL) {
+        return NGX_ERROR;
+    }
+
+    for (j = 0; j < n; j++) {
 
         ps = ngx_array_push(&us->peers);
         if (ps == NULL) {
@@ -278,17 +286,10 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
             slot = AFFINITY_NO_SLOT;    /* a pace of nothing learned */
         }
 
-        /*
-         * What its replies taught of its speed, in the same slot, and the
-         * wait before prefill of a request sent to it now, behind its
-         * requests in flight.
-         */
+        /* what its replies taught of its speed, in the same slot */
 
         affinity_zone_peer_pace(zone, slot, &ps->pace);
-
-        queued = ngx_min(ngx_max(ps->stats.inflight, 0),
-                         AFFINITY_PACE_QUEUES - 1);
-        ps->wait_us = ps->pace.wait_us[queued];
+        slots[j] = slot;
 
         /* what its replies taught of its cache is in the prefix zone */
 
@@ -304,6 +305,22 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
             ps->stats.learned_tokens = (learned.id == view->peers[j].id)
                                        ? learned.learned_tokens : 0;
         }
+    }
+
+    /*
+     * The wait before prefill of a request sent to each peer now, as
+     * routing estimates it: the primaries' shape pooled apart from the
+     * backups', as each set is balanced apart.
+     */
+
+    affinity_zone_peers_wait(zone, slots, view->npeers, waits);
+    affinity_zone_peers_wait(zone, slots + view->npeers, view->nbackup,
+                             waits + view->npeers);
+
+    ps = us->peers.elts;
+
+    for (j = 0; j < n; j++) {
+        ps[j].wait_us = waits[j];
     }
 
     return NGX_OK;

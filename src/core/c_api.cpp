@@ -355,6 +355,53 @@ void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
     }
 }
 
+void affinity_zone_peers_wait(const affinity_zone_t *zone,
+                              const uint32_t *slots, size_t n,
+                              int64_t *wait_us) noexcept
+{
+    const PeerPace *paces[kMaxPeers];
+
+    if (wait_us == nullptr) {
+        return;
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        wait_us[i] = -1;
+    }
+
+    if (zone == nullptr || slots == nullptr) {
+        return;
+    }
+
+    n = std::min(n, kMaxPeers);
+
+    const PeerSlot *base = zone_of(zone).peer_slots();
+
+    for (size_t i = 0; i < n; i++) {
+        paces[i] = slots[i] < kPeerSlots ? &base[slots[i]].pace : nullptr;
+    }
+
+    QueueShape shape = pace_shape(paces, n);
+
+    for (size_t i = 0; i < n; i++) {
+        if (paces[i] == nullptr) {
+            continue;
+        }
+
+        // As routing reads the slot (LoadBound): the backlog only while
+        // something is in flight.
+        const PeerSlot &s = base[slots[i]];
+        int64_t inflight = std::max<int64_t>(atomic_load(&s.inflight), 0);
+        uint64_t backlog = inflight > 0
+            ? uint64_t(std::max<int64_t>(atomic_load(&s.backlog), 0)) : 0;
+
+        wait_us[i] = pace_estimate(*paces[i], shape,
+                                   uint32_t(std::min<int64_t>(inflight,
+                                                              UINT32_MAX)),
+                                   backlog);
+    }
+}
+
 void affinity_zone_peer_started(affinity_zone_t *zone, uint32_t slot,
                                 uint32_t backlog_chars) noexcept
 {

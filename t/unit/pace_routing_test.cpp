@@ -317,3 +317,35 @@ TEST_F(PaceRouting, WithoutAPaceTheCountsDecide)
     EXPECT_EQ(r.decision.peer, 1);
     EXPECT_EQ(r.decision.estimate_us, -1);
 }
+
+TEST_F(PaceRouting, TheStatusShowsTheWaitRoutingEstimates)
+{
+    uint32_t slots[3] = {up.peer(0).slot, up.peer(1).slot, AFFINITY_NO_SLOT};
+    int64_t waits[3];
+
+    // Nothing learned: no estimate.
+    affinity_zone_peers_wait(zone.get(), slots, 3, waits);
+    EXPECT_EQ(waits[0], -1);
+    EXPECT_EQ(waits[1], -1);
+    EXPECT_EQ(waits[2], -1);
+
+    teach(0, kFast);
+    teach(1, kFast);
+
+    // The long prompt's prefill is ahead of anything sent to its peer.
+    Routed longest = send_long(100);
+    ASSERT_EQ(longest.rc, 0);
+    size_t busy = size_t(longest.decision.peer);
+
+    affinity_zone_peers_wait(zone.get(), slots, 3, waits);
+    EXPECT_GT(waits[busy], 2000000);
+    EXPECT_GE(waits[1 - busy], 0);
+    EXPECT_LT(waits[1 - busy], 100000);
+    EXPECT_EQ(waits[2], -1);
+
+    // Its first byte came: nothing ahead there any more.
+    affinity_zone_peer_started(zone.get(), longest.decision.slot,
+                               longest.decision.backlog_chars);
+    affinity_zone_peers_wait(zone.get(), slots, 2, waits);
+    EXPECT_LT(waits[busy], 100000);
+}

@@ -193,6 +193,14 @@ typedef struct {
 AFFINITY_API void affinity_zone_peer_pace(const affinity_zone_t *zone,
     uint32_t slot, affinity_peer_pace_t *pace) AFFINITY_NOEXCEPT;
 
+/* Lock-free: the wait before prefill of a request sent now to each peer
+ * of slots[0..n) (one upstream's primaries, or its backups), as routing
+ * estimates it: by the shape pooled over those peers, behind each one's
+ * requests in flight and the prefill ahead of them; -1 where a peer's
+ * pace is not learned or it has no slot (AFFINITY_NO_SLOT). */
+AFFINITY_API void affinity_zone_peers_wait(const affinity_zone_t *zone,
+    const uint32_t *slots, size_t n, int64_t *wait_us) AFFINITY_NOEXCEPT;
+
 /* Lock-free; counters are read atomically one by one. */
 AFFINITY_API void affinity_zone_peer_stats(const affinity_zone_t *zone,
     uint32_t slot, affinity_peer_stats_t *stats) AFFINITY_NOEXCEPT;
