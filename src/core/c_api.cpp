@@ -359,7 +359,7 @@ void affinity_zone_peers_wait(const affinity_zone_t *zone,
                               const uint32_t *slots, size_t n,
                               int64_t *wait_us) noexcept
 {
-    const PeerPace *paces[kMaxPeers];
+    const PeerPace *paces[kMaxPeers] = {};
 
     if (wait_us == nullptr) {
         return;
