@@ -12,7 +12,7 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 
 use AffinityTest;
-use AffinityConf qw(proxy_conf servers routes log_lines);
+use AffinityConf qw(proxy_conf servers routes route_lines);
 
 my $t = AffinityTest->new;
 my @ports = $t->start_backends(3);
@@ -166,7 +166,7 @@ subtest 'a generated id is reported by what placed it' => sub {
     is scalar(keys %{{ map { $_ => 1 } @ports }}), 1,
         'one prompt, one backend, whatever the ids';
 
-    my @r = map { (split /\|/)[0] } log_lines($gen_log);
+    my @r = map { $_->{route} } route_lines($gen_log);
     is_deeply \@r, [qw(prefix_new prefix_hit prefix_hit prefix_hit)],
         'routes: prefix_new, then prefix_hit';
 
@@ -175,12 +175,12 @@ subtest 'a generated id is reported by what placed it' => sub {
         body => '{"model":"m","messages":[{"role":"user","content":"other"}]}');
     is $again->{headers}{'x-backend-port'}, $ports[0],
         'the generated id was pinned: a later turn with another prompt stays';
-    is +(map { (split /\|/)[0] } log_lines($gen_log))[-1], 'session_hit',
+    is +(route_lines($gen_log))[-1]{route}, 'session_hit',
         'as a session_hit';
 
     $t->http(POST => '/', port => $gen_prompt,
         headers => { %$json, 'X-Session-ID' => 'client-own' }, body => $body);
-    is +(map { (split /\|/)[0] } log_lines($gen_log))[-1], 'session_new',
+    is +(route_lines($gen_log))[-1]{route}, 'session_new',
         'a new key the client sent is session_new';
 };
 

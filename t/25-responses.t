@@ -194,7 +194,7 @@ note "random: $random_misses of 160 turns missed";
             body => create_body("from $session", $previous, 0));
         return ($res, replica($res));
     };
-    my $route = sub { (split /\|/, (AffinityConf::log_lines($log))[-1])[0] };
+    my $route = sub { (AffinityConf::route_lines($log))[-1]{route} };
 
     # Two sessions on two different replicas.
     my ($first, $a) = $ask->('session-a');

@@ -8,11 +8,13 @@ use strict;
 use warnings;
 
 use Exporter 'import';
-our @EXPORT_OK = qw(proxy_conf servers routes session_request log_lines
+our @EXPORT_OK = qw(proxy_conf servers routes route_lines session_request
+                    log_lines
                     placement moved chat proxied_upstream eventually
                     engine_figures text);
 
 use JSON::PP ();
+use sort 'stable';
 use Time::HiRes qw(sleep time);
 
 # engine_figures($t, $port, $upstream) - what the status page on $port says
@@ -45,7 +47,7 @@ sub proxy_conf {
     my $location = $opt{location} // '';
 
     return <<"EOF";
-    log_format route '\$affinity_route|\$affinity_session|\$upstream_addr|\$status';
+    log_format route '\$msec|\$request_time|\$affinity_route|\$affinity_session|\$upstream_addr|\$status';
     client_body_buffer_size 1m;
     client_max_body_size 8m;
 $http
@@ -129,17 +131,30 @@ sub log_lines {
     return @lines;
 }
 
-# routes($t) - the route log as a list of {route, session, upstream, status}.
+# routes($t) - the route log as a list of {route, session, upstream, status},
+# in the order the requests started: with several workers, a request's line
+# may be written after that of the next request its client sent.
 sub routes {
     my ($t) = @_;
+    return route_lines($t->path('logs/route.log'));
+}
+
+# route_lines($path) - as routes(), of another log in the "route" format.
+sub route_lines {
+    my ($path) = @_;
     my @r;
-    for my $line (log_lines($t->path('logs/route.log'))) {
+    for my $line (log_lines($path)) {
         chomp $line;
-        my ($route, $session, $upstream, $status) = split /\|/, $line, 4;
+        my ($msec, $took, $route, $session, $upstream, $status)
+            = split /\|/, $line, 6;
         push @r, { route => $route, session => $session,
-                   upstream => $upstream, status => $status };
+                   upstream => $upstream, status => $status,
+                   started => sprintf('%.0f', ($msec - $took) * 1000) };
     }
-    return @r;
+    # sort is stable: requests started in the same millisecond keep the
+    # order of their lines
+    return map { delete $_->{started}; $_ }
+           sort { $a->{started} <=> $b->{started} } @r;
 }
 
 # session_request($id, %opt) - a request spec for $t->parallel carrying
