@@ -126,7 +126,7 @@ static ngx_command_t  ngx_http_upstream_affinity_commands[] = {
       NULL },
 
     { ngx_string("affinity_balance"),
-      NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
       ngx_http_upstream_affinity_balance,
       NGX_HTTP_SRV_CONF_OFFSET,
       0,

@@ -107,6 +107,7 @@ my @good = (
         . 'field=metadata.session_id generate zone=llm_sessions:16m timeout=1h;',
     "session_affinity header=A header=B timeout=90s;\n affinity_balance factor=1.25 slack=2;",
     "affinity_balance factor=2 slack=0;\n session_affinity zone=z:128k;",
+    "prefix_affinity;\n affinity_balance;",
 );
 
 for my $directive (@good) {
