@@ -149,6 +149,41 @@ subtest '300 conversations sharing a system prompt: bounded, then sticky' => sub
     is $moved, 0, 'every conversation stayed on its backend for turns 2 and 3';
 };
 
+# Sixteen clients at a time, each through a conversation's four turns: the
+# system prompt is short enough to copy, so new conversations spread over
+# every backend, not only over those that hold it already, and no holder
+# sits at the bound so long that a conversation's turn moves.
+subtest '160 conversations sharing a system prompt, 16 at a time' => sub {
+    my $system = 'You are a careful assistant for the operations team. ' x 38;
+    my (%where, %per);
+
+    $t->backend_reset($_) for @ports;
+    for my $wave (0 .. 9) {
+        my @convs = map { 3000 + $wave * 16 + $_ } 1 .. 16;
+        for my $turn (1 .. 4) {
+            my @r = $t->parallel([ map {
+                { method => 'POST', path => '/',
+                  headers => { %json, 'X-Delay-Ms' => 150 + 20 * ($_ % 8) },
+                  body => chat(conversation($_, $turn, system => $system)) }
+            } @convs ]);
+            for my $i (0 .. $#convs) {
+                my $b = backend($r[$i]);
+                $where{ $convs[$i] }{$b}++;
+                $per{$b}++;
+            }
+        }
+    }
+
+    my @counts = map { $per{$_} // 0 } @ports;
+    my @peaks = map { $t->backend_stats($_)->{max_inflight} } @ports;
+    my $split = grep { keys %{ $where{$_} } > 1 } keys %where;
+    note "requests per backend: @counts; peak in-flight: @peaks";
+    is sum(@counts), 640, 'all served';
+    is scalar(grep { $_ >= 80 } @counts), 4,
+        'every backend takes at least half its share';
+    ok $split <= 8, "$split of 160 conversations split (at most 5 %)";
+};
+
 subtest 'a 2 MB body in a temporary file routes by prefix' => sub {
     my $long = words(3000, 1, 1) . ' ' . ('lorem ipsum dolor sit amet ' x 80000);
     ok length($long) > 2_000_000, 'a 2 MB prompt';

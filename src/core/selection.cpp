@@ -151,6 +151,30 @@ bool LoadBound::less_loaded(size_t a, size_t b, bool timed) const noexcept
            < (inflight_[b] + 1) * int64_t(peers_[a].weight);
 }
 
+bool LoadBound::worth_copying(size_t to, size_t from, uint64_t held) const
+    noexcept
+{
+    if (chars_ != 0) {
+        int64_t et = first_token(to, chars_);
+        int64_t ef = first_token(from, chars_ > held ? chars_ - held : 0);
+
+        if (et >= 0 && ef >= 0) {
+            int64_t margin = std::max(et, ef) / kSoonerShare + kSoonerUs;
+
+            if (et + margin < ef) {
+                return true;
+            }
+
+            if (ef + margin < et) {
+                return false;
+            }
+        }
+    }
+
+    return (inflight_[to] + 2) * int64_t(peers_[from].weight)
+           <= inflight_[from] * int64_t(peers_[to].weight);
+}
+
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
 {
     double share = share_per_weight_ * std::max<uint32_t>(peers_[i].weight, 1);
@@ -364,6 +388,16 @@ struct Holders {
                 index[count++] = i;
             }
         }
+    }
+
+    bool has(int i) const noexcept
+    {
+        for (size_t k = 0; k < count; k++) {
+            if (index[k] == i) {
+                return true;
+            }
+        }
+        return false;
     }
 };
 
@@ -696,8 +730,17 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         // Short (a system prompt, tool schemas), it is copied at no cost:
         // the least loaded peer takes it.  Long (a document), it goes to
         // the prompt's ring peer unless a holder is less loaded, so that
-        // it is not copied into every cache.
-        if (best >= 0 && holders.count == kPrefixPeers) {
+        // it is not copied into every cache.  A short level two or three
+        // peers hold is copied alike, but only to a peer sooner than the
+        // holder chosen once the copy's prefill is counted
+        // (worth_copying()): else a peer that never got a system prompt's
+        // first requests would never get any (docs/routing.md,
+        // "Prefixes").
+        bool widely = holders.count == kPrefixPeers;
+        bool copied = !widely && request.levels[j].length < kDocumentChars
+                      && holders.count >= kStayHolders;
+
+        if (best >= 0 && (widely || copied)) {
             uint64_t whole = request.levels[request.nlevels - 1].hash;
 
             if (request.levels[j].length < kDocumentChars) {
@@ -710,7 +753,13 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                                                        request.rotate,
                                                        false);
 
-                if (spread >= 0 && load.accepts(size_t(spread))) {
+                if (spread >= 0 && load.accepts(size_t(spread))
+                    && (widely
+                        || (!holders.has(spread)
+                            && load.worth_copying(size_t(spread),
+                                                  size_t(best),
+                                                  request.levels[j].length))))
+                {
                     best = spread;
                 }
 

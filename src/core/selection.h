@@ -102,6 +102,14 @@ public:
     // is less loaded").
     bool less_loaded(size_t a, size_t b, bool timed = true) const noexcept;
 
+    // Whether peer to, which does not hold the first held characters of
+    // the prompt, is sooner than peer from, which does: by the estimates
+    // with that prefill counted on to alone, when both are learned and
+    // not a tie; else by counts, to having at least two fewer in flight
+    // per weight (its copy's prefill is worth about a request).
+    bool worth_copying(size_t to, size_t from, uint64_t held) const
+        noexcept;
+
     // The prompt's characters, for less_loaded(); 0: counts only.
     void weigh(uint64_t chars) noexcept { chars_ = chars; }
 

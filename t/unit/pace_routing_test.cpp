@@ -59,19 +59,25 @@ struct Engine {
 const Engine kFast{50000, 20000};
 const Engine kSlow{125000, 50000};
 
+// Teaches peer i of up the engine's pace: replies sent with nothing in
+// flight (prefill), then at every depth.
+void teach_peer(affinity_zone_t *zone, Upstream &up, size_t i,
+                const Engine &engine)
+{
+    for (int round = 0; round < 40; round++) {
+        for (uint32_t q = 0; q < AFFINITY_PACE_QUEUES; q++) {
+            affinity_reply_times_t t = engine.reply(q);
+            affinity_zone_peer_timed(zone, up.peer(i).slot, up.peer(i).id,
+                                     &t);
+        }
+    }
+}
+
 class PaceRouting : public ::testing::Test {
 protected:
-    // Teaches peer i the engine's pace: replies sent with nothing in
-    // flight (prefill), then at every depth.
     void teach(size_t i, const Engine &engine)
     {
-        for (int round = 0; round < 40; round++) {
-            for (uint32_t q = 0; q < AFFINITY_PACE_QUEUES; q++) {
-                affinity_reply_times_t t = engine.reply(q);
-                affinity_zone_peer_timed(zone.get(), up.peer(i).slot,
-                                         up.peer(i).id, &t);
-            }
-        }
+        teach_peer(zone.get(), up, i, engine);
     }
 
     // A prompt that opens with a system prompt both peers hold (a level of
@@ -348,4 +354,58 @@ TEST_F(PaceRouting, TheStatusShowsTheWaitRoutingEstimates)
                                longest.decision.backlog_chars);
     affinity_zone_peers_wait(zone.get(), slots, 2, waits);
     EXPECT_LT(waits[busy], 100000);
+}
+
+// A short prefix two peers hold (a system prompt) goes to a third peer
+// that lacks it when that one is sooner with the prefix's prefill counted
+// there, and stays with a holder when it is not.
+TEST(ShortPrefixCopy, GoesToASoonerPeerThatLacksIt)
+{
+    TestZone zone;
+    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
+    Upstream up{zone.get(), {1, 1, 1}};
+    Router router{zone.get(), up, {1.25, 4.0, 0, 0}};
+
+    affinity_level_t system{};
+    system.length = 2000;
+    system.hash = affinity_hash("system", 6, 0);
+
+    for (size_t i = 0; i < 2; i++) {
+        affinity_prefixes_record(prefixes.get(), &system.hash, 1,
+                                 up.peer(i).id, router.now,
+                                 router.prefix_timeout, 0);
+    }
+
+    for (size_t i = 0; i < 3; i++) {
+        teach_peer(zone.get(), up, i, kFast);
+    }
+
+    auto prompt = [&](int n) {
+        std::string text = "a question " + std::to_string(n);
+        affinity_level_t own{};
+        own.length = 2100;
+        own.hash = affinity_hash(text.data(), text.size(), 0);
+        return std::vector<affinity_level_t>{system, own};
+    };
+
+    // Beyond the running slots, as many in flight everywhere: the
+    // holders are sooner, by the system prompt's prefill.
+    for (size_t i = 0; i < 3; i++) {
+        for (int k = 0; k < 6; k++) {
+            up.acquire(i);
+        }
+    }
+
+    Routed held = router.route_prompt(prefixes.get(), prompt(1));
+    ASSERT_EQ(held.rc, 0);
+    EXPECT_NE(held.decision.peer, 2);
+
+    // The third peer a request fewer than the least loaded holder: one
+    // request's wait sooner, far more than the prefill.  By counts alone
+    // it would not be worth the copy.
+    up.release(2);
+
+    Routed copied = router.route_prompt(prefixes.get(), prompt(2));
+    ASSERT_EQ(copied.rc, 0);
+    EXPECT_EQ(copied.decision.peer, 2);
 }
