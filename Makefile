@@ -18,11 +18,11 @@
 #   make demo            a mock LLM fleet behind nginx with the module: where
 #                        requests go, hit ratios per policy, a chat client
 #   make bench-quick     routing under cache pressure, in short: the tight
-#                        fleet profile, every workload with and without
-#                        session ids, 1 seed, short slices, the module's
-#                        default policies, hash consistent, least_conn,
-#                        the offline oracle and its choices replayed
-#                        through nginx (about 8 min on 2 cores)
+#                        fleet profile, every workload but long-mix, with
+#                        and without session ids, 1 seed, short slices, the
+#                        module's default policies, hash consistent,
+#                        least_conn, the offline oracle and its choices
+#                        replayed through nginx (about 8 min on 2 cores)
 #   make bench           everything: microbenchmarks, throughput against
 #                        hash consistent, and the full comparison (tight and
 #                        roomy profiles, every workload, with and without

@@ -10,6 +10,8 @@ three generated ones, as one list of requests that the replay
                   tool-call turns per session, bursts of sibling requests
     chat          multi-turn chat: thousands of sessions of up to 20 turns,
                   a short shared system prompt, think time between turns
+    long-mix      chat with a few sessions that open with a 30,000 to
+                  100,000-token prompt
 
 A Request holds its arrival time (seconds from the workload's start, at the
 workload's own rate; a profile multiplies the rate, profiles.py), its
@@ -561,6 +563,59 @@ def chat(seed=1, size='full', duration=None, max_turns=LMCACHE_ROUNDS,
         'duration_s': duration, 'max_turns': max_turns, 'rate': rate})
 
 
+# --- long prompts among chats ------------------------------------------------
+
+# Assumptions, as no shared trace holds such prompts: one session in fifty
+# opens with a whole document or codebase of 30,000 to 100,000 tokens
+# (log-uniform), and asks one to three questions about it.
+LONG_MIX_SHARE = 0.02
+LONG_MIX_TOKENS = (30000, 100000)
+LONG_MIX_TURNS = 3
+
+
+def long_mix(seed=1, size='full', duration=None, share=LONG_MIX_SHARE,
+             rate=AZURE_CONV_RATE):
+    """Chat (chat()'s sessions, system prompt, answers, think times and
+    rate) with a few long prompts among the short ones: a share of the
+    sessions open with a first message of LONG_MIX_TOKENS tokens
+    (log-uniform) and have 1 to LONG_MIX_TURNS turns, whose later messages
+    are chat's.  What a router must not do with them: queue short chats
+    behind a long prefill, or copy a long prompt's cache around."""
+    system = {'role': 'system', 'content': LMCACHE_SYSTEM_PROMPT}
+
+    def plan_session(rng, sid):
+        long = rng.random() < share
+        turns = rng.randint(1, LONG_MIX_TURNS if long else LMCACHE_ROUNDS)
+        offsets = []
+        plan = []
+        offset = 0.0
+        answer = 0
+        for k in range(turns):
+            if k == 0:
+                tokens = (log_uniform(rng, *LONG_MIX_TOKENS) if long
+                          else min(4096, from_quantiles(rng,
+                                                        AZURE_CONV_CONTEXT)))
+            else:
+                tokens = min(4096, max(16, from_quantiles(rng, MOONCAKE_GROWTH)
+                                       - answer))
+            answer = max(1, round(from_quantiles(rng, AZURE_CONV_OUTPUT)))
+            plan.append((tokens, answer))
+            offsets.append(offset)
+            offset += from_quantiles(rng, MOONCAKE_THINK)
+
+        def build():
+            return _conversation(sid, system, [
+                (tokens_text('u-%s-%d' % (sid, k), tokens), answer)
+                for k, (tokens, answer) in enumerate(plan)])
+        return offsets, build
+
+    duration = CHAT_SECONDS[size] if duration is None else duration
+    requests = _window('long-mix', seed, plan_session, rate, duration)
+    return Workload('long-mix', seed, requests, {
+        'duration_s': duration, 'share': share, 'rate': rate,
+        'long_tokens': list(LONG_MIX_TOKENS)})
+
+
 # --- by name --------------------------------------------------------------------
 
 GENERATORS = {
@@ -568,6 +623,7 @@ GENERATORS = {
     'shared-docs': shared_docs,
     'agentic': agentic,
     'chat': chat,
+    'long-mix': long_mix,
 }
 NAMES = tuple(GENERATORS)
 

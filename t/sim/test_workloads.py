@@ -19,7 +19,8 @@ GENERATORS = dict(workloads.GENERATORS)
 
 def small(name, seed=1):
     """A short window of a generated workload, for speed."""
-    seconds = {'shared-docs': 120, 'agentic': 90, 'chat': 60}[name]
+    seconds = {'shared-docs': 120, 'agentic': 90, 'chat': 60,
+               'long-mix': 60}[name]
     return GENERATORS[name](seed=seed, duration=seconds)
 
 
@@ -37,7 +38,7 @@ def is_prefix(short, long):
 class GeneratorTest(unittest.TestCase):
 
     def test_deterministic_per_seed(self):
-        for name in ('shared-docs', 'agentic', 'chat'):
+        for name in ('shared-docs', 'agentic', 'chat', 'long-mix'):
             with self.subTest(workload=name):
                 a, b, c = small(name, 1), small(name, 1), small(name, 2)
                 self.assertEqual([(r.arrival, r.session, r.body_bytes())
@@ -48,7 +49,7 @@ class GeneratorTest(unittest.TestCase):
                                     [r.arrival for r in c.requests])
 
     def test_requests_are_ordered_and_numbered(self):
-        for name in ('shared-docs', 'agentic', 'chat'):
+        for name in ('shared-docs', 'agentic', 'chat', 'long-mix'):
             w = small(name)
             arrivals = [r.arrival for r in w.requests]
             self.assertEqual(arrivals, sorted(arrivals))
@@ -130,6 +131,27 @@ class GeneratorTest(unittest.TestCase):
                 self.assertEqual(b.turn, a.turn + 1)
                 self.assertTrue(is_prefix(a.messages, b.messages))
                 self.assertGreaterEqual(b.arrival, a.arrival)
+
+    def test_long_mix_shape(self):
+        # A few sessions open with a long prompt; every other message is
+        # chat's, at most 4,096 tokens.
+        w = workloads.long_mix(seed=1, duration=600)
+        sessions = by_session(w)
+        low, high = workloads.LONG_MIX_TOKENS
+        chars = model.CHARS_PER_TOKEN
+        long = [turns for turns in sessions.values()
+                if len(turns[0].messages[1]['content']) >= low * chars]
+        self.assertGreaterEqual(len(long), 3)
+        self.assertLess(len(long), 0.05 * len(sessions))
+        for turns in long:
+            self.assertLessEqual(
+                len(turns[0].messages[1]['content']), high * chars)
+            self.assertLessEqual(turns[-1].turn, workloads.LONG_MIX_TURNS - 1)
+        for turns in sessions.values():
+            for a, b in zip(turns, turns[1:]):
+                self.assertTrue(is_prefix(a.messages, b.messages))
+                self.assertLessEqual(len(b.messages[-1]['content']),
+                                     4096 * chars)
 
     def test_conversation_slices(self):
         a = workloads.conversation(seed=1, limit=50)
