@@ -224,10 +224,13 @@ if [ -n "$first_replica" ]; then
 else
     ports=0,0,0,0
 fi
-# The fleet answers 20 times faster than real replicas, to replay 20x.
+# The fleet answers 20 times faster than real replicas, to replay 20x.  It
+# is a fleet where routing matters, as the benchmark's tight profile: 4
+# running slots a replica, and caches that hold a quarter of what the
+# trace's slice below sends (370,208 tokens each, bench/sim/bounds.py).
 spawn "$python" "$repo/bench/sim/mock_backend.py" --ports "$ports" \
-    --time-scale 0.05 --cache-tokens 4194304 --pidfile "$dir/mock.pid" \
-    > "$dir/mock.log" 2>&1
+    --time-scale 0.05 --max-running 4 --cache-tokens 370208 \
+    --pidfile "$dir/mock.pid" > "$dir/mock.log" 2>&1
 mock_pid=$!
 for _ in $(seq 100); do
     grep -q '^ready' "$dir/mock.log" 2>/dev/null && break
@@ -504,13 +507,15 @@ echo
 "$python" "$report" turns "$dir/rows.tsv" 2 "${#replicas[@]}"
 
 echo
-echo "3. A slice of a real trace (Mooncake, 600 requests, 20x faster), replayed"
-echo "   through nginx's round robin and through the module:"
+echo "3. A slice of a real trace (Mooncake, 600 requests from the 5,000th, at"
+echo "   half its rate, 20x faster), replayed through nginx's round robin and"
+echo "   through the module, on replicas of 4 running slots each:"
 echo
 for policy in round-robin affinity; do
     path=/v1/chat/completions
     [ "$policy" = round-robin ] && path=/round-robin/v1/chat/completions
-    run "$python" "$repo/bench/sim/replay.py" --limit 600 --speed 20 \
+    run "$python" "$repo/bench/sim/replay.py" --start 5000 --limit 600 \
+        --rate-multiplier 0.5 --speed 20 \
         --session-header --stats-urls "$stats" --label "$policy" \
         --url "http://127.0.0.1:$port$path" \
         --output "$dir/replay-$policy.json" \

@@ -150,6 +150,13 @@ def replay(rr_path, affinity_path):
         text = ['Measured: cache hit ratio %.3f through the module, %.3f'
                 ' through round robin.'
                 % (affinity['hit_ratio'], rr['hit_ratio'])]
+    ttft = [s.get('ttft_trace_s') or {} for s in (affinity, rr)]
+    if all(t.get('p50') is not None and t.get('p90') is not None
+           for t in ttft):
+        text.append('Time to first token: p50 %.2f s against %.2f s, p90'
+                    ' %.2f s against %.2f s.'
+                    % (ttft[0]['p50'], ttft[1]['p50'], ttft[0]['p90'],
+                       ttft[1]['p90']))
     for label, s in (('round robin', rr), ('the module', affinity)):
         per = s.get('replica_requests') or {}
         if per:
