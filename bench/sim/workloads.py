@@ -510,6 +510,35 @@ def _table_mean(table, cap):
 
 # --- chat -----------------------------------------------------------------------
 
+def _chat_session(rng, sid, system, turns, first_tokens, max_message_tokens):
+    """(offsets, build) of a chat session of `turns` turns: its first
+    message of first_tokens() tokens, each later one what a Mooncake
+    conversation's turn adds (MOONCAKE_GROWTH) less the answer before it,
+    at least 16 tokens and at most max_message_tokens; answers of
+    AZURE_CONV_OUTPUT tokens, MOONCAKE_THINK seconds apart."""
+    offsets = []
+    plan = []               # per turn: message tokens, answer tokens
+    offset = 0.0
+    answer = 0
+    for k in range(turns):
+        if k == 0:
+            tokens = first_tokens()
+        else:
+            tokens = min(max_message_tokens,
+                         max(16, from_quantiles(rng, MOONCAKE_GROWTH)
+                             - answer))
+        answer = max(1, round(from_quantiles(rng, AZURE_CONV_OUTPUT)))
+        plan.append((tokens, answer))
+        offsets.append(offset)
+        offset += from_quantiles(rng, MOONCAKE_THINK)
+
+    def build():
+        return _conversation(sid, system, [
+            (tokens_text('u-%s-%d' % (sid, k), tokens), answer)
+            for k, (tokens, answer) in enumerate(plan)])
+    return offsets, build
+
+
 CHAT_SECONDS = {'full': 1800, 'quick': 180}
 
 
@@ -536,26 +565,12 @@ def chat(seed=1, size='full', duration=None, max_turns=LMCACHE_ROUNDS,
     system = {'role': 'system', 'content': LMCACHE_SYSTEM_PROMPT}
 
     def plan_session(rng, sid):
-        offsets = []
-        plan = []               # per turn: message tokens, answer tokens
-        offset = 0.0
-        answer = 0
-        for k in range(rng.randint(1, max_turns)):
-            if k == 0:
-                tokens = from_quantiles(rng, AZURE_CONV_CONTEXT)
-            else:
-                tokens = max(16, from_quantiles(rng, MOONCAKE_GROWTH)
-                             - answer)
-            answer = max(1, round(from_quantiles(rng, AZURE_CONV_OUTPUT)))
-            plan.append((min(max_message_tokens, tokens), answer))
-            offsets.append(offset)
-            offset += from_quantiles(rng, MOONCAKE_THINK)
-
-        def build():
-            return _conversation(sid, system, [
-                (tokens_text('u-%s-%d' % (sid, k), tokens), answer)
-                for k, (tokens, answer) in enumerate(plan)])
-        return offsets, build
+        turns = rng.randint(1, max_turns)
+        return _chat_session(
+            rng, sid, system, turns,
+            lambda: min(max_message_tokens,
+                        from_quantiles(rng, AZURE_CONV_CONTEXT)),
+            max_message_tokens)
 
     duration = CHAT_SECONDS[size] if duration is None else duration
     requests = _window('chat', seed, plan_session, rate, duration)
@@ -586,28 +601,11 @@ def long_mix(seed=1, size='full', duration=None, share=LONG_MIX_SHARE,
     def plan_session(rng, sid):
         long = rng.random() < share
         turns = rng.randint(1, LONG_MIX_TURNS if long else LMCACHE_ROUNDS)
-        offsets = []
-        plan = []
-        offset = 0.0
-        answer = 0
-        for k in range(turns):
-            if k == 0:
-                tokens = (log_uniform(rng, *LONG_MIX_TOKENS) if long
-                          else min(4096, from_quantiles(rng,
-                                                        AZURE_CONV_CONTEXT)))
-            else:
-                tokens = min(4096, max(16, from_quantiles(rng, MOONCAKE_GROWTH)
-                                       - answer))
-            answer = max(1, round(from_quantiles(rng, AZURE_CONV_OUTPUT)))
-            plan.append((tokens, answer))
-            offsets.append(offset)
-            offset += from_quantiles(rng, MOONCAKE_THINK)
-
-        def build():
-            return _conversation(sid, system, [
-                (tokens_text('u-%s-%d' % (sid, k), tokens), answer)
-                for k, (tokens, answer) in enumerate(plan)])
-        return offsets, build
+        return _chat_session(
+            rng, sid, system, turns,
+            lambda: (log_uniform(rng, *LONG_MIX_TOKENS) if long
+                     else min(4096, from_quantiles(rng, AZURE_CONV_CONTEXT))),
+            4096)
 
     duration = CHAT_SECONDS[size] if duration is None else duration
     requests = _window('long-mix', seed, plan_session, rate, duration)
