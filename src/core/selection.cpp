@@ -128,23 +128,31 @@ int64_t LoadBound::first_token(size_t i, uint64_t uncached) const noexcept
                          uncached + backlog_[i]);
 }
 
+namespace {
+
+// Which of two estimates (microseconds, -1: unknown) is the sooner: -1 the
+// first, 1 the second, 0 a tie or unknown.
+int sooner(int64_t ea, int64_t eb) noexcept
+{
+    if (ea < 0 || eb < 0) {
+        return 0;
+    }
+
+    int64_t margin = std::max(ea, eb) / kSoonerShare + kSoonerUs;
+
+    return ea + margin < eb ? -1 : eb + margin < ea ? 1 : 0;
+}
+
+}  // namespace
+
 bool LoadBound::less_loaded(size_t a, size_t b, bool timed) const noexcept
 {
-    if (timed && chars_ != 0) {
-        int64_t ea = first_token(a, chars_);
-        int64_t eb = first_token(b, chars_);
+    int by_time = timed && chars_ != 0
+                  ? sooner(first_token(a, chars_), first_token(b, chars_))
+                  : 0;
 
-        if (ea >= 0 && eb >= 0) {
-            int64_t margin = std::max(ea, eb) / kSoonerShare + kSoonerUs;
-
-            if (ea + margin < eb) {
-                return true;
-            }
-
-            if (eb + margin < ea) {
-                return false;
-            }
-        }
+    if (by_time != 0) {
+        return by_time < 0;
     }
 
     return (inflight_[a] + 1) * int64_t(peers_[b].weight)
@@ -154,21 +162,14 @@ bool LoadBound::less_loaded(size_t a, size_t b, bool timed) const noexcept
 bool LoadBound::worth_copying(size_t to, size_t from, uint64_t held) const
     noexcept
 {
-    if (chars_ != 0) {
-        int64_t et = first_token(to, chars_);
-        int64_t ef = first_token(from, chars_ > held ? chars_ - held : 0);
+    int by_time = chars_ != 0
+                  ? sooner(first_token(to, chars_),
+                           first_token(from, chars_ > held ? chars_ - held
+                                                           : 0))
+                  : 0;
 
-        if (et >= 0 && ef >= 0) {
-            int64_t margin = std::max(et, ef) / kSoonerShare + kSoonerUs;
-
-            if (et + margin < ef) {
-                return true;
-            }
-
-            if (ef + margin < et) {
-                return false;
-            }
-        }
+    if (by_time != 0) {
+        return by_time < 0;
     }
 
     return (inflight_[to] + 2) * int64_t(peers_[from].weight)
