@@ -643,7 +643,9 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
 // entry forgot older ones): short (a system prompt, tool schemas), the
 // least loaded peer of all takes it, since copying it costs little; long
 // (a document), the prompt's ring peer unless a holder is less loaded, so
-// that it is not copied into every cache.  When a level's holders are all
+// that it is not copied into every cache.  A short level fewer hold goes
+// to the least loaded peer only when that one is sooner, the copy's
+// prefill counted.  When a level's holders are all
 // full, a shorter level's are tried, unless the move would prefill a
 // shared document again (kDocumentChars).
 //
@@ -732,16 +734,19 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         // the least loaded peer takes it.  Long (a document), it goes to
         // the prompt's ring peer unless a holder is less loaded, so that
         // it is not copied into every cache.  A short level two or three
-        // peers hold is copied alike, but only to a peer sooner than the
-        // holder chosen once the copy's prefill is counted
-        // (worth_copying()): else a peer that never got a system prompt's
-        // first requests would never get any (docs/routing.md,
-        // "Prefixes").
+        // peers hold is copied to the least loaded peer if that one holds
+        // none of it and is sooner than the holder chosen, the copy's
+        // prefill counted (worth_copying()): else a peer that never got a
+        // system prompt's first requests would never get any.  Such a
+        // copy holds nothing, and is placed as new.  docs/routing.md,
+        // "Prefixes".
         bool widely = holders.count == kPrefixPeers;
-        bool copied = !widely && request.levels[j].length < kDocumentChars
-                      && holders.count >= kStayHolders;
+        bool copyable = !widely
+                        && request.levels[j].length < kDocumentChars
+                        && holders.count >= kStayHolders;
+        bool copy = false;
 
-        if (best >= 0 && (widely || copied)) {
+        if (best >= 0 && (widely || copyable)) {
             uint64_t whole = request.levels[request.nlevels - 1].hash;
 
             if (request.levels[j].length < kDocumentChars) {
@@ -754,14 +759,17 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                                                        request.rotate,
                                                        false);
 
+                copy = copyable && spread >= 0 && !holders.has(spread)
+                       && load.worth_copying(size_t(spread), size_t(best),
+                                             request.levels[j].length);
+
                 if (spread >= 0 && load.accepts(size_t(spread))
-                    && (widely
-                        || (!holders.has(spread)
-                            && load.worth_copying(size_t(spread),
-                                                  size_t(best),
-                                                  request.levels[j].length))))
+                    && (widely || copy))
                 {
                     best = spread;
+
+                } else {
+                    copy = false;
                 }
 
             } else {
@@ -783,9 +791,11 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
             {
                 best = stay;
                 length = stay_length;
+                copy = false;
             }
 
-            decision = decided(best, AFFINITY_ROUTE_PREFIX_HIT, length);
+            decision = copy ? decided(best, AFFINITY_ROUTE_PREFIX_NEW, 0)
+                            : decided(best, AFFINITY_ROUTE_PREFIX_HIT, length);
             return best;
         }
 

@@ -105,8 +105,8 @@ public:
     // Whether peer to, which does not hold the first held characters of
     // the prompt, is sooner than peer from, which does: by the estimates
     // with that prefill counted on to alone, when both are learned and
-    // not a tie; else by counts, to having at least two fewer in flight
-    // per weight (its copy's prefill is worth about a request).
+    // not a tie; else by counts, (to's in flight + 2) / its weight at most
+    // from's in flight / its weight.
     bool worth_copying(size_t to, size_t from, uint64_t held) const
         noexcept;
 

@@ -408,4 +408,11 @@ TEST(ShortPrefixCopy, GoesToASoonerPeerThatLacksIt)
     Routed copied = router.route_prompt(prefixes.get(), prompt(2));
     ASSERT_EQ(copied.rc, 0);
     EXPECT_EQ(copied.decision.peer, 2);
+
+    // It held none of the prompt: placed as new, its whole prompt ahead
+    // of what is sent there next.
+    EXPECT_EQ(copied.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
+    EXPECT_EQ(copied.decision.prefix_len, 0u);
+    EXPECT_EQ(copied.decision.held_chars, 0u);
+    EXPECT_EQ(copied.decision.backlog_chars, 2100u);
 }

@@ -591,11 +591,16 @@ TEST(PrefixRoute, SharedPrefixIsFollowedWithinTheBound)
                 << "conversation " << i << ": not the least loaded peer";
             continue;
         }
+        if (copied) {
+            // It holds none of the prompt: placed as new.
+            EXPECT_EQ(r.decision.route, kPrefixNew) << "conversation " << i;
+            EXPECT_EQ(r.decision.prefix_len, 0u);
+            EXPECT_EQ(r.decision.peer, cold) << "conversation " << i;
+            continue;
+        }
         EXPECT_EQ(r.decision.route, kPrefixHit) << "conversation " << i;
         EXPECT_EQ(r.decision.prefix_len, 1000u);
-        if (cold_holds || copied
-            || holders.size() == affinity::kPrefixPeers)
-        {
+        if (cold_holds || holders.size() == affinity::kPrefixPeers) {
             EXPECT_EQ(r.decision.peer, cold) << "conversation " << i;
         } else {
             EXPECT_EQ(f.up().inflight(size_t(r.decision.peer)) - 1,

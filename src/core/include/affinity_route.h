@@ -45,7 +45,9 @@ typedef enum {
     AFFINITY_ROUTE_PREFIX_HIT,      /* to a peer that served the longest
                                        known prefix of the prompt */
     AFFINITY_ROUTE_PREFIX_NEW,      /* no level held by a peer that may take
-                                       it: least loaded, ring order ties */
+                                       it, or a short shared one copied to
+                                       a sooner peer: least loaded, ring
+                                       order ties */
     AFFINITY_ROUTE_RESPONSE_HIT,    /* to the peer that stored the response
                                        or conversation it continues */
     AFFINITY_ROUTE_RESPONSE_LOST    /* continues one whose peer is unknown,
