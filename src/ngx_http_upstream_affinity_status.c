@@ -308,9 +308,9 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
     }
 
     /*
-     * The wait before prefill of a request sent to each peer now, as
-     * routing estimates it: the primaries' shape pooled apart from the
-     * backups', as each set is balanced apart.
+     * The wait before prefill of a request sent to each peer now, by
+     * routing's estimate over the primaries; the backups' shape is
+     * pooled apart from theirs.
      */
 
     affinity_zone_peers_wait(zone, slots, view->npeers, waits);

@@ -107,8 +107,8 @@ static const char  *ngx_http_upstream_affinity_peer_metrics[][3] = {
       "The time of an output token of the peer's streams, as its replies "
       "taught." },
     { "nginx_upstream_affinity_peer_estimated_wait_seconds", "gauge",
-      "The wait before prefill of a request sent to the peer now, as "
-      "routing estimates it: behind its requests in flight and the "
+      "The wait before prefill of a request sent to the peer now, by "
+      "routing's estimate: behind its requests in flight here and the "
       "prefill ahead of them." }
 };
 
