@@ -942,8 +942,8 @@ def parse_args(argv=None):
     return args
 
 
-# Left out of --quick, which must take under 10 minutes on 2 cores: the
-# long-prompt mix (the full run has it).
+# Left out of --quick, which must take under 10 minutes on 2 cores, and of
+# --instances: the long-prompt mix (the full run has it).
 QUICK_LEFT_OUT = ('long-mix',)
 
 
@@ -987,7 +987,7 @@ def main(argv=None):
     os.makedirs(workdir, exist_ok=True)
     names = list(workloads.NAMES) if args.workload == 'all' \
         else [args.workload]
-    if args.quick and args.workload == 'all':
+    if (args.quick or args.instances) and args.workload == 'all':
         names = [n for n in names if n not in QUICK_LEFT_OUT]
     modes = ['on', 'off'] if args.sessions == 'both' else [args.sessions]
     with Lock(os.path.join(REPO, 'build', 'bench', '.lock')):

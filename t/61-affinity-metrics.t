@@ -156,7 +156,8 @@ sub logged {
     my ($pattern) = @_;
     return scalar(() = $t->error_log =~ /$pattern/g);
 }
-my $faults = qr/affinity: metrics of 127\.0\.0\.1:(?:$junk|$hang) in upstream "faulty"/;
+my $faults =
+    qr/affinity: metrics of 127\.0\.0\.1:(?:$junk|$hang) in upstream "faulty"/;
 ok eventually(sub { logged($faults) >= 1 }, 10), 'the faults are logged';
 sleep 1;
 my $n = logged($faults);
@@ -169,8 +170,11 @@ ok $n <= 2, "logged once per worker ($n)";
 ok eventually(sub { (engines('whole')->{$whole}{load} // 0) == 12 }, 5),
     'a whole page is read';
 ok !defined engines('cut')->{$cut}, 'a page cut short is not';
-my $truncated = qr/affinity: metrics of 127\.0\.0\.1:$cut in upstream "cut": truncated reply/;
-ok eventually(sub { logged($truncated) >= 1 }, 10), 'a truncated reply is logged';
+my $truncated =
+    qr/metrics of 127\.0\.0\.1:$cut in upstream "cut": truncated reply/;
+ok eventually(sub { logged($truncated) >= 1 }, 10),
+    'a truncated reply is logged';
+sleep 1;
 $n = logged($truncated);
 ok $n <= 2, "truncated reply logged once per worker ($n)";
 kill 'TERM', $pages;
@@ -187,7 +191,9 @@ ok eventually(sub { (engines('slow')->{$slow}{load} // 0) == 12 }, 5),
     'a slow engine\'s figure is read';
 # Asked every 0.2 s: four asks take about a second, where an ask held back
 # for the 3 s timeout would make them take more than 9.
-my $patient_asks = sub { scalar(() = $t->access_log =~ m{"GET /metrics-patient }g) };
+my $patient_asks = sub {
+    scalar(() = $t->access_log =~ m{"GET /metrics-patient }g);
+};
 my ($asked, $since) = ($patient_asks->(), time);
 ok eventually(sub { $patient_asks->() >= $asked + 4 }, 20),
     'an engine whose answers are junk is asked again';

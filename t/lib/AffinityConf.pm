@@ -47,7 +47,8 @@ sub proxy_conf {
     my $location = $opt{location} // '';
 
     return <<"EOF";
-    log_format route '\$msec|\$request_time|\$affinity_route|\$affinity_session|\$upstream_addr|\$status';
+    log_format route '\$msec|\$request_time|\$affinity_route|'
+                     '\$affinity_session|\$upstream_addr|\$status';
     client_body_buffer_size 1m;
     client_max_body_size 8m;
 $http
