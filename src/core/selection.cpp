@@ -645,9 +645,9 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
 // (a document), the prompt's ring peer unless a holder is less loaded, so
 // that it is not copied into every cache.  A short level fewer hold goes
 // to the least loaded peer only when that one is sooner, the copy's
-// prefill counted.  When a level's holders are all
-// full, a shorter level's are tried, unless the move would prefill a
-// shared document again (kDocumentChars).
+// prefill counted.  When a level's holders are all full, a shorter
+// level's are tried, unless the move would prefill a shared document
+// again (kDocumentChars).
 //
 // A prompt no peer is presumed to hold costs the same prefill everywhere:
 // it goes to the least loaded peer, ties in the ring order of its longest
