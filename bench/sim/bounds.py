@@ -386,7 +386,10 @@ _PREFILL_END, _FINISH, _ARRIVE = 0, 1, 2
 
 class Simulation:
     """A discrete-event simulation of a fleet (fleet.Fleet: its rules, see
-    the module docstring) fed by a routing policy."""
+    the module docstring) fed by a routing policy.  It also times how long
+    a replica sat idle while another had requests waiting for a running
+    slot: idle_queued (seconds in all) and idle_queued_max (the longest
+    such stretch)."""
 
     def __init__(self, fleet, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
                  transit=0.0):
@@ -398,6 +401,9 @@ class Simulation:
         self.events = []
         self.seq = 0
         self.policy = None
+        self.idle_queued = 0.0
+        self.idle_queued_max = 0.0
+        self._idle_since = None
 
     def run(self, requests, policy):
         """Routes and serves requests (in arrival order, ties in list
@@ -426,6 +432,7 @@ class Simulation:
                 self._push(req.arrival + self.transit, _ARRIVE, job)
             else:
                 self._arrive(job, req.arrival)
+                self._observe(req.arrival)
         # the last requests end; a policy's timers have nothing left to do
         self._advance(float('inf'), timers=False)
         for job in jobs:
@@ -459,6 +466,21 @@ class Simulation:
                 self._arrive(job, time)
             else:
                 self._finish(job, time)
+            self._observe(time)
+
+    def _observe(self, now):
+        """After the fleet changed at now: whether a replica is idle while
+        another has requests waiting for a running slot, timed."""
+        replicas = self.fleet.replicas
+        idle = any(rep.inflight == 0 for rep in replicas) and \
+            any(rep.admission.waiting for rep in replicas)
+        if idle and self._idle_since is None:
+            self._idle_since = now
+        elif not idle and self._idle_since is not None:
+            stretch = now - self._idle_since
+            self.idle_queued += stretch
+            self.idle_queued_max = max(self.idle_queued_max, stretch)
+            self._idle_since = None
 
     def _arrive(self, job, now):
         rep = self.fleet.replicas[job.replica]
@@ -761,8 +783,11 @@ def simulate(requests, policy_name, replicas=4, params=None,
     policy = make_policy(policy_name, replicas, factor, slack, points,
                          **instances)
     fleet = Fleet(params, replicas, slowdowns=slowdowns)
-    jobs = Simulation(fleet, factor, slack, transit).run(requests, policy)
+    simulation = Simulation(fleet, factor, slack, transit)
+    jobs = simulation.run(requests, policy)
     summary = summarize(jobs, fleet)
+    summary['idle_while_queued_s'] = _round(simulation.idle_queued)
+    summary['idle_while_queued_max_s'] = _round(simulation.idle_queued_max)
     summary.update(policy.stats())
     return summary, jobs
 

@@ -365,3 +365,39 @@ class SimulatorWorkloadTest(unittest.TestCase):
 
 if __name__ == '__main__':
     unittest.main()
+
+
+class IdleWhileQueuedTest(unittest.TestCase):
+
+    @staticmethod
+    def served(choose):
+        """Two replicas of one running slot each, 40 chat requests at four
+        times their rate, each sent where choose(fleet) says."""
+        fleet = bounds.Fleet(model.ReplicaParams(max_running=1), 2)
+        requests = bounds.prepare_workload(small('chat'), 4)[:40]
+
+        class Policy:
+            @staticmethod
+            def choose(req, chain, fleet):
+                return choose(fleet)
+
+        simulation = bounds.Simulation(fleet)
+        simulation.run(requests, Policy())
+        return simulation
+
+    def test_a_replica_idle_while_another_queues_is_timed(self):
+        one = self.served(lambda fleet: 0)
+        self.assertGreater(one.idle_queued, 0)
+        self.assertGreater(one.idle_queued_max, 0)
+        self.assertLessEqual(one.idle_queued_max, one.idle_queued)
+        shortest = self.served(
+            lambda fleet: min((0, 1), key=fleet.inflight))
+        self.assertLess(shortest.idle_queued, one.idle_queued / 4)
+
+    def test_the_summary_has_it(self):
+        summary, _ = bounds.simulate(
+            bounds.prepare_workload(small('chat'), 4)[:40], 'round_robin',
+            2, model.ReplicaParams(max_running=1))
+        self.assertIn('idle_while_queued_s', summary)
+        self.assertLessEqual(summary['idle_while_queued_max_s'],
+                             summary['idle_while_queued_s'])
