@@ -2,7 +2,9 @@
 # make demo: a simulated LLM fleet (four mock OpenAI-compatible replicas with
 # KV caches) behind nginx with the affinity module.  Shows where requests go
 # with session ids and without, replays a slice of a real trace through
-# round robin and through the module to compare cache hit ratios, runs a
+# round robin and through the module to compare cache hits and times to
+# first token, on those four and on four more, every other one of which is
+# 2.5 times slower (a mixed fleet), runs a
 # short chat with the OpenAI Node client, and a Responses API conversation
 # (previous_response_id) through the module and through round robin; ends
 # with the module's status page and a bar chart of its routes.
@@ -13,8 +15,8 @@
 #   DEMO_PORT=8080           nginx with the module
 #   DEMO_RR_PORT=8081        nginx with its default round robin, in front
 #                            of the same replicas (for the comparison)
-#   DEMO_REPLICA_PORT=9001   the first mock replica; the other three on the
-#                            next three ports (9002, 9003, 9004)
+#   DEMO_REPLICA_PORT=9001   the first mock replica; the other seven on the
+#                            next seven ports (9002 to 9008)
 #   DEMO_KEEP=1              leave nginx and the replicas running at the end
 #   PYTHON=python3           the Python for the mock replicas and the replay
 #                            (default: /usr/bin/python3)
@@ -51,9 +53,9 @@ port_value() {
 fixed_port=$(port_value DEMO_PORT)
 fixed_rr_port=$(port_value DEMO_RR_PORT)
 first_replica=$(port_value DEMO_REPLICA_PORT)
-if [ -n "$first_replica" ] && [ "$first_replica" -gt 65532 ]; then
-    say "DEMO_REPLICA_PORT=$first_replica: the four replicas need" \
-        "$first_replica to $((first_replica + 3)), above 65535"
+if [ -n "$first_replica" ] && [ "$first_replica" -gt 65528 ]; then
+    say "DEMO_REPLICA_PORT=$first_replica: the eight replicas need" \
+        "$first_replica to $((first_replica + 7)), above 65535"
     exit 2
 fi
 if [ -n "$fixed_port" ] && [ "$fixed_port" = "$fixed_rr_port" ]; then
@@ -62,10 +64,10 @@ if [ -n "$fixed_port" ] && [ "$fixed_port" = "$fixed_rr_port" ]; then
 fi
 for p in $fixed_port $fixed_rr_port; do
     if [ -n "$first_replica" ] && [ "$p" -ge "$first_replica" ] \
-           && [ "$p" -le $((first_replica + 3)) ]; then
+           && [ "$p" -le $((first_replica + 7)) ]; then
         say "port $p is both nginx's and a replica's" \
             "(DEMO_REPLICA_PORT=$first_replica takes" \
-            "$first_replica to $((first_replica + 3)))"
+            "$first_replica to $((first_replica + 7)))"
         exit 2
     fi
 done
@@ -219,17 +221,18 @@ trap 'exec 1>&8 2>&9; say "terminated"; exit 143' TERM
 # window in which another program could take them.
 
 if [ -n "$first_replica" ]; then
-    ports="$first_replica,$((first_replica + 1)),$((first_replica + 2))"
-    ports="$ports,$((first_replica + 3))"
+    ports=$(seq -s, "$first_replica" $((first_replica + 7)))
 else
-    ports=0,0,0,0
+    ports=0,0,0,0,0,0,0,0
 fi
 # The fleet answers 20 times faster than real replicas, to replay 20x.  It
 # is a fleet where routing matters, as the benchmark's tight profile: 4
 # running slots a replica, and caches that hold a quarter of what the
 # trace's slice below sends (370,208 tokens each, bench/sim/bounds.py).
+# The last four are a mixed fleet: every other one 2.5 times slower.
 spawn "$python" "$repo/bench/sim/mock_backend.py" --ports "$ports" \
     --time-scale 0.05 --max-running 4 --cache-tokens 370208 \
+    --slowdowns 1,1,1,1,1,2.5,1,2.5 \
     --pidfile "$dir/mock.pid" > "$dir/mock.log" 2>&1
 mock_pid=$!
 for _ in $(seq 100); do
@@ -244,7 +247,7 @@ if ! grep -q '^ready' "$dir/mock.log" 2>/dev/null; then
     if [ -n "$busy" ]; then
         say "the mock replicas could not listen on 127.0.0.1:$busy: the" \
             "port is in use (DEMO_REPLICA_PORT=$first_replica takes" \
-            "$first_replica to $((first_replica + 3))); choose another, or" \
+            "$first_replica to $((first_replica + 7))); choose another, or" \
             "unset DEMO_REPLICA_PORT for free ones"
         exit 1
     fi
@@ -255,8 +258,8 @@ fi
 # "listening replica-1 127.0.0.1:PORT", in the replicas' order
 mapfile -t replicas < <(sed -n 's/^listening [^ ]* [0-9.]*:\([0-9]*\)$/\1/p' \
                             "$dir/mock.log")
-if [ "${#replicas[@]}" -ne 4 ]; then
-    say "the mock replicas reported ${#replicas[@]} ports, not 4; see" \
+if [ "${#replicas[@]}" -ne 8 ]; then
+    say "the mock replicas reported ${#replicas[@]} ports, not 8; see" \
         "$dir/mock.log"
     exit 1
 fi
@@ -267,8 +270,12 @@ for p in $fixed_port $fixed_rr_port; do
                   exit 1 ;;
     esac
 done
+mixed=("${replicas[@]:4:4}")
+replicas=("${replicas[@]:0:4}")
 stats=$(printf 'http://127.0.0.1:%s/stats,' "${replicas[@]}")
 stats=${stats%,}
+mixed_stats=$(printf 'http://127.0.0.1:%s/stats,' "${mixed[@]}")
+mixed_stats=${mixed_stats%,}
 
 # ---------------------------------------------------------------------------
 # nginx
@@ -287,8 +294,9 @@ PY
 }
 
 write_conf() {
-    local servers
+    local servers mixed_servers
     servers=$(printf '        server 127.0.0.1:%s;\n' "${replicas[@]}")
+    mixed_servers=$(printf '        server 127.0.0.1:%s;\n' "${mixed[@]}")
     cat > "$dir/nginx.conf" <<CONF
 load_module $module;
 worker_processes 2;
@@ -324,6 +332,19 @@ $servers
 $servers
     }
 
+    # The mixed fleet, with the module and with round robin: under /mixed/v1/
+    # and /mixed-round-robin/v1/.
+    upstream llm_mixed {
+$mixed_servers
+        session_affinity header=X-Session-ID zone=demo_mixed_sessions:4m
+                         timeout=1h;
+        prefix_affinity zone=demo_mixed_prefixes:8m;
+    }
+
+    upstream llm_mixed_round_robin {
+$mixed_servers
+    }
+
     server {
         listen 127.0.0.1:$port backlog=4096;
 
@@ -338,6 +359,14 @@ $servers
 
         location /round-robin/v1/ {
             proxy_pass http://llm_round_robin/v1/;
+        }
+
+        location /mixed/v1/ {
+            proxy_pass http://llm_mixed/v1/;
+        }
+
+        location /mixed-round-robin/v1/ {
+            proxy_pass http://llm_mixed_round_robin/v1/;
         }
 
         location = /affinity/status {
@@ -479,7 +508,8 @@ echo
 echo "nginx with ngx_http_upstream_affinity_module on 127.0.0.1:$port, in front"
 echo "of four mock inference replicas (ports ${replicas[*]}) that keep a KV"
 echo "cache and report cached prompt tokens as vLLM does; nginx's round robin"
-echo "in front of the same replicas on port $rr_port."
+echo "in front of the same replicas on port $rr_port.  Four more replicas, every"
+echo "other one 2.5 times slower, are a mixed fleet for part 3."
 echo
 echo "1. Two conversations with a session id (X-Session-ID), three turns each."
 echo "   A known id goes to the replica it is pinned to while that replica is"
@@ -507,25 +537,27 @@ echo
 "$python" "$report" turns "$dir/rows.tsv" 2 "${#replicas[@]}"
 
 echo
-echo "3. A slice of a real trace (Mooncake, 600 requests from the 5,000th, at"
-echo "   half its rate, 20x faster), replayed through nginx's round robin and"
-echo "   through the module, on replicas of 4 running slots each:"
-echo
-for policy in round-robin affinity; do
-    path=/v1/chat/completions
-    [ "$policy" = round-robin ] && path=/round-robin/v1/chat/completions
-    run "$python" "$repo/bench/sim/replay.py" --start 5000 --limit 600 \
-        --rate-multiplier 0.5 --speed 20 \
-        --session-header --stats-urls "$stats" --label "$policy" \
-        --url "http://127.0.0.1:$port$path" \
-        --output "$dir/replay-$policy.json" \
-        > "$dir/replay-$policy.log" 2>&1 || true
-    if [ ! -s "$dir/replay-$policy.json" ]; then
-        echo "  $policy: no replay ($(tail -n 1 "$dir/replay-$policy.log");"
-        echo "  see $dir/replay-$policy.log)"
-        continue
-    fi
-    "$python" - "$dir/replay-$policy.json" "$policy" <<'PY'
+# replay NAME URLS RATE RR_PATH PATH: the trace's slice at RATE times its
+# rate through round robin (RR_PATH) and the module (PATH), the replicas'
+# /stats at URLS; each one's figures, then the comparison, from
+# replay-NAMEround-robin.json and replay-NAMEaffinity.json.
+replay() {
+    local name="$1" urls="$2" rate="$3" policy path out
+    for policy in round-robin affinity; do
+        path="$5"
+        [ "$policy" = round-robin ] && path="$4"
+        out="$dir/replay-$name$policy"
+        run "$python" "$repo/bench/sim/replay.py" --start 5000 --limit 600 \
+            --rate-multiplier "$rate" --speed 20 \
+            --session-header --stats-urls "$urls" --label "$policy" \
+            --url "http://127.0.0.1:$port$path" \
+            --output "$out.json" > "$out.log" 2>&1 || true
+        if [ ! -s "$out.json" ]; then
+            echo "  $policy: no replay ($(tail -n 1 "$out.log");"
+            echo "  see $out.log)"
+            continue
+        fi
+        "$python" - "$out.json" "$policy" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["summary"]
 ttft = s["ttft_trace_s"]
@@ -536,10 +568,24 @@ if ttft["p50"] is None:                 # no request got an answer
 print("  %-12s cache hit ratio %.3f   TTFT p50 %.2f s, p90 %.2f s   errors %d"
       % (sys.argv[2], s["hit_ratio"], ttft["p50"], ttft["p90"], s["errors"]))
 PY
-done
+    done
+    echo
+    "$python" "$report" replay "$dir/replay-${name}round-robin.json" \
+        "$dir/replay-${name}affinity.json"
+}
+
+echo "3. A slice of a real trace (Mooncake, 600 requests from the 5,000th, at"
+echo "   half its rate, 20x faster), replayed through nginx's round robin and"
+echo "   through the module, on replicas of 4 running slots each:"
 echo
-"$python" "$report" replay "$dir/replay-round-robin.json" \
-    "$dir/replay-affinity.json"
+replay "" "$stats" 0.5 /round-robin/v1/chat/completions /v1/chat/completions
+
+echo
+echo "   The same slice at 0.3 times its rate on the mixed fleet (ports"
+echo "   ${mixed[*]}: every other replica 2.5 times slower):"
+echo
+replay mixed- "$mixed_stats" 0.3 /mixed-round-robin/v1/chat/completions \
+    /mixed/v1/chat/completions
 
 echo
 echo "4. A chat with the OpenAI Node client (defaultHeaders: X-Session-ID):"
