@@ -245,8 +245,8 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
 
     n = view->npeers + view->nbackup;
 
-    slots = ngx_palloc(r->pool, n * sizeof(uint32_t) + 1);
-    waits = ngx_palloc(r->pool, n * sizeof(int64_t) + 1);
+    slots = ngx_palloc(r->pool, n * sizeof(uint32_t));
+    waits = ngx_palloc(r->pool, n * sizeof(int64_t));
     if (slots == NULL || waits == NULL) {
         return NGX_ERROR;
     }

@@ -348,11 +348,7 @@ void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
         pace->wait_us[q] = pace_wait(p, q);
     }
 
-    // As routing reads it: nothing while nothing is in flight (zone.h).
-    if (atomic_load(&s.inflight) > 0) {
-        pace->backlog_chars = uint64_t(std::max<int64_t>(
-            atomic_load(&s.backlog), 0));
-    }
+    pace->backlog_chars = backlog_ahead(s);
 }
 
 void affinity_zone_peers_wait(const affinity_zone_t *zone,
@@ -388,17 +384,13 @@ void affinity_zone_peers_wait(const affinity_zone_t *zone,
             continue;
         }
 
-        // As routing reads the slot (LoadBound): the backlog only while
-        // something is in flight.
         const PeerSlot &s = base[slots[i]];
         int64_t inflight = std::max<int64_t>(atomic_load(&s.inflight), 0);
-        uint64_t backlog = inflight > 0
-            ? uint64_t(std::max<int64_t>(atomic_load(&s.backlog), 0)) : 0;
 
         wait_us[i] = pace_estimate(*paces[i], shape,
                                    uint32_t(std::min<int64_t>(inflight,
                                                               UINT32_MAX)),
-                                   backlog);
+                                   backlog_ahead(s));
     }
 }
 

@@ -78,13 +78,9 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
             }
 
             // On the engine figures' cache line: read with them, and the
-            // prefill ahead, none while nothing is in flight (zone.h).
+            // prefill ahead.
             tokens = atomic_load(&s.cache_tokens);
-
-            if (atomic_load(&s.inflight) > 0) {
-                backlog_[i] = uint64_t(std::max<int64_t>(
-                    atomic_load(&s.backlog), 0));
-            }
+            backlog_[i] = backlog_ahead(s);
         }
 
         slots_[i] = slot;

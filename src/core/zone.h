@@ -15,6 +15,7 @@
 // next configuration cycle.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -245,6 +246,14 @@ template <typename T>
 inline void atomic_add(T *v, T delta) noexcept
 {
     __atomic_fetch_add(v, delta, __ATOMIC_RELAXED);
+}
+
+// PeerSlot::backlog as routing, the status and the estimates read it:
+// none while the peer has nothing in flight, never below zero.
+inline uint64_t backlog_ahead(const PeerSlot &s) noexcept
+{
+    return atomic_load(&s.inflight) > 0
+           ? uint64_t(std::max<int64_t>(atomic_load(&s.backlog), 0)) : 0;
 }
 
 // PeerSlot::unheard: the count, and one clear (the count's epoch).
