@@ -27,11 +27,12 @@ oracle router reaches on the same workload offline.
 
 Workloads (bench/sim/workloads.py): conversation (slices of the Mooncake
 trace: seed N is slice N), shared-docs, agentic, chat and long-mix (chat
-with a few 30,000 to 100,000-token prompts; not in --quick) (generated,
-seeded 1..N).  Profiles (bench/sim/profiles.py): tight (8 replicas of 4 running
-slots, caches of a quarter of the workload's distinct prompt blocks over
-the fleet, 1.2x the workload's rate) and roomy (4 x 32 slots, 4M-token
-caches, its own rate).  Sessions on: every request carries its session's
+with a few 30,000 to 100,000-token prompts; not in --quick or
+--instances), generated and seeded 1..N.  Profiles
+(bench/sim/profiles.py): tight (8 replicas of 4 running slots, caches of a
+quarter of the workload's distinct prompt blocks over the fleet, 1.2x the
+workload's rate) and roomy (4 x 32 slots, 4M-token caches, its own
+rate).  Sessions on: every request carries its session's
 X-Session-ID; off: no request does.
 
 For each profile, workload and seed: the offline simulator (bounds.py)
