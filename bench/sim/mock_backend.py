@@ -13,7 +13,8 @@ queueing -- behave as on a real fleet.
     python3 bench/sim/mock_backend.py --ports 9001,9002,9003,9004 \\
         [--host 127.0.0.1] [--max-running 32] [--prefill-ms-per-token 0.05] \\
         [--decode-ms-per-token 20] [--cache-tokens 262144] \\
-        [--time-scale 1.0] [--name-prefix replica] [--pidfile FILE]
+        [--time-scale 1.0] [--slowdowns 1,3] [--stream-usage always|asked] \\
+        [--name-prefix replica] [--pidfile FILE]
 
 Replicas are named <prefix>-1, <prefix>-2, ... in the order of --ports.  A
 port of 0 picks a free port.  Once every port listens, one line
@@ -126,6 +127,7 @@ class Job:
     output_tokens: int
     limited: bool           # the client set the output length
     stream: bool
+    stream_usage: bool = True   # a stream ends with its usage
 
 
 def content_text(content):
@@ -319,8 +321,10 @@ def parse_body(raw_body):
     return body
 
 
-def make_job(kind, body, text):
-    """The job of a checked body whose prompt is text; raises BadRequest."""
+def make_job(kind, body, text, usage_if_asked=False):
+    """The job of a checked body whose prompt is text; raises BadRequest.
+    With usage_if_asked, a chat or completion stream ends with its usage
+    only when its stream_options ask for it (include_usage), as vLLM's."""
     try:
         chain = model.block_chain(text)
     except UnicodeEncodeError:
@@ -333,7 +337,14 @@ def make_job(kind, body, text):
                chain=chain,
                output_tokens=output_tokens,
                limited=limited,
-               stream=body.get('stream') is True)
+               stream=body.get('stream') is True,
+               stream_usage=not usage_if_asked or include_usage(body))
+
+
+def include_usage(body):
+    """Whether a body's stream_options ask for the usage at the end."""
+    options = body.get('stream_options')
+    return isinstance(options, dict) and options.get('include_usage') is True
 
 
 # ---------------------------------------------------------------------------
@@ -520,10 +531,11 @@ class ServedReplica:
     cache is looked up.  The replica keeps its own responses and
     conversations (Stores), and counts the lookups that miss them."""
 
-    def __init__(self, replica, port):
+    def __init__(self, replica, port, usage_if_asked=False):
         self.replica = replica
         self.name = replica.name
         self.port = port
+        self.usage_if_asked = usage_if_asked    # --stream-usage asked
         self.params = replica.params
         self.sequence = 0
         self.lane_free = 0.0        # model time the last prefill ends
@@ -805,10 +817,12 @@ class ChatFormat:
         return sse_data(self.chunk({'content': text}))
 
     def closing(self, text):
-        usage = self.envelope('chat.completion.chunk', [])
-        usage['usage'] = self.usage()
-        return (sse_data(self.chunk({}, self.finish_reason()))
-                + sse_data(usage) + SSE_DONE)
+        closing = sse_data(self.chunk({}, self.finish_reason()))
+        if self.job.stream_usage:
+            usage = self.envelope('chat.completion.chunk', [])
+            usage['usage'] = self.usage()
+            closing += sse_data(usage)
+        return closing + SSE_DONE
 
 
 class CompletionFormat(ChatFormat):
@@ -838,9 +852,12 @@ class CompletionFormat(ChatFormat):
     def closing(self, text):
         final = self.envelope('text_completion',
                               [self.choice('', self.finish_reason())])
-        usage = self.envelope('text_completion', [])
-        usage['usage'] = self.usage()
-        return sse_data(final) + sse_data(usage) + SSE_DONE
+        closing = sse_data(final)
+        if self.job.stream_usage:
+            usage = self.envelope('text_completion', [])
+            usage['usage'] = self.usage()
+            closing += sse_data(usage)
+        return closing + SSE_DONE
 
 
 class ResponseFormat:
@@ -1098,7 +1115,8 @@ class Connection:
                 text = record.prompt()
             else:
                 text = PROMPT_READERS[kind](body)
-            job = make_job(kind, body, text)
+            job = make_job(kind, body, text,
+                           usage_if_asked=replica.usage_if_asked)
         except BadRequest as error:
             return await self.send_error(request, 400, str(error))
         except NotFound as error:
@@ -1274,6 +1292,12 @@ def parse_args(argv):
                              'order: that replica\'s prefill and decode '
                              'take that many times as long (a mixed '
                              'fleet); missing ones are 1')
+    parser.add_argument('--stream-usage', choices=('always', 'asked'),
+                        default='always',
+                        help='whether a chat or completion stream ends '
+                             'with its usage always, or only when its '
+                             'stream_options ask (include_usage), as '
+                             'vLLM\'s do')
     parser.add_argument('--name-prefix', default='replica')
     parser.add_argument('--pidfile')
     return parser.parse_args(argv)
@@ -1303,7 +1327,8 @@ def make_replicas(args):
         '%s-%d' % (args.name_prefix, index)
         for index in range(1, len(args.ports) + 1)],
         slowdowns=args.slowdowns).replicas
-    return [ServedReplica(replica, port)
+    return [ServedReplica(replica, port,
+                          usage_if_asked=args.stream_usage == 'asked')
             for replica, port in zip(replicas, args.ports)]
 
 

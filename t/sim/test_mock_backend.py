@@ -1124,6 +1124,53 @@ class EvictionTest(unittest.TestCase):
         self.assertLessEqual(stats(self.port)['cache_blocks'], 20)
 
 
+class StreamUsageTest(unittest.TestCase):
+    """With --stream-usage asked, a chat or completion stream ends with its
+    usage only when its stream_options ask for it, as vLLM's streams."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.mock = MockProcess([0], '--stream-usage', 'asked',
+                               '--time-scale', '0.001')
+        cls.port = cls.mock.ports[0]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.mock.stop()
+
+    def usage_chunks(self, path, body):
+        _, events = stream(self.port, path, dict(body, stream=True,
+                                                 max_tokens=5))
+        self.assertEqual(events[-1][2], '[DONE]')
+        chunks = [json.loads(data) for _, _, data in events[:-1]]
+        return [c['usage'] for c in chunks if 'usage' in c]
+
+    def test_chat_stream_without_options_has_no_usage(self):
+        body = {'messages': [{'role': 'user', 'content': block_text(2, 'u')}]}
+        self.assertEqual(self.usage_chunks('/v1/chat/completions', body), [])
+        body['stream_options'] = {'include_usage': False}
+        self.assertEqual(self.usage_chunks('/v1/chat/completions', body), [])
+
+    def test_chat_stream_that_asks_ends_with_usage(self):
+        body = {'messages': [{'role': 'user', 'content': block_text(2, 'v')}],
+                'stream_options': {'include_usage': True}}
+        usages = self.usage_chunks('/v1/chat/completions', body)
+        self.assertEqual(len(usages), 1)
+        self.assertEqual(usages[0]['completion_tokens'], 5)
+
+    def test_completion_stream_follows_the_options(self):
+        body = {'prompt': block_text(2, 'w')}
+        self.assertEqual(self.usage_chunks('/v1/completions', body), [])
+        body['stream_options'] = {'include_usage': True}
+        self.assertEqual(len(self.usage_chunks('/v1/completions', body)), 1)
+
+    def test_unstreamed_reply_keeps_its_usage(self):
+        status, _, reply = post_json(self.port, '/v1/chat/completions', {
+            'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 3})
+        self.assertEqual(status, 200)
+        self.assertEqual(reply['usage']['completion_tokens'], 3)
+
+
 class LifecycleTest(unittest.TestCase):
     """The process writes its pidfile and exits cleanly on a signal, even
     with idle keep-alive connections and a request in flight."""
