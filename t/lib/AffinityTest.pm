@@ -995,10 +995,12 @@ sub http {
 # $t->parallel(\@requests, timeout => 30 (60)) - each request is
 # { method, path, headers, body, port, host } as for http; all connections
 # are opened at once.
-# Returns the responses (as from http) in the same order.
+# Returns the responses (as from http) in the same order, each with
+# first_byte: the seconds from the start to its first byte of response.
 sub parallel {
     my ($self, $requests, %opt) = @_;
-    my $deadline = time + ($opt{timeout} // $HTTP_TIMEOUT);
+    my $start = time;
+    my $deadline = $start + ($opt{timeout} // $HTTP_TIMEOUT);
     my $rsel = IO::Select->new;
     my $wsel = IO::Select->new;
     my (@slots, %by_fd);
@@ -1029,6 +1031,7 @@ sub parallel {
         $slot->{res} = length $slot->{in}
             ? _parse_response($slot->{in})
             : { status => 0, error => $error // 'connection closed without response' };
+        $slot->{res}{first_byte} = $slot->{first} if defined $slot->{first};
     };
 
     while (%by_fd) {
@@ -1063,6 +1066,7 @@ sub parallel {
         for my $sock (@{ $readable || [] }) {
             my $slot = $by_fd{ fileno $sock } or next;
             my $n = sysread($sock, $slot->{in}, 65536, length $slot->{in});
+            $slot->{first} //= time - $start if $n;
             if (!defined $n) {
                 next if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
                 $finish->($slot, "read: $!");
