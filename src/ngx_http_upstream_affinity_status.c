@@ -309,12 +309,15 @@ ngx_http_upstream_affinity_collect_peers(ngx_http_request_t *r,
 
     /*
      * The wait before prefill of a request sent to each peer now, by
-     * routing's estimate over the primaries; the backups' shape is
-     * pooled apart from theirs.
+     * routing's estimate over the primaries, the engines' figures counted
+     * as routing counts them; the backups' shape is pooled apart from
+     * theirs.
      */
 
-    affinity_zone_peers_wait(zone, slots, view->npeers, waits);
+    affinity_zone_peers_wait(zone, slots, view->npeers,
+                             (uint32_t) ascf->engine_ttl, ngx_time(), waits);
     affinity_zone_peers_wait(zone, slots + view->npeers, view->nbackup,
+                             (uint32_t) ascf->engine_ttl, ngx_time(),
                              waits + view->npeers);
 
     ps = us->peers.elts;

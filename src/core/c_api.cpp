@@ -353,6 +353,7 @@ void affinity_zone_peer_pace(const affinity_zone_t *zone, uint32_t slot,
 
 void affinity_zone_peers_wait(const affinity_zone_t *zone,
                               const uint32_t *slots, size_t n,
+                              uint32_t engine_ttl, uint64_t now,
                               int64_t *wait_us) noexcept
 {
     const PeerPace *paces[kMaxPeers] = {};
@@ -385,7 +386,7 @@ void affinity_zone_peers_wait(const affinity_zone_t *zone,
         }
 
         const PeerSlot &s = base[slots[i]];
-        int64_t inflight = std::max<int64_t>(atomic_load(&s.inflight), 0);
+        int64_t inflight = counted_inflight(s, engine_ttl, now);
 
         wait_us[i] = pace_estimate(*paces[i], shape,
                                    uint32_t(std::min<int64_t>(inflight,

@@ -49,26 +49,16 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
             slot = zone.claim_slot(peers[i].id, now);
         }
 
-        // A worker killed in the middle of counting may leave a count one
-        // below the truth (worker_rows.h): never read below zero.
         if (slot != kNoSlot) {
             const PeerSlot &s = slots[slot];
-            n = std::max<int64_t>(atomic_load(&s.inflight), 0);
-
-            // Other instances' requests, as the engine counts them: its
-            // figure, moved by the requests that started and ended here
-            // since, and by those the others said started and ended there
-            // (affinity_store).  Never below the requests in flight here.
             uint64_t reported = atomic_load(&s.engine_time);
+
+            // Other instances' requests, as the engine counts them.
+            n = counted_inflight(s, balance.engine_ttl, now);
 
             if (balance.engine_ttl && reported
                 && now <= reported + balance.engine_ttl)
             {
-                int64_t here = n - atomic_load(&s.engine_base);
-                int64_t others = atomic_load(&s.engine_others);
-                n = std::max<int64_t>(
-                    n, atomic_load(&s.engine_load) + here + others);
-
                 // This instance's requests that the others cannot count
                 // yet (fits()): only beside the figure the others' are
                 // counted in, which also clears them when a worker died

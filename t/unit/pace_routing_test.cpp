@@ -330,7 +330,7 @@ TEST_F(PaceRouting, TheStatusShowsTheWaitRoutingEstimates)
     int64_t waits[3];
 
     // Nothing learned: no estimate.
-    affinity_zone_peers_wait(zone.get(), slots, 3, waits);
+    affinity_zone_peers_wait(zone.get(), slots, 3, 0, router.now, waits);
     EXPECT_EQ(waits[0], -1);
     EXPECT_EQ(waits[1], -1);
     EXPECT_EQ(waits[2], -1);
@@ -343,7 +343,7 @@ TEST_F(PaceRouting, TheStatusShowsTheWaitRoutingEstimates)
     ASSERT_EQ(longest.rc, 0);
     size_t busy = size_t(longest.decision.peer);
 
-    affinity_zone_peers_wait(zone.get(), slots, 3, waits);
+    affinity_zone_peers_wait(zone.get(), slots, 3, 0, router.now, waits);
     EXPECT_GT(waits[busy], 2000000);
     EXPECT_GE(waits[1 - busy], 0);
     EXPECT_LT(waits[1 - busy], 100000);
@@ -352,8 +352,31 @@ TEST_F(PaceRouting, TheStatusShowsTheWaitRoutingEstimates)
     // Its first byte came: nothing ahead there any more.
     affinity_zone_peer_started(zone.get(), longest.decision.slot,
                                longest.decision.backlog_chars);
-    affinity_zone_peers_wait(zone.get(), slots, 2, waits);
+    affinity_zone_peers_wait(zone.get(), slots, 2, 0, router.now, waits);
     EXPECT_LT(waits[busy], 100000);
+
+    // An engine that reports a queue here knows nothing of (the other
+    // instances' requests): counted while its figure is fresh, as routing
+    // counts it.
+    size_t idle = 1 - busy;
+    affinity_engine_load_t queue{};
+    queue.running = kSlots;
+    queue.waiting = 4;
+    queue.found = AFFINITY_ENGINE_RUNNING | AFFINITY_ENGINE_WAITING;
+    affinity_test::engine_reported(zone.get(), slots[idle], queue,
+                                   router.now);
+
+    int64_t alone[2];
+    affinity_zone_peers_wait(zone.get(), slots, 2, 0, router.now, alone);
+    affinity_zone_peers_wait(zone.get(), slots, 2, 3, router.now, waits);
+    EXPECT_LT(alone[idle], 100000) << "without the engine's figure";
+    EXPECT_GT(waits[idle], alone[idle] + 4 * int64_t(kStepTokens)
+                                         * kFast.decode_us / 2)
+        << "four requests wait beyond the running slots";
+
+    // Once the figure is older than the time to live, it is not counted.
+    affinity_zone_peers_wait(zone.get(), slots, 2, 3, router.now + 4, waits);
+    EXPECT_EQ(waits[idle], alone[idle]);
 }
 
 // A short prefix two peers hold (a system prompt) goes to a third peer
