@@ -21,6 +21,13 @@ constexpr uint64_t kSiblingsWithin = 1000;     // ms
 constexpr int64_t kSoonerShare = 8;
 constexpr int64_t kSoonerUs = 1000;
 
+// A move off a queued holder (worth_moving()) counts the prefill of what
+// the holder held this many times: once for this request, the rest for
+// what the copy displaces in a full cache and for the level's next
+// requests, which the copy splits between two peers.  docs/routing.md,
+// "Staying or moving".
+constexpr uint64_t kMoveCost = 8;
+
 }  // namespace
 
 LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
@@ -160,6 +167,23 @@ bool LoadBound::worth_copying(size_t to, size_t from, uint64_t held) const
 
     return (inflight_[to] + 2) * int64_t(peers_[from].weight)
            <= inflight_[from] * int64_t(peers_[to].weight);
+}
+
+bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held) const
+    noexcept
+{
+    int64_t knee = shape_.knee;
+
+    if (chars_ == 0 || knee == 0 || inflight_[to] >= knee
+        || inflight_[from] < knee)
+    {
+        return false;
+    }
+
+    held = std::min<uint64_t>(held, chars_);
+
+    return sooner(first_token(to, chars_ + (kMoveCost - 1) * held),
+                  first_token(from, chars_ - held)) < 0;
 }
 
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
@@ -767,6 +791,20 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                     best = placed;
                 }
             }
+        }
+
+        // A shared level's holder that would queue the request, while a
+        // peer that lacks the level has a running slot free: that peer
+        // takes it if it is sooner even with the level's prefill counted
+        // several times (worth_moving()).  Else a replica sits idle while
+        // the holders of a document queue.  Placed as new, as a copy is.
+        if (best >= 0 && !copy && shared && idlest >= 0 && idlest != best
+            && !holders.has(idlest) && load.accepts(size_t(idlest))
+            && load.worth_moving(size_t(idlest), size_t(best),
+                                 request.levels[j].length))
+        {
+            best = idlest;
+            copy = true;
         }
 
         if (best >= 0) {

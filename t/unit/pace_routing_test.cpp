@@ -439,3 +439,132 @@ TEST(ShortPrefixCopy, GoesToASoonerPeerThatLacksIt)
     EXPECT_EQ(copied.decision.held_chars, 0u);
     EXPECT_EQ(copied.decision.backlog_chars, 2100u);
 }
+
+// A document two peers hold (a level past 4,096 characters) whose holders
+// would queue a request, while a third peer that lacks it has a running
+// slot free: the third takes the request when it is sooner even with the
+// document's prefill counted several times, and not otherwise.
+class QueuedHolder : public ::testing::Test {
+protected:
+    void SetUp() override
+    {
+        document.length = 6000;
+        document.hash = affinity_hash("document", 8, 0);
+
+        for (size_t i = 0; i < 3; i++) {
+            teach_peer(zone.get(), up, i, kFast);
+        }
+    }
+
+    void hold(size_t i, const affinity_level_t &level)
+    {
+        affinity_prefixes_record(prefixes.get(), &level.hash, 1,
+                                 up.peer(i).id, router.now,
+                                 router.prefix_timeout, 0);
+    }
+
+    // A question about the document.
+    Routed ask(int n)
+    {
+        std::string text = "a question " + std::to_string(n);
+        affinity_level_t own{};
+        own.length = document.length + 300;
+        own.hash = affinity_hash(text.data(), text.size(), 0);
+        return router.route_prompt(prefixes.get(), {document, own});
+    }
+
+    void fill(size_t i, int n)
+    {
+        for (int k = 0; k < n; k++) {
+            up.acquire(i);
+        }
+    }
+
+    affinity_level_t document{};
+    TestZone zone;
+    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
+    Upstream up{zone.get(), {1, 1, 1}};
+    Router router{zone.get(), up, {1.25, 8.0, 0, 0}};
+};
+
+TEST_F(QueuedHolder, IsLeftForAFreePeerThatIsSooner)
+{
+    hold(0, document);
+    hold(1, document);
+
+    // Three requests beyond the running slots on each holder: each waits
+    // three steps of decode, far more than eight prefills of 6,000
+    // characters; the third peer has a slot free.
+    fill(0, kSlots + 3);
+    fill(1, kSlots + 3);
+    fill(2, kSlots - 1);
+
+    Routed moved = ask(1);
+    ASSERT_EQ(moved.rc, 0);
+    EXPECT_EQ(moved.decision.peer, 2);
+
+    // It held none of the prompt: placed as new, the whole prompt its
+    // backlog.
+    EXPECT_EQ(moved.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
+    EXPECT_EQ(moved.decision.held_chars, 0u);
+    EXPECT_EQ(moved.decision.backlog_chars, 6300u);
+}
+
+TEST_F(QueuedHolder, StaysWhenTheFreePeerHasNoSlotOrIsNotSoonerEnough)
+{
+    hold(0, document);
+    hold(1, document);
+
+    // The third peer's running slots are all taken: the request would
+    // queue there too.
+    fill(0, kSlots + 3);
+    fill(1, kSlots + 3);
+    fill(2, kSlots);
+
+    Routed full = ask(1);
+    ASSERT_EQ(full.rc, 0);
+    EXPECT_NE(full.decision.peer, 2);
+    EXPECT_EQ(full.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+    up.release(size_t(full.decision.peer));
+
+    // A slot free, and the holders queue one request only: one step of
+    // decode, 50 tokens at 20 ms.  Eight prefills of a 6,000-character
+    // document take 0.6 s at 50 ms a thousand tokens: the move is sooner.
+    // Eight of a 12,000-character one take 1.2 s: it is not.
+    up.release(2);
+
+    for (size_t i = 0; i < 2; i++) {
+        while (up.inflight(i) > int64_t(kSlots)) {
+            up.release(i);
+        }
+    }
+
+    document.length = 12000;
+
+    Routed longer = ask(2);
+    ASSERT_EQ(longer.rc, 0);
+    EXPECT_NE(longer.decision.peer, 2);
+    EXPECT_EQ(longer.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+    up.release(size_t(longer.decision.peer));
+
+    document.length = 6000;
+
+    Routed shorter = ask(3);
+    ASSERT_EQ(shorter.rc, 0);
+    EXPECT_EQ(shorter.decision.peer, 2);
+}
+
+TEST_F(QueuedHolder, AConversationsOwnHistoryIsLeftToTheBound)
+{
+    // One peer holds the level: a conversation's own history, which a
+    // move would split; whether it stays is the bound's to say.
+    hold(0, document);
+    fill(0, kSlots + 3);
+    fill(1, kSlots - 1);
+    fill(2, kSlots - 1);
+
+    Routed r = ask(1);
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_EQ(r.decision.peer, 0);
+    EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+}
