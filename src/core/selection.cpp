@@ -21,11 +21,11 @@ constexpr uint64_t kSiblingsWithin = 1000;     // ms
 constexpr int64_t kSoonerShare = 8;
 constexpr int64_t kSoonerUs = 1000;
 
-// A move off a queued holder (worth_moving()) counts the prefill of what
-// the holder held this many times: once for this request, the rest for
+// A move to a peer that lacks a shared level (worth_moving()) counts the
+// level's prefill this many times: once for this request, the rest for
 // what the copy displaces in a full cache and for the level's next
 // requests, which the copy splits between two peers.  docs/routing.md,
-// "Staying or moving".
+// "Prefixes".
 constexpr uint64_t kMoveCost = 8;
 
 }  // namespace
@@ -60,7 +60,8 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
             const PeerSlot &s = slots[slot];
             uint64_t reported = atomic_load(&s.engine_time);
 
-            // Other instances' requests, as the engine counts them.
+            // The requests in flight as routing counts them, the other
+            // instances' among them while the engine's figure is fresh.
             n = counted_inflight(s, balance.engine_ttl, now);
 
             if (balance.engine_ttl && reported
@@ -172,11 +173,7 @@ bool LoadBound::worth_copying(size_t to, size_t from, uint64_t held) const
 bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held) const
     noexcept
 {
-    int64_t knee = shape_.knee;
-
-    if (chars_ == 0 || knee == 0 || inflight_[to] >= knee
-        || inflight_[from] < knee)
-    {
+    if (chars_ == 0) {
         return false;
     }
 
@@ -184,6 +181,14 @@ bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held) const
 
     return sooner(first_token(to, chars_ + (kMoveCost - 1) * held),
                   first_token(from, chars_ - held)) < 0;
+}
+
+bool LoadBound::slot_free(size_t i) const noexcept
+{
+    double presumed = presume_ ? presumed_ * double(unheard_[i]) : 0.0;
+
+    return shape_.knee != 0
+           && double(inflight_[i]) + presumed < double(shape_.knee);
 }
 
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
@@ -405,6 +410,21 @@ struct Holders {
     {
         for (size_t k = 0; k < count; k++) {
             if (index[k] == i) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    // Whether a holder that may take the prompt has a running slot free.
+    bool free_slot(const LoadBound &load, int64_t extra) const noexcept
+    {
+        for (size_t k = 0; k < count; k++) {
+            int i = index[k];
+
+            if (i >= 0 && load.usable(i) && load.accepts(i)
+                && load.within_slack(i, extra) && load.slot_free(size_t(i)))
+            {
                 return true;
             }
         }
@@ -793,13 +813,23 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
             }
         }
 
-        // A shared level's holder that would queue the request, while a
-        // peer that lacks the level has a running slot free: that peer
-        // takes it if it is sooner even with the level's prefill counted
-        // several times (worth_moving()).  Else a replica sits idle while
-        // the holders of a document queue.  Placed as new, as a copy is.
+        // The least loaded peer, when it lacks a shared level, takes the
+        // prompt if it is sooner even with the level's prefill counted
+        // kMoveCost times (worth_moving()), placed as new as a copy is:
+        // - a widely held short level opens a conversation, placed by
+        //   counts above: the estimate overrides them only by that much;
+        // - otherwise only while every holder that may take the prompt
+        //   would queue it and that peer has a running slot free: else a
+        //   replica sits idle while the holders of a document queue.
+        // docs/routing.md, "Prefixes".
+        bool opening = widely && request.levels[j].length < kDocumentChars;
+
         if (best >= 0 && !copy && shared && idlest >= 0 && idlest != best
             && !holders.has(idlest) && load.accepts(size_t(idlest))
+            && (opening
+                || (load.slot_free(size_t(idlest))
+                    && !load.slot_free(size_t(best))
+                    && !holders.free_slot(load, extra)))
             && load.worth_moving(size_t(idlest), size_t(best),
                                  request.levels[j].length))
         {

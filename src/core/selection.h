@@ -111,12 +111,16 @@ public:
         noexcept;
 
     // Whether peer to, which does not hold the first held characters of
-    // the prompt, should take it from peer from, which does: from would
-    // queue it (its requests in flight reach the pooled knee) while to has
-    // a running slot free, and to is sooner by the estimates even with
-    // that prefill counted kMoveCost times.  False while the knee or
-    // either pace is not learned, or the estimates tie.
+    // the prompt, is sooner than peer from, which does, by the estimates
+    // even with that prefill counted kMoveCost times.  False while either
+    // pace is not learned, or the estimates tie.
     bool worth_moving(size_t to, size_t from, uint64_t held) const noexcept;
+
+    // Whether peer i has a running slot free for one more request: its
+    // requests in flight, with those presumed of the other instances
+    // beside its unheard ones (fits()), below the pooled knee.  False
+    // while the knee is not learned.
+    bool slot_free(size_t i) const noexcept;
 
     // The prompt's characters, for less_loaded(); 0: counts only.
     void weigh(uint64_t chars) noexcept { chars_ = chars; }

@@ -443,7 +443,7 @@ TEST(ShortPrefixCopy, GoesToASoonerPeerThatLacksIt)
 // A document two peers hold (a level past 4,096 characters) whose holders
 // would queue a request, while a third peer that lacks it has a running
 // slot free: the third takes the request when it is sooner even with the
-// document's prefill counted several times, and not otherwise.
+// document's prefill counted kMoveCost times, and not otherwise.
 class QueuedHolder : public ::testing::Test {
 protected:
     void SetUp() override
@@ -492,9 +492,9 @@ TEST_F(QueuedHolder, IsLeftForAFreePeerThatIsSooner)
     hold(0, document);
     hold(1, document);
 
-    // Three requests beyond the running slots on each holder: each waits
-    // three steps of decode, far more than eight prefills of 6,000
-    // characters; the third peer has a slot free.
+    // Three requests beyond the running slots on each holder: one sent
+    // now waits four steps of decode, far more than eight prefills of
+    // 6,000 characters; the third peer has a slot free.
     fill(0, kSlots + 3);
     fill(1, kSlots + 3);
     fill(2, kSlots - 1);
@@ -567,4 +567,94 @@ TEST_F(QueuedHolder, AConversationsOwnHistoryIsLeftToTheBound)
     ASSERT_EQ(r.rc, 0);
     EXPECT_EQ(r.decision.peer, 0);
     EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+}
+
+TEST_F(QueuedHolder, AHolderWithASlotFreeIsNotLeft)
+{
+    // The document is the prompt's longest scheduled level: its most
+    // recent holder that may take it wins, here one that would queue.
+    // Another holder has a slot free, so no copy is made on the third.
+    hold(0, document);
+    hold(1, document);
+    fill(1, kSlots + 3);
+    fill(0, kSlots - 1);
+
+    Routed r = router.route_prompt(prefixes.get(), {document});
+    ASSERT_EQ(r.rc, 0);
+    EXPECT_NE(r.decision.peer, 2);
+    EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+}
+
+// A short level every listed peer holds (a system prompt) opens a new
+// conversation, placed by counts: a peer the entry does not list takes it
+// instead when it is sooner by the estimates with the level's prefill
+// counted kMoveCost times, whether or not anyone would queue.
+class WidelyHeldOpening : public ::testing::Test {
+protected:
+    void SetUp() override
+    {
+        system.length = 2000;
+        system.hash = affinity_hash("system", 6, 0);
+
+        teach_peer(zone.get(), up, 0, kSlow);
+
+        for (size_t i = 1; i < 5; i++) {
+            teach_peer(zone.get(), up, i, kFast);
+        }
+
+        for (size_t i = 0; i < 4; i++) {
+            affinity_prefixes_record(prefixes.get(), &system.hash, 1,
+                                     up.peer(i).id, router.now,
+                                     router.prefix_timeout, 0);
+        }
+    }
+
+    Routed open(int n)
+    {
+        std::string text = "a new conversation " + std::to_string(n);
+        affinity_level_t own{};
+        own.length = system.length + 300;
+        own.hash = affinity_hash(text.data(), text.size(), 0);
+        return router.route_prompt(prefixes.get(), {system, own});
+    }
+
+    void fill(size_t i, int n)
+    {
+        for (int k = 0; k < n; k++) {
+            up.acquire(i);
+        }
+    }
+
+    affinity_level_t system{};
+    TestZone zone;
+    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
+    Upstream up{zone.get(), {1, 1, 1, 1, 1}};
+    Router router{zone.get(), up, {1.25, 8.0, 0, 0}};
+};
+
+TEST_F(WidelyHeldOpening, GoesToASoonerPeerTheEntryDoesNotList)
+{
+    // By counts the slow holder is the least loaded: two requests beyond
+    // its slots, each a step of its slow decode.  The unlisted fast peer
+    // queues three steps of its own decode, sooner by far.
+    fill(0, kSlots + 1);
+    for (size_t i = 1; i < 4; i++) {
+        fill(i, kSlots + 3);
+    }
+    fill(4, kSlots + 2);
+
+    Routed moved = open(1);
+    ASSERT_EQ(moved.rc, 0);
+    EXPECT_EQ(moved.decision.peer, 4);
+    EXPECT_EQ(moved.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
+    EXPECT_EQ(moved.decision.held_chars, 0u);
+    up.release(4);
+
+    // Five steps of the fast decode tie with two of the slow one: counts
+    // decide, and the slow holder takes it.
+    fill(4, 2);
+
+    Routed kept = open(2);
+    ASSERT_EQ(kept.rc, 0);
+    EXPECT_EQ(kept.decision.peer, 0);
 }

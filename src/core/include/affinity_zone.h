@@ -193,13 +193,14 @@ typedef struct {
 AFFINITY_API void affinity_zone_peer_pace(const affinity_zone_t *zone,
     uint32_t slot, affinity_peer_pace_t *pace) AFFINITY_NOEXCEPT;
 
-/* Lock-free: the wait before prefill of a request sent now (seconds) to
- * each peer of slots[0..n) (one upstream's primaries, or its backups), by
- * routing's estimate: the shape pooled over those peers, behind each one's
- * requests in flight as routing counts them (the engine's figure while it
- * is within engine_ttl seconds, affinity_balance_t) and the prefill ahead
- * of them; -1 where a peer's pace is not learned, it has no slot
- * (AFFINITY_NO_SLOT), or it is past the first AFFINITY_MAX_PEERS. */
+/* Lock-free: the wait before prefill (wait_us, microseconds) of a request
+ * sent at now (seconds) to each peer of slots[0..n) (one upstream's
+ * primaries, or its backups), by routing's estimate: the shape pooled over
+ * those peers, behind each one's requests in flight as routing counts them
+ * (the engine's figure while it is within engine_ttl seconds,
+ * affinity_balance_t) and the prefill ahead of them; -1 where a peer's
+ * pace is not learned, it has no slot (AFFINITY_NO_SLOT), or it is past
+ * the first AFFINITY_MAX_PEERS. */
 AFFINITY_API void affinity_zone_peers_wait(const affinity_zone_t *zone,
     const uint32_t *slots, size_t n, uint32_t engine_ttl, uint64_t now,
     int64_t *wait_us) AFFINITY_NOEXCEPT;
