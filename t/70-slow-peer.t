@@ -7,9 +7,9 @@
 #
 # First the streams end without usage (stream_options not set, as vLLM
 # answers them): the module learns no decode time and compares the peers
-# by their requests in flight, the rule before the time to first token was
-# estimated.  Then the same batches ask for the usage: the module learns
-# each peer's pace and sends the slow replica clearly fewer requests, and
+# by their requests in flight.  Then the same batches ask for the usage:
+# the module learns each peer's pace, compares the peers by the estimated
+# time to first token, and sends the slow replica clearly fewer requests;
 # the clients' time to first token at p90 is lower than by counts.
 
 use strict;
@@ -107,15 +107,15 @@ for (1 .. 5) {
 }
 is scalar(grep { $holders{$_} } @fast, $slow), 4,
     'every replica served the document';
-my $counted = measure('by counts', 0, 8);
+my $counted = measure('by counts', 0, 10);
 
 # The paces are learned, then the same batches are routed by them.
 batch(1) for 1 .. 3;
-my $timed = measure('by estimates', 1, 8);
+my $timed = measure('by estimates', 1, 10);
 
 cmp_ok $counted->{share}, '>', 0.15,
     'by counts, the slow replica takes about its count share';
-cmp_ok $timed->{share}, '<', 0.8 * $counted->{share},
+cmp_ok $timed->{share}, '<', 0.85 * $counted->{share},
     'by estimates, the slow replica takes clearly fewer requests';
 cmp_ok $timed->{p90}, '<', 0.85 * $counted->{p90},
     "and the clients' TTFT p90 is lower than by counts";
