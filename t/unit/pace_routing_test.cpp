@@ -444,8 +444,49 @@ TEST(ShortPrefixCopy, GoesToASoonerPeerThatLacksIt)
 // would queue a request, while a third peer that lacks it has a running
 // slot free: the third takes the request when it is sooner even with the
 // document's prefill counted kMoveCost times, and not otherwise.
-class QueuedHolder : public ::testing::Test {
+// A fleet of equal weights with a prefix index, and the helpers the
+// fixtures below share.
+class PrefixFleet : public ::testing::Test {
 protected:
+    explicit PrefixFleet(size_t peers)
+        : up(zone.get(), std::vector<uint32_t>(peers, 1))
+    {
+    }
+
+    // Records level as served by peer i.
+    void hold(size_t i, const affinity_level_t &level)
+    {
+        affinity_prefixes_record(prefixes.get(), &level.hash, 1,
+                                 up.peer(i).id, router.now,
+                                 router.prefix_timeout, 0);
+    }
+
+    // A prompt of level, then text of its own: a level 300 characters on.
+    Routed ask_after(const affinity_level_t &level, const std::string &text)
+    {
+        affinity_level_t own{};
+        own.length = level.length + 300;
+        own.hash = affinity_hash(text.data(), text.size(), 0);
+        return router.route_prompt(prefixes.get(), {level, own});
+    }
+
+    void fill(size_t i, int n)
+    {
+        for (int k = 0; k < n; k++) {
+            up.acquire(i);
+        }
+    }
+
+    TestZone zone;
+    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
+    Upstream up;
+    Router router{zone.get(), up, {1.25, 8.0, 0, 0}};
+};
+
+class QueuedHolder : public PrefixFleet {
+protected:
+    QueuedHolder() : PrefixFleet(3) {}
+
     void SetUp() override
     {
         document.length = 6000;
@@ -456,35 +497,13 @@ protected:
         }
     }
 
-    void hold(size_t i, const affinity_level_t &level)
-    {
-        affinity_prefixes_record(prefixes.get(), &level.hash, 1,
-                                 up.peer(i).id, router.now,
-                                 router.prefix_timeout, 0);
-    }
-
     // A question about the document.
     Routed ask(int n)
     {
-        std::string text = "a question " + std::to_string(n);
-        affinity_level_t own{};
-        own.length = document.length + 300;
-        own.hash = affinity_hash(text.data(), text.size(), 0);
-        return router.route_prompt(prefixes.get(), {document, own});
-    }
-
-    void fill(size_t i, int n)
-    {
-        for (int k = 0; k < n; k++) {
-            up.acquire(i);
-        }
+        return ask_after(document, "a question " + std::to_string(n));
     }
 
     affinity_level_t document{};
-    TestZone zone;
-    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
-    Upstream up{zone.get(), {1, 1, 1}};
-    Router router{zone.get(), up, {1.25, 8.0, 0, 0}};
 };
 
 TEST_F(QueuedHolder, IsLeftForAFreePeerThatIsSooner)
@@ -589,8 +608,10 @@ TEST_F(QueuedHolder, AHolderWithASlotFreeIsNotLeft)
 // conversation, placed by counts: a peer the entry does not list takes it
 // instead when it is sooner by the estimates with the level's prefill
 // counted kMoveCost times, whether or not anyone would queue.
-class WidelyHeldOpening : public ::testing::Test {
+class WidelyHeldOpening : public PrefixFleet {
 protected:
+    WidelyHeldOpening() : PrefixFleet(5) {}
+
     void SetUp() override
     {
         system.length = 2000;
@@ -603,33 +624,16 @@ protected:
         }
 
         for (size_t i = 0; i < 4; i++) {
-            affinity_prefixes_record(prefixes.get(), &system.hash, 1,
-                                     up.peer(i).id, router.now,
-                                     router.prefix_timeout, 0);
+            hold(i, system);
         }
     }
 
     Routed open(int n)
     {
-        std::string text = "a new conversation " + std::to_string(n);
-        affinity_level_t own{};
-        own.length = system.length + 300;
-        own.hash = affinity_hash(text.data(), text.size(), 0);
-        return router.route_prompt(prefixes.get(), {system, own});
-    }
-
-    void fill(size_t i, int n)
-    {
-        for (int k = 0; k < n; k++) {
-            up.acquire(i);
-        }
+        return ask_after(system, "a new conversation " + std::to_string(n));
     }
 
     affinity_level_t system{};
-    TestZone zone;
-    TestZone prefixes{1 << 20, AFFINITY_ZONE_PREFIXES};
-    Upstream up{zone.get(), {1, 1, 1, 1, 1}};
-    Router router{zone.get(), up, {1.25, 8.0, 0, 0}};
 };
 
 TEST_F(WidelyHeldOpening, GoesToASoonerPeerTheEntryDoesNotList)
