@@ -187,6 +187,18 @@ class ReplyTimes(ctypes.Structure):
                 ('output_tokens', c_u32)]
 
 
+PACE_QUEUES = 12                # AFFINITY_PACE_QUEUES
+
+
+class PeerPace(ctypes.Structure):
+    """affinity_peer_pace_t, which affinity_zone_peer_pace() fills whole:
+    a mirror shorter than the C struct has its neighbours overwritten."""
+    _fields_ = [('replies', c_u32), ('prefill_ns', c_u32),
+                ('decode_us', c_u32), ('chars_per_token', c_u32),
+                ('wait_us', ctypes.c_int64 * PACE_QUEUES),
+                ('backlog_chars', c_u64)]
+
+
 class EngineLoad(ctypes.Structure):
     """affinity_engine_load_t"""
     _fields_ = [('running', ctypes.c_double), ('waiting', ctypes.c_double),
@@ -239,6 +251,7 @@ P = ctypes.POINTER
 SIGNATURES = {
     'affinity_peer_id': (c_u64, [ctypes.c_char_p, ctypes.c_size_t]),
     'affinity_ring_hash': (c_u64, [ctypes.c_char_p, ctypes.c_size_t]),
+    'affinity_zone_peer_pace': (None, [ctypes.c_void_p, c_u32, P(PeerPace)]),
     'affinity_ring_size': (ctypes.c_size_t, [P(Peer), ctypes.c_size_t,
                                              c_u32]),
     'affinity_ring_build': (ctypes.c_void_p, [

@@ -470,21 +470,12 @@ class ModulePolicyTest(unittest.TestCase):
                          2.5 * params.decode_ms_per_token)
         self.assertEqual(fleet.replicas[2].params, params)
 
-        class Pace(ctypes.Structure):
-            _fields_ = [('replies', ctypes.c_uint32),
-                        ('prefill_ns', ctypes.c_uint32),
-                        ('decode_us', ctypes.c_uint32),
-                        ('chars_per_token', ctypes.c_uint32),
-                        ('wait_us', ctypes.c_int64 * 12)]
-
         policy = bounds.make_policy('module_session_prefix', 4)
         bounds.Simulation(fleet).run(self.requests, policy)
         lib = policy.lib
-        lib.affinity_zone_peer_pace.argtypes = [
-            ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Pace)]
         decode = []
         for peer in policy.peers:
-            pace = Pace()
+            pace = core_policy.PeerPace()
             lib.affinity_zone_peer_pace(policy.counter.handle, peer.slot,
                                         ctypes.byref(pace))
             self.assertGreater(pace.replies, 0)
