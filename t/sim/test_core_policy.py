@@ -8,10 +8,16 @@ built, or it is built in build/core/ (core_policy.library_path).
 
 import ctypes
 import dataclasses
+import os
+import subprocess
+import tempfile
 import unittest
 from collections import defaultdict
 
 from bench.sim import bounds, core_policy, model, workloads
+
+INCLUDE = os.path.join(os.path.dirname(__file__), '..', '..', 'src', 'core',
+                       'include')
 
 
 def advance(policy, until, fleet):
@@ -492,3 +498,47 @@ class ModulePolicyTest(unittest.TestCase):
 
 if __name__ == '__main__':
     unittest.main()
+
+
+class StructMirrorTest(unittest.TestCase):
+    """Every ctypes mirror of a C API struct has the C struct's size: the
+    core fills caller-owned structs whole, and a shorter mirror lets it
+    overwrite whatever Python placed after it."""
+
+    MIRRORS = {
+        'affinity_peer_t': core_policy.Peer,
+        'affinity_level_t': core_policy.Level,
+        'affinity_balance_t': core_policy.Balance,
+        'affinity_request_t': core_policy.RouteRequest,
+        'affinity_decision_t': core_policy.Decision,
+        'affinity_reply_times_t': core_policy.ReplyTimes,
+        'affinity_peer_pace_t': core_policy.PeerPace,
+        'affinity_engine_load_t': core_policy.EngineLoad,
+        'affinity_engine_asked_t': core_policy.EngineAsked,
+        'affinity_peer_stats_t': core_policy.PeerStats,
+        'affinity_unheard_watch_t': core_policy.UnheardWatch,
+        'affinity_zone_info_t': core_policy.ZoneInfo,
+    }
+
+    def c_sizes(self):
+        lines = ''.join('    printf("%%s %%zu\\n", "%s", sizeof(%s));\n'
+                        % (name, name) for name in self.MIRRORS)
+        source = ('#include <stdio.h>\n#include "affinity_core.h"\n'
+                  'int main(void)\n{\n%s    return 0;\n}\n' % lines)
+        with tempfile.TemporaryDirectory() as directory:
+            c_file = os.path.join(directory, 'sizes.c')
+            program = os.path.join(directory, 'sizes')
+            with open(c_file, 'w') as handle:
+                handle.write(source)
+            subprocess.run(['cc', '-I', INCLUDE, c_file, '-o', program],
+                           check=True)
+            out = subprocess.run([program], check=True, capture_output=True,
+                                 text=True).stdout
+        return {name: int(size) for name, size in
+                (line.split() for line in out.splitlines())}
+
+    def test_mirrors_have_the_c_sizes(self):
+        sizes = self.c_sizes()
+        for name, mirror in self.MIRRORS.items():
+            with self.subTest(struct=name):
+                self.assertEqual(ctypes.sizeof(mirror), sizes[name])
