@@ -58,15 +58,12 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
 
         if (slot != kNoSlot) {
             const PeerSlot &s = slots[slot];
-            uint64_t reported = atomic_load(&s.engine_time);
 
             // The requests in flight as routing counts them, the other
             // instances' among them while the engine's figure is fresh.
             n = counted_inflight(s, balance.engine_ttl, now);
 
-            if (balance.engine_ttl && reported
-                && now <= reported + balance.engine_ttl)
-            {
+            if (engine_fresh(s, balance.engine_ttl, now)) {
                 // This instance's requests that the others cannot count
                 // yet (fits()): only beside the figure the others' are
                 // counted in, which also clears them when a worker died
@@ -185,10 +182,8 @@ bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held) const
 
 bool LoadBound::slot_free(size_t i) const noexcept
 {
-    double presumed = presume_ ? presumed_ * double(unheard_[i]) : 0.0;
-
     return shape_.knee != 0
-           && double(inflight_[i]) + presumed < double(shape_.knee);
+           && double(inflight_[i]) + presumed(i) < double(shape_.knee);
 }
 
 bool LoadBound::accepts(size_t i, int64_t extra) const noexcept
@@ -218,13 +213,11 @@ bool LoadBound::within_slack(size_t i, int64_t extra) const noexcept
 // measurements: docs/routing.md, "Several instances".
 bool LoadBound::fits(size_t i, double limit) const noexcept
 {
-    double presumed = presume_ ? presumed_ * double(unheard_[i]) : 0.0;
-
     if (shared_ && unheard_[i] > 0 && watched_ < 0) {
         watched_ = int(i);
     }
 
-    return double(inflight_[i] + 1) + presumed <= limit;
+    return double(inflight_[i] + 1) + presumed(i) <= limit;
 }
 
 int LoadBound::least_loaded(int skip, uint32_t rotate, bool timed) const

@@ -141,6 +141,13 @@ public:
 #endif
 
 private:
+    // The requests of other instances presumed beside peer i's unheard
+    // ones, when presumed for this request (fits()).
+    double presumed(size_t i) const noexcept
+    {
+        return presume_ ? presumed_ * double(unheard_[i]) : 0.0;
+    }
+
     // Whether one more request on peer i stays within limit, with the
     // requests the other instances may be sending it unseen (see
     // selection.cpp).

@@ -256,19 +256,28 @@ inline uint64_t backlog_ahead(const PeerSlot &s) noexcept
            ? uint64_t(std::max<int64_t>(atomic_load(&s.backlog), 0)) : 0;
 }
 
+// Whether a peer's engine figure is fresh: reported within engine_ttl
+// seconds of now (0: none is polled).
+inline bool engine_fresh(const PeerSlot &s, uint32_t engine_ttl,
+                         uint64_t now) noexcept
+{
+    uint64_t reported = atomic_load(&s.engine_time);
+
+    return engine_ttl && reported && now <= reported + engine_ttl;
+}
+
 // The requests in flight on a peer as routing counts them: those counted
-// here, or, while its engine's figure is fresh (within engine_ttl seconds
-// of now, 0: none is polled), that figure moved by the requests that
-// started and ended here since and by those the other instances said
-// started and ended there (affinity_store).  Never below the count here,
-// nor below zero (a worker killed while counting, worker_rows.h).
+// here, or, while its engine's figure is fresh, that figure moved by the
+// requests that started and ended here since and by those the other
+// instances said started and ended there (affinity_store).  Never below
+// the count here, nor below zero (a worker killed while counting,
+// worker_rows.h).
 inline int64_t counted_inflight(const PeerSlot &s, uint32_t engine_ttl,
                                 uint64_t now) noexcept
 {
     int64_t n = std::max<int64_t>(atomic_load(&s.inflight), 0);
-    uint64_t reported = atomic_load(&s.engine_time);
 
-    if (engine_ttl && reported && now <= reported + engine_ttl) {
+    if (engine_fresh(s, engine_ttl, now)) {
         int64_t here = n - atomic_load(&s.engine_base);
         int64_t others = atomic_load(&s.engine_others);
 
