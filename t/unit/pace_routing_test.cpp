@@ -453,6 +453,16 @@ protected:
     {
     }
 
+    // A scheduled level of length characters, hashed from name.
+    static affinity_level_t level_of(const std::string &name,
+                                     uint32_t length)
+    {
+        affinity_level_t level{};
+        level.length = length;
+        level.hash = affinity_hash(name.data(), name.size(), 0);
+        return level;
+    }
+
     // Records level as served by peer i.
     void hold(size_t i, const affinity_level_t &level)
     {
@@ -464,9 +474,8 @@ protected:
     // A prompt of level, then text of its own: a level 300 characters on.
     Routed ask_after(const affinity_level_t &level, const std::string &text)
     {
-        affinity_level_t own{};
-        own.length = level.length + 300;
-        own.hash = affinity_hash(text.data(), text.size(), 0);
+        affinity_level_t own = level_of(text, level.length + 300);
+
         return router.route_prompt(prefixes.get(), {level, own});
     }
 
@@ -489,8 +498,7 @@ protected:
 
     void SetUp() override
     {
-        document.length = 6000;
-        document.hash = affinity_hash("document", 8, 0);
+        document = level_of("document", 6000);
 
         for (size_t i = 0; i < 3; i++) {
             teach_peer(zone.get(), up, i, kFast);
@@ -614,8 +622,7 @@ protected:
 
     void SetUp() override
     {
-        system.length = 2000;
-        system.hash = affinity_hash("system", 6, 0);
+        system = level_of("system", 2000);
 
         teach_peer(zone.get(), up, 0, kSlow);
 
