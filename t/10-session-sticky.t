@@ -75,8 +75,12 @@ subtest '500 sessions x 4 requests stick to one backend each' => sub {
     my @counts = map { $pins{$_} // 0 } @ports;
     my $mean = sum(@counts) / @counts;
     my $ratio = max(@counts) / $mean;
+    # 500 keys on a ring of four equal peers on random ports: sampling
+    # alone takes the fullest peer past 1.3 x the mean for about one port
+    # set in 1,200, past 1.4 for one in 200,000.  A ring that gives one
+    # peer a third of the keys lands near 1.5.
     note sprintf 'pins per backend: %s, max/mean %.3f', "@counts", $ratio;
-    ok $ratio <= 1.3, "pins spread evenly (max/mean $ratio <= 1.3)";
+    ok $ratio <= 1.4, "pins spread evenly (max/mean $ratio <= 1.4)";
 
     my @r = routes($t);
     is scalar(grep { $_->{route} eq 'session_new' } @r), 500,
