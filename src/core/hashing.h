@@ -13,6 +13,7 @@ uint64_t hash64(const void *data, size_t len, uint64_t seed) noexcept;
 // instance and across restarts, unlike the per-zone seed of table keys.
 constexpr uint64_t kPeerIdSeed = 0x70656572'69643031ULL;    // "peerid01"
 constexpr uint64_t kRingSeed = 0x72696e67'6b657931ULL;      // "ringkey1"
+constexpr uint64_t kDealSeed = 0x6465616c'70656572ULL;      // "dealpeer"
 
 uint64_t peer_id(const char *name, size_t len) noexcept;
 uint64_t ring_key_hash(const void *key, size_t len) noexcept;

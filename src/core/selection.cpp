@@ -1,8 +1,10 @@
 #include "selection.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "cache_model.h"
+#include "hashing.h"
 #include "prefix_table.h"
 #include "session_table.h"
 #include "trace.h"
@@ -28,6 +30,11 @@ constexpr int64_t kSoonerUs = 1000;
 // "Prefixes".
 constexpr uint64_t kMoveCost = 8;
 
+// The most requests presumed beside one (LoadBound::beside_), and the
+// halvings that find the level a burst fills the peers to (dealt()).
+constexpr uint32_t kMostBeside = 64;
+constexpr int kFillSteps = 24;
+
 }  // namespace
 
 LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
@@ -41,6 +48,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
       slack_(balance.slack)
 {
     const PeerSlot *slots = zone.peer_slots();
+    const PeerPace *paces[kMaxPeers];
     int64_t total = 0;
     uint64_t weights = 0;
 
@@ -79,6 +87,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
         }
 
         slots_[i] = slot;
+        paces[i] = slot != kNoSlot ? &slots[slot].pace : nullptr;
         unheard_[i] = unheard;
         inflight_[i] = n;
         cache_tokens_[i] = tokens;
@@ -90,20 +99,38 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
         }
     }
 
-    share_per_weight_ = weights ? double(total + 1) / double(weights) : 0.0;
-
-    const PeerPace *paces[kMaxPeers];
-
-    for (size_t i = 0; i < npeers_; i++) {
-        paces[i] = slots_[i] != kNoSlot ? &slots[slots_[i]].pace : nullptr;
+    if (npeers_ > 0) {
+        shape_ = pace_shape(paces, npeers_);
     }
-
-    shape_ = pace_shape(paces, npeers_);
 
     uint32_t instances = zone.instances(now);
 
     presumed_ = zone.unheard_presumed(instances);
     shared_ = instances > 1;
+
+    // The others' requests placed unseen beside this one: per other
+    // instance (presumed_), as many as this instance sends within the
+    // time its news takes to come back, before this request and after it
+    // (the recent mean of its unheard requests, twice).  Spread one by
+    // one, next to none; in a burst through every instance, the burst.
+    if (shared_) {
+        int64_t own = 0;
+
+        for (size_t i = 0; i < npeers_; i++) {
+            own += unheard_[i];
+        }
+
+        beside_ = std::min(2.0 * presumed_ * zone.learn_beside(own),
+                           double(kMostBeside));
+    }
+
+    // They count in the share the bound is measured from, as this request
+    // does: else each instance in a burst holds its pins to a mean the
+    // burst has not raised, and moves them off their caches.
+    // docs/routing.md, "Several instances".
+    share_per_weight_ = weights ? (double(total + 1) + beside_)
+                                  / double(weights)
+                                : 0.0;
 }
 
 int64_t LoadBound::first_token(size_t i, uint64_t uncached) const noexcept
@@ -250,6 +277,10 @@ int LoadBound::least_loaded_on_ring(const Ring *ring, uint64_t hash,
         return least;
     }
 
+    if (shared_ && !timed) {
+        return dealt(hash, least);
+    }
+
     // The least loaded peer is not more loaded than any: the first peer on
     // the ring that is not more loaded than it ties with it.
     int first = ring->walk(hash, [&](uint32_t peer) {
@@ -258,6 +289,81 @@ int LoadBound::least_loaded_on_ring(const Ring *ring, uint64_t hash,
     });
 
     return first >= 0 ? first : least;
+}
+
+double LoadBound::room(size_t i, double level) const noexcept
+{
+    if (!usable(i)) {
+        return 0.0;
+    }
+
+    double left = level * std::max<uint32_t>(peers_[i].weight, 1)
+                  - double(inflight_[i] + 1);
+
+    return left > 0.0 ? left : 0.0;
+}
+
+// Requests that reach several instances at once are each placed without
+// the others: sent to the least loaded peer, they would all meet there.
+// So the room is dealt.  Poured into the least loaded peers, this request
+// and those presumed beside it (beside_) fill them up to some level; each
+// peer is drawn with odds by its room below that level, by a weighted
+// rendezvous hash of the prompt's hash and the peer's id.  Instances that
+// see the same load send the same prompt to the same peer, and a burst's
+// prompts spread over the room as the fleet would fill it.  With nothing
+// beside, the level leaves room for this request alone: a draw among the
+// least loaded peer's ties.  docs/routing.md, "Several instances".
+int LoadBound::dealt(uint64_t hash, int least) const noexcept
+{
+    double low = double(inflight_[least] + 1)
+                 / double(std::max<uint32_t>(peers_[least].weight, 1));
+    double pour = 1.0 + beside_;
+
+    // The level whose room holds pour requests: between low, where there
+    // is none, and low + pour, where the least loaded peer alone has it.
+    double below = low;
+    double level = low + pour;
+
+    for (int step = 0; step < kFillSteps; step++) {
+        double mid = (below + level) / 2.0;
+        double total = 0.0;
+
+        for (size_t i = 0; i < npeers_; i++) {
+            total += room(i, mid);
+        }
+
+        if (total < pour) {
+            below = mid;
+
+        } else {
+            level = mid;
+        }
+    }
+
+    int best = -1;
+    double first = 0.0;
+
+    for (size_t i = 0; i < npeers_; i++) {
+        double left = room(i, level);
+
+        if (left <= 0.0) {
+            continue;
+        }
+
+        // An exponential race: the smallest -ln(u) / room wins, each peer
+        // with odds room / all the room.
+        uint64_t material[2] = {hash, peers_[i].id};
+        uint64_t h = hash64(material, sizeof(material), kDealSeed);
+        double u = (double(h >> 11) + 0.5) / 9007199254740992.0;  // 2^53
+        double at = -std::log(u) / left;
+
+        if (best < 0 || at < first) {
+            best = static_cast<int>(i);
+            first = at;
+        }
+    }
+
+    return best >= 0 ? best : least;
 }
 
 int LoadBound::first_on_ring(const Ring &ring, uint64_t hash, int skip) const

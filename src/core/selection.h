@@ -54,7 +54,9 @@ public:
 
     // The usable peer least loaded; ties go to the first of them in ring
     // order from hash (so that equal prompts meet on an idle fleet), or
-    // without a ring in rotation order from rotate.  -1 if none.
+    // without a ring in rotation order from rotate.  By counts alone,
+    // while other instances route too, a peer dealt() by hash instead.
+    // -1 if none.
     int least_loaded_on_ring(const Ring *ring, uint64_t hash,
                              uint32_t rotate, bool timed = true) const
         noexcept;
@@ -153,6 +155,15 @@ private:
     // selection.cpp).
     bool fits(size_t i, double limit) const noexcept;
 
+    // Peer i's room below level requests per weight, counting this
+    // request: level * weight - (inflight + 1); 0 if unusable or full.
+    double room(size_t i, double level) const noexcept;
+
+    // A usable peer for a prompt no holder keeps, drawn with odds by its
+    // room below the level this request and those presumed beside it
+    // (beside_) fill the least loaded peers to; least when none is found.
+    int dealt(uint64_t hash, int least) const noexcept;
+
     const affinity_peer_t *peers_;
     const PeerSlot *slot_base_;
     const uint8_t *states_;
@@ -162,6 +173,8 @@ private:
     uint64_t cache_tokens_[kMaxPeers];
     int64_t unheard_[kMaxPeers];   // this instance's, not yet in the store
     double presumed_ = 0.0;         // the others' beside each unheard
+    double beside_ = 0.0;           // the others' placed unseen beside
+                                    // this request (constructor)
     bool presume_ = true;
     bool shared_ = false;           // other instances route too
     // The first peer weighed (fits()) with unheard requests, -1: none.

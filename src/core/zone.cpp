@@ -456,6 +456,22 @@ void Zone::learn_unheard(uint32_t unheard, uint32_t others) noexcept
     atomic_store(&header_->unheard_met, (met << 32) | lessons);
 }
 
+double Zone::learn_beside(int64_t own) noexcept
+{
+    uint64_t *mean = &header_->unheard_beside;
+    uint64_t now = uint64_t(std::max<int64_t>(own, 0)) * kBesideUnit;
+
+    // mean += (now - mean) / kBesideDecay, rounded to nearest, in unsigned
+    // steps.
+    if (now >= *mean) {
+        *mean += (now - *mean + kBesideDecay / 2) / kBesideDecay;
+    } else {
+        *mean -= (*mean - now + kBesideDecay / 2) / kBesideDecay;
+    }
+
+    return double(*mean) / double(kBesideUnit);
+}
+
 double Zone::unheard_presumed(uint32_t instances, uint32_t *unheard,
                               uint32_t *met) const noexcept
 {

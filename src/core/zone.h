@@ -25,7 +25,7 @@
 namespace affinity {
 
 constexpr uint64_t kZoneMagic = 0x41464e5a4f4e4531ULL;    // "AFNZONE1"
-constexpr uint32_t kLayoutVersion = 12;
+constexpr uint32_t kLayoutVersion = 13;
 constexpr uint32_t kPeerSlots = AFFINITY_PEER_SLOTS;
 constexpr uint32_t kNoSlot = AFFINITY_NO_SLOT;
 constexpr uint32_t kMaxWorkerRows = AFFINITY_MAX_WORKER_ROWS;
@@ -108,6 +108,10 @@ struct alignas(64) ZoneHeader {
     // seed, which it must not reveal (the seed places keys in buckets).
     uint64_t instance;
     uint64_t conflicts;         // response ids refused to another peer
+    // How many of this instance's requests were unheard as it routed one,
+    // in the recent mean, in 1/kBesideUnit (Zone::learn_beside()).  Under
+    // the zone lock.
+    uint64_t unheard_beside;
 };
 
 static_assert(sizeof(ZoneHeader) % 64 == 0, "the header fills lines");
@@ -126,6 +130,12 @@ constexpr uint32_t kUnheardKept = 1024;
 // meets next to none; requests spread one by one meet far more, and there
 // the mean understates the bursts (docs/routing.md, "Several instances").
 constexpr double kKeptFrontBelow = 0.05;
+
+// ZoneHeader::unheard_beside: a mean in fixed point, each routing decision
+// weighing 1/kBesideDecay of it, so that it follows the traffic within a
+// few dozen requests.
+constexpr uint64_t kBesideUnit = 1024;
+constexpr uint64_t kBesideDecay = 32;
 
 constexpr size_t kRoutes = AFFINITY_ROUTES;
 
@@ -413,6 +423,11 @@ public:
     void learn_unheard(uint32_t unheard, uint32_t others) noexcept;
     double unheard_presumed(uint32_t instances, uint32_t *unheard = nullptr,
                             uint32_t *met = nullptr) const noexcept;
+
+    // This instance routes a request with own of its requests unheard
+    // (none but its own count): returns the recent mean of that count,
+    // this one in it (caller holds the zone lock).
+    double learn_beside(int64_t own) noexcept;
 
     void hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept;
 

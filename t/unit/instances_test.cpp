@@ -66,8 +66,8 @@ TEST(Instances, UnheardRequestsCountOncePerOtherInstance)
     EXPECT_EQ(up.stats(0).unheard, 0);
     EXPECT_EQ(router.route_key_released(key_on_peer0(2)).decision.peer, 0);
 
-    // Two instances more, and two unheard: 1 + 3 x 2 + 1 > 2.5 where
-    // 1 + 2 x 0 + 1 fits once they are heard.
+    // Two instances more, and one unheard: 1 + 3 x 1 + 1 > 2.5, where
+    // 1 + 1 fits once it is heard.
     affinity_zone_instance_seen(z.get(), 43, 1000);
     affinity_zone_instance_seen(z.get(), 44, 1000);
     uintptr_t second = affinity_zone_peer_announced(z.get(), slot);
@@ -427,6 +427,161 @@ TEST(Instances, TheOnesHeardFromInTheLastTenSeconds)
     EXPECT_EQ(affinity_zone_instances(many.get(), 2025), 4u)
         << "102 .. 115 last heard from more than 10 s ago: 115, 200, "
            "101 and itself";
+}
+
+// Peer 0 idle, the others one request each, every engine fresh.
+void load_one_each(affinity_zone_t *zone, Upstream &up, uint32_t now)
+{
+    affinity_engine_load_t idle{};
+    idle.found = AFFINITY_ENGINE_RUNNING;
+    for (size_t i = 0; i < 4; i++) {
+        engine_reported(zone, up.peer(i).slot, idle, now);
+    }
+    up.acquire(1);
+    up.acquire(2);
+    up.acquire(3);
+}
+
+std::vector<affinity_level_t> new_prompt(int n)
+{
+    std::string body = "{\"model\":\"m\",\"messages\":[{\"role\":"
+                       "\"user\",\"content\":\"question "
+                       + std::to_string(n) + " " + std::string(300, 'q')
+                       + "\"}]}";
+    return prompt_levels(body, default_schedule(), '\0', 8).levels;
+}
+
+// Requests spread one by one: this instance routes one with none of its
+// own unheard, nor do the others, and the least loaded peer takes every
+// new prompt, alone or not.
+TEST(Instances, SpreadOneByOneNewPromptsGoToTheLeastLoaded)
+{
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
+    TestZone prefixes(1 << 22, AFFINITY_ZONE_PREFIXES);
+
+    load_one_each(z.get(), up, 1000);
+    for (int n = 0; n < 50; n++) {
+        EXPECT_EQ(router.route_prompt_released(prefixes.get(), new_prompt(n))
+                      .decision.peer, 0);
+    }
+
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    affinity_zone_instance_seen(z.get(), 43, 1000);
+    affinity_zone_instance_seen(z.get(), 44, 1000);
+    for (int n = 50; n < 150; n++) {
+        EXPECT_EQ(router.route_prompt_released(prefixes.get(), new_prompt(n))
+                      .decision.peer, 0);
+    }
+}
+
+// In bursts through every instance: this one routes each request with
+// another of its own unheard, and each other instance is presumed to
+// place twice that beside it (before it and after), unseen.  Sent to the
+// least loaded peer, all would meet there; so the room the burst fills
+// is dealt, each peer drawn with odds by its room.
+TEST(Instances, InBurstsNewPromptsAreDealtOverTheRoom)
+{
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
+    TestZone prefixes(1 << 22, AFFINITY_ZONE_PREFIXES);
+
+    load_one_each(z.get(), up, 1000);
+    affinity_zone_peer_announced(z.get(), up.peer(1).slot);
+    EXPECT_EQ(up.stats(1).unheard, 1);
+
+    // Alone: nobody else places anything.
+    for (int n = 0; n < 50; n++) {
+        EXPECT_EQ(router.route_prompt_released(prefixes.get(), new_prompt(n))
+                      .decision.peer, 0);
+    }
+
+    // One other instance: the mean of this one's unheard requests rises to
+    // 1 within a few dozen decisions (1/32 each), and 2 x 1 x 1 are
+    // presumed beside each.  Three requests fill the peers to 2.5: room
+    // 1.5 on peer 0 and 0.5 on each other, odds 1/2 and 1/6.
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    for (int n = 50; n < 250; n++) {
+        router.route_prompt_released(prefixes.get(), new_prompt(n));
+    }
+    int dealt[4] = {};
+    for (int n = 250; n < 1450; n++) {
+        Routed r = router.route_prompt_released(prefixes.get(), new_prompt(n));
+        EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_NEW));
+        dealt[r.decision.peer]++;
+    }
+    EXPECT_GT(dealt[0], 520) << "odds 1 in 2";
+    EXPECT_LT(dealt[0], 680);
+    for (int i = 1; i < 4; i++) {
+        EXPECT_GT(dealt[i], 140) << "peer " << i << ": odds 1 in 6";
+        EXPECT_LT(dealt[i], 260) << "peer " << i;
+    }
+
+    // The draw is the prompt's: an instance that sees the same load sends
+    // it to the same peer, and so does this one again while the load is
+    // the same.
+    std::vector<affinity_level_t> again = new_prompt(5000);
+    int first = router.route_prompt_released(prefixes.get(), again)
+                    .decision.peer;
+    EXPECT_EQ(router.route_prompt_released(prefixes.get(), again)
+                  .decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
+    TestZone other_zone;
+    Upstream other_up{other_zone.get(), {1, 1, 1, 1}};
+    Router other{other_zone.get(), other_up, kWithEngines};
+    TestZone other_prefixes(1 << 22, AFFINITY_ZONE_PREFIXES);
+    load_one_each(other_zone.get(), other_up, 1000);
+    affinity_zone_peer_announced(other_zone.get(), other_up.peer(1).slot);
+    affinity_zone_instance_seen(other_zone.get(), 41, 1000);
+    for (int n = 50; n < 250; n++) {
+        other.route_prompt_released(other_prefixes.get(), new_prompt(n));
+    }
+    EXPECT_EQ(other.route_prompt_released(other_prefixes.get(), again)
+                  .decision.peer, first);
+
+    // A peer above the level gets none: at 3 in flight, peer 3 has no
+    // room below 2.5.
+    up.acquire(3);
+    up.acquire(3);
+    for (int n = 2000; n < 2200; n++) {
+        EXPECT_NE(router.route_prompt_released(prefixes.get(), new_prompt(n))
+                      .decision.peer, 3);
+    }
+}
+
+// The share the load bound is measured from counts the requests presumed
+// placed beside this one: in a burst, a session's pin is not held to a
+// mean the burst has not yet raised.
+TEST(Instances, ThoseBesideCountInTheShare)
+{
+    FourPeers four;
+    auto &[z, up, router, slot] = four;
+    TestZone prefixes(1 << 22, AFFINITY_ZONE_PREFIXES);
+    std::string key = key_on_peer0(0);
+    std::string other = key_on_peer0(1);
+
+    ASSERT_EQ(router.route_key_released(key).decision.peer, 0);
+    ASSERT_EQ(router.route_key_released(other).decision.peer, 0);
+    load_one_each(z.get(), up, 1000);
+    for (int n = 0; n < 3; n++) {
+        up.acquire(0);
+    }
+    affinity_zone_peer_announced(z.get(), up.peer(1).slot);
+
+    // Alone: share (6 + 1) / 4, bound 1.75 + 2; 3 + 1 > 3.75.  The
+    // spill takes the pin along (docs/routing.md, "Sessions").
+    Routed alone = router.route_key_released(key);
+    EXPECT_NE(alone.decision.peer, 0);
+    EXPECT_EQ(alone.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+
+    // One other instance, this one's mean of unheard requests near 1:
+    // share (6 + 1 + 2) / 4, bound 2.25 + 2; 3 + 1 fits.
+    affinity_zone_instance_seen(z.get(), 42, 1000);
+    for (int n = 0; n < 200; n++) {
+        router.route_prompt_released(prefixes.get(), new_prompt(n));
+    }
+    Routed shared = router.route_key_released(other);
+    EXPECT_EQ(shared.decision.peer, 0);
+    EXPECT_EQ(shared.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
 }
 
 }  // namespace
