@@ -346,7 +346,8 @@ int LoadBound::dealt(uint64_t hash, int least) const noexcept
     for (size_t i = 0; i < npeers_; i++) {
         double left = room(i, level);
 
-        if (left <= 0.0) {
+        // Not the halvings' rounding: a peer just at the level has none.
+        if (left <= pour / double(1 << kFillSteps) * 2.0) {
             continue;
         }
 
