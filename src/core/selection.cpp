@@ -30,10 +30,8 @@ constexpr int64_t kSoonerUs = 1000;
 // "Prefixes".
 constexpr uint64_t kMoveCost = 8;
 
-// The most requests presumed beside one (LoadBound::beside_), and the
-// halvings that find the level a burst fills the peers to (dealt()).
+// The most requests presumed beside one (LoadBound::beside_).
 constexpr uint32_t kMostBeside = 64;
-constexpr int kFillSteps = 24;
 
 }  // namespace
 
@@ -305,38 +303,30 @@ double LoadBound::room(size_t i, double level) const noexcept
 
 // Requests that reach several instances at once are each placed without
 // the others: sent to the least loaded peer, they would all meet there.
-// So the room is dealt.  Poured into the least loaded peers, this request
-// and those presumed beside it (beside_) fill them up to some level; each
-// peer is drawn with odds by its room below that level, by a weighted
-// rendezvous hash of the prompt's hash and the peer's id.  Instances that
-// see the same load send the same prompt to the same peer, and a burst's
-// prompts spread over the room as the fleet would fill it.  With nothing
-// beside, the level leaves room for this request alone: a draw among the
-// least loaded peer's ties.  docs/routing.md, "Several instances".
+// So the room is dealt.  Poured into the least loaded peers a request per
+// weight at a time, this request and those presumed beside it (beside_)
+// fill them up to some level; each peer is drawn with odds by its room
+// below that level, by a weighted rendezvous hash of the prompt's hash
+// and the peer's id.  Instances that see the same load send the same
+// prompt to the same peer, and a burst's prompts spread over the room as
+// the fleet would fill it.  With no more beside than the least loaded
+// peer and its ties have room for, the draw is among them.
+// docs/routing.md, "Several instances".
 int LoadBound::dealt(uint64_t hash, int least) const noexcept
 {
     double low = double(inflight_[least] + 1)
                  / double(std::max<uint32_t>(peers_[least].weight, 1));
     double pour = 1.0 + beside_;
+    double level = low;
 
-    // The level whose room holds pour requests: between low, where there
-    // is none, and low + pour, where the least loaded peer alone has it.
-    double below = low;
-    double level = low + pour;
-
-    for (int step = 0; step < kFillSteps; step++) {
-        double mid = (below + level) / 2.0;
-        double total = 0.0;
+    // The least loaded peer alone has room for a request a step, so this
+    // ends within pour steps.
+    for (double total = 0.0; total < pour && level < low + pour;) {
+        level += 1.0;
+        total = 0.0;
 
         for (size_t i = 0; i < npeers_; i++) {
-            total += room(i, mid);
-        }
-
-        if (total < pour) {
-            below = mid;
-
-        } else {
-            level = mid;
+            total += room(i, level);
         }
     }
 
@@ -346,8 +336,7 @@ int LoadBound::dealt(uint64_t hash, int least) const noexcept
     for (size_t i = 0; i < npeers_; i++) {
         double left = room(i, level);
 
-        // Not the halvings' rounding: a peer just at the level has none.
-        if (left <= pour / double(1 << kFillSteps) * 2.0) {
+        if (left <= 0.0) {
             continue;
         }
 

@@ -461,12 +461,12 @@ double Zone::learn_beside(int64_t own) noexcept
     uint64_t *mean = &header_->unheard_beside;
     uint64_t now = uint64_t(std::max<int64_t>(own, 0)) * kBesideUnit;
 
-    // mean += (now - mean) / kBesideDecay, rounded to nearest, in unsigned
-    // steps.
+    // mean += (now - mean) / kBesideDecay, rounded toward 0: a mean
+    // falls to none once its requests are heard in time again.
     if (now >= *mean) {
-        *mean += (now - *mean + kBesideDecay / 2) / kBesideDecay;
+        *mean += (now - *mean) / kBesideDecay;
     } else {
-        *mean -= (*mean - now + kBesideDecay / 2) / kBesideDecay;
+        *mean -= (*mean - now + kBesideDecay - 1) / kBesideDecay;
     }
 
     return double(*mean) / double(kBesideUnit);
