@@ -362,6 +362,7 @@ ngx_http_upstream_affinity_collect_upstream(ngx_http_request_t *r,
                                                    (uint32_t) status->now,
                                                    &us->unheard_learned,
                                                    &us->unheard_met);
+    us->unheard_beside = affinity_zone_unheard_beside(shctx->zone);
     ngx_shmtx_unlock(&shctx->shpool->mutex);
 
     us->zones[NGX_HTTP_UPSTREAM_AFFINITY_SESSIONS].zone = ascf->session_zone;

@@ -64,6 +64,7 @@ typedef struct {
     double                                  unheard_presumed;
     uint32_t                                unheard_learned;
     uint32_t                                unheard_met;
+    double                                  unheard_beside;
 
     /* requests balanced without their body, by affinity_fallback_e */
     uint64_t                                fallbacks[AFFINITY_FALLBACKS];

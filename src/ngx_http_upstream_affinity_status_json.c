@@ -125,13 +125,14 @@ ngx_http_upstream_affinity_json_upstream(
     /* json_object_set_new() takes its value, even when it fails */
 
     if (json_object_set_new(u, "balance",
-            json_pack("{s:f,s:i,s:i,s:f,s:i,s:i}",
+            json_pack("{s:f,s:i,s:i,s:f,s:i,s:i,s:f}",
                       "factor", (double) us->conf->factor / 1000,
                       "slack", (json_int_t) us->conf->slack,
                       "instances", (json_int_t) us->instances,
                       "unheard_presumed", us->unheard_presumed,
                       "unheard_learned", (json_int_t) us->unheard_learned,
-                      "unheard_met", (json_int_t) us->unheard_met))
+                      "unheard_met", (json_int_t) us->unheard_met,
+                      "unheard_beside", us->unheard_beside))
         || json_object_set_new(u, "zones", zones = json_object())
         || json_object_set_new(u, "peers", list = json_array())
         || json_object_set_new(u, "routes", totals = json_object()))

@@ -73,7 +73,7 @@ ok exists $s->{upstreams}{'odd"name'}, 'every affinity upstream is listed';
 subtest 'JSON counters after known traffic' => sub {
     is_deeply $u->{balance}, { factor => 1.25, slack => 2, instances => 1,
                                unheard_presumed => 0, unheard_learned => 0,
-                               unheard_met => 0 },
+                               unheard_met => 0, unheard_beside => 0 },
         'balance parameters: no other instance heard from, none presumed';
     my @peers = @{ $u->{peers} };
     is scalar(@peers), 3, 'three peers';

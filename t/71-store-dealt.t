@@ -130,6 +130,8 @@ subtest 'spread one by one: the least loaded replica takes each' => sub {
     $n{ ask($a, "quiet $_") }++ for 1 .. 20;
     is $n{ $idle[0] } // 0, 20, 'all 20 on the idle replica'
         or diag explain \%n;
+    my $beside = state_of_a()->{balance}{unheard_beside};
+    cmp_ok $beside, '<', 0.5, "next to none unheard in the mean ($beside)";
 };
 
 subtest 'in a burst, new prompts are dealt over the room' => sub {
@@ -153,6 +155,8 @@ subtest 'in a burst, new prompts are dealt over the room' => sub {
     }
     note explain \%n;
     cmp_ok time - $start, '<', 8, 'all placed while the store paused';
+    my $beside = state_of_a()->{balance}{unheard_beside};
+    cmp_ok $beside, '>', 1, "the status shows A's unheard requests ($beside)";
     cmp_ok $above // 0, '>=', 3,
         'some went to replicas above the least loaded: dealt, not all '
         . 'sent to the least loaded';

@@ -263,6 +263,11 @@ void affinity_zone_unheard_met(affinity_zone_t *zone, uint32_t unheard,
     zone_of(zone).learn_unheard(unheard, others);
 }
 
+double affinity_zone_unheard_beside(const affinity_zone_t *zone) noexcept
+{
+    return zone ? zone_of(zone).unheard_beside() : 0.0;
+}
+
 double affinity_zone_unheard_presumed(const affinity_zone_t *zone,
                                       uint32_t now, uint32_t *unheard,
                                       uint32_t *met) noexcept

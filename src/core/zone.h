@@ -428,6 +428,10 @@ public:
     // (none but its own count): returns the recent mean of that count,
     // this one in it (caller holds the zone lock).
     double learn_beside(int64_t own) noexcept;
+    double unheard_beside() const noexcept
+    {
+        return double(header_->unheard_beside) / double(kBesideUnit);
+    }
 
     void hand_over(PeerSlot &slot, uint64_t peer_id, uint64_t now) noexcept;
 

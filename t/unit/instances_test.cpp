@@ -473,6 +473,7 @@ TEST(Instances, SpreadOneByOneNewPromptsGoToTheLeastLoaded)
         EXPECT_EQ(router.route_prompt_released(prefixes.get(), new_prompt(n))
                       .decision.peer, 0);
     }
+    EXPECT_EQ(affinity_zone_unheard_beside(z.get()), 0.0);
 }
 
 // In bursts through every instance: this one routes each request with
@@ -505,6 +506,8 @@ TEST(Instances, InBurstsNewPromptsAreDealtOverTheRoom)
     for (int n = 50; n < 250; n++) {
         router.route_prompt_released(prefixes.get(), new_prompt(n));
     }
+    EXPECT_GT(affinity_zone_unheard_beside(z.get()), 0.9);
+    EXPECT_LE(affinity_zone_unheard_beside(z.get()), 1.0);
     int dealt[4] = {};
     for (int n = 250; n < 1450; n++) {
         Routed r = router.route_prompt_released(prefixes.get(), new_prompt(n));
@@ -538,6 +541,23 @@ TEST(Instances, InBurstsNewPromptsAreDealtOverTheRoom)
     }
     EXPECT_EQ(other.route_prompt_released(other_prefixes.get(), again)
                   .decision.peer, first);
+
+    // Heard in time again, the mean falls to none within a few hundred
+    // decisions, and the least loaded peer takes the new prompts.
+    affinity_engine_load_t idle{};
+    idle.found = AFFINITY_ENGINE_RUNNING;
+    engine_reported(z.get(), up.peer(1).slot, idle, 1000);
+    EXPECT_EQ(up.stats(1).unheard, 0) << "the engine's report clears it";
+    for (int n = 3000; n < 3400; n++) {
+        router.route_prompt_released(prefixes.get(), new_prompt(n));
+    }
+    EXPECT_EQ(affinity_zone_unheard_beside(z.get()), 0.0);
+    EXPECT_EQ(router.route_prompt_released(prefixes.get(), new_prompt(3400))
+                  .decision.peer, 0);
+    affinity_zone_peer_announced(z.get(), up.peer(1).slot);
+    for (int n = 3500; n < 3700; n++) {
+        router.route_prompt_released(prefixes.get(), new_prompt(n));
+    }
 
     // A peer above the level gets none: at 3 in flight, peer 3 has no
     // room below 3.

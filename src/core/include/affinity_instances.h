@@ -80,6 +80,17 @@ AFFINITY_API double affinity_zone_unheard_presumed(
     uint32_t *met) AFFINITY_NOEXCEPT;
 
 /*
+ * How many of this instance's requests were unheard as it routed one, in
+ * the recent mean (each decision while other instances route weighs 1/32
+ * of it).  Twice that, per other instance, are presumed placed unseen
+ * beside each request: they count in the load bound's share, and new
+ * prompts are dealt over the peers' room (docs/routing.md, "Several
+ * instances").  Exact with the zone lock held.
+ */
+AFFINITY_API double affinity_zone_unheard_beside(const affinity_zone_t *zone)
+    AFFINITY_NOEXCEPT;
+
+/*
  * An instance's watch over its announcements, for those lessons: its
  * reader reads every message of the stream, the others' and the
  * instance's, in the store's order.  Caller-owned (nginx keeps it in
