@@ -30,8 +30,10 @@ constexpr int64_t kSoonerUs = 1000;
 // "Prefixes".
 constexpr uint64_t kMoveCost = 8;
 
-// The most requests presumed beside one (LoadBound::beside_).
+// The most requests presumed beside one (LoadBound::beside_), and the
+// halvings that find the level they fill the peers to (dealt()).
 constexpr uint32_t kMostBeside = 64;
+constexpr int kFillSteps = 24;
 
 }  // namespace
 
@@ -118,8 +120,10 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
             own += unheard_[i];
         }
 
-        beside_ = std::min(2.0 * presumed_ * zone.learn_beside(own),
-                           double(kMostBeside));
+        // Whole requests: a fraction of one is none.
+        beside_ = std::floor(std::min(2.0 * presumed_
+                                      * zone.learn_beside(own),
+                                      double(kMostBeside)));
     }
 
     // They count in the share the bound is measured from, as this request
@@ -275,7 +279,7 @@ int LoadBound::least_loaded_on_ring(const Ring *ring, uint64_t hash,
         return least;
     }
 
-    if (shared_ && !timed) {
+    if (beside_ >= 1.0 && !timed) {
         return dealt(hash, least);
     }
 
@@ -303,40 +307,49 @@ double LoadBound::room(size_t i, double level) const noexcept
 
 // Requests that reach several instances at once are each placed without
 // the others: sent to the least loaded peer, they would all meet there.
-// So the room is dealt.  Poured into the least loaded peers a request per
-// weight at a time, this request and those presumed beside it (beside_)
-// fill them up to some level; each peer is drawn with odds by its room
-// below that level, by a weighted rendezvous hash of the prompt's hash
-// and the peer's id.  Instances that see the same load send the same
-// prompt to the same peer, and a burst's prompts spread over the room as
-// the fleet would fill it.  With no more beside than the least loaded
-// peer and its ties have room for, the draw is among them.
+// So the room is dealt.  Poured into the least loaded peers, this request
+// and those presumed beside it (beside_) fill them up to some level; each
+// peer is drawn with odds by its room below that level, by a weighted
+// rendezvous hash of the prompt's hash and the peer's id.  Instances that
+// see the same load send the same prompt to the same peer, and a burst's
+// prompts spread over the room as the fleet would fill it.
 // docs/routing.md, "Several instances".
 int LoadBound::dealt(uint64_t hash, int least) const noexcept
 {
     double low = double(inflight_[least] + 1)
                  / double(std::max<uint32_t>(peers_[least].weight, 1));
     double pour = 1.0 + beside_;
-    double level = low;
 
-    // The least loaded peer alone has room for a request a step, so this
-    // ends within pour steps.
-    for (double total = 0.0; total < pour && level < low + pour;) {
-        level += 1.0;
-        total = 0.0;
+    // The level whose room holds pour requests: between low, where there
+    // is none, and low + pour, where the least loaded peer alone has it.
+    double below = low;
+    double level = low + pour;
+
+    for (int step = 0; step < kFillSteps; step++) {
+        double mid = (below + level) / 2.0;
+        double total = 0.0;
 
         for (size_t i = 0; i < npeers_; i++) {
-            total += room(i, level);
+            total += room(i, mid);
+        }
+
+        if (total < pour) {
+            below = mid;
+
+        } else {
+            level = mid;
         }
     }
 
+    // What the halvings leave above the level is no room.
+    double none = pour * 2.0 / double(1u << kFillSteps);
     int best = -1;
     double first = 0.0;
 
     for (size_t i = 0; i < npeers_; i++) {
         double left = room(i, level);
 
-        if (left <= 0.0) {
+        if (left <= none) {
             continue;
         }
 

@@ -55,8 +55,8 @@ public:
     // The usable peer least loaded; ties go to the first of them in ring
     // order from hash (so that equal prompts meet on an idle fleet), or
     // without a ring in rotation order from rotate.  By counts alone,
-    // while other instances route too, a peer dealt() by hash instead.
-    // -1 if none.
+    // while requests are presumed placed beside this one (a burst through
+    // several instances), a peer dealt() by hash instead.  -1 if none.
     int least_loaded_on_ring(const Ring *ring, uint64_t hash,
                              uint32_t rotate, bool timed = true) const
         noexcept;
@@ -173,8 +173,8 @@ private:
     uint64_t cache_tokens_[kMaxPeers];
     int64_t unheard_[kMaxPeers];   // this instance's, not yet in the store
     double presumed_ = 0.0;         // the others' beside each unheard
-    double beside_ = 0.0;           // the others' placed unseen beside
-                                    // this request (constructor)
+    double beside_ = 0.0;           // the others' requests placed unseen
+                                    // beside this one, whole (constructor)
     bool presume_ = true;
     bool shared_ = false;           // other instances route too
     // The first peer weighed (fits()) with unheard requests, -1: none.
