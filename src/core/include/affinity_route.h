@@ -178,10 +178,12 @@ typedef struct {
  * goes to the least loaded peer of all, held or not, and a longer one to
  * the prompt's ring peer (from its longest scheduled level) unless the
  * chosen holder has fewer in flight.  If no level is held, the least
- * loaded usable peer, ties in ring order from the longest level; while
- * other instances are heard from (affinity_store), a peer drawn by its
- * room below the level that this request and those presumed placed
- * beside it fill the peers to (docs/routing.md, "Several instances").
+ * loaded usable peer, ties in ring order from the longest level.  In a
+ * burst through several instances (affinity_store: requests presumed
+ * placed beside this one, affinity_zone_unheard_beside()), such a prompt,
+ * and a short widely held level's, goes instead to a peer drawn by its
+ * room below the level they fill the peers to (docs/routing.md, "Several
+ * instances").
  * Else: the usable peer with the least in-flight per weight.
  * Every level of the prompt is then recorded for the chosen peer.  The
  * bound is soft: when every usable peer is over it, the least loaded one is
