@@ -388,8 +388,10 @@ class Simulation:
     """A discrete-event simulation of a fleet (fleet.Fleet: its rules, see
     the module docstring) fed by a routing policy.  It also times how long
     a replica sat idle while another had requests waiting for a running
-    slot: idle_queued (seconds in all) and idle_queued_max (the longest
-    such stretch)."""
+    slot, up to the last arrival: idle_queued (seconds in all) and
+    idle_queued_max (the longest such stretch).  Once nothing arrives
+    any more no routing can fill the idle replica, so the drain after
+    it is not counted."""
 
     def __init__(self, fleet, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
                  transit=0.0):
@@ -404,6 +406,7 @@ class Simulation:
         self.idle_queued = 0.0
         self.idle_queued_max = 0.0
         self._idle_since = None
+        self._arriving = True
 
     def run(self, requests, policy):
         """Routes and serves requests (in arrival order, ties in list
@@ -433,6 +436,9 @@ class Simulation:
             else:
                 self._arrive(job, req.arrival)
                 self._observe(req.arrival)
+        if jobs:
+            self._idle_until(jobs[-1].req.arrival)
+        self._arriving = False
         # the last requests end; a policy's timers have nothing left to do
         self._advance(float('inf'), timers=False)
         for job in jobs:
@@ -471,12 +477,19 @@ class Simulation:
     def _observe(self, now):
         """After the fleet changed at now: whether a replica is idle while
         another has requests waiting for a running slot, timed."""
+        if not self._arriving:
+            return
         replicas = self.fleet.replicas
         idle = any(rep.inflight == 0 for rep in replicas) and \
             any(rep.admission.waiting for rep in replicas)
         if idle and self._idle_since is None:
             self._idle_since = now
-        elif not idle and self._idle_since is not None:
+        elif not idle:
+            self._idle_until(now)
+
+    def _idle_until(self, now):
+        """Ends the stretch of idling under way, if any, at now."""
+        if self._idle_since is not None:
             stretch = now - self._idle_since
             self.idle_queued += stretch
             self.idle_queued_max = max(self.idle_queued_max, stretch)

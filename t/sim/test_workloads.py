@@ -394,6 +394,15 @@ class IdleWhileQueuedTest(unittest.TestCase):
             lambda fleet: min((0, 1), key=fleet.inflight))
         self.assertLess(shortest.idle_queued, one.idle_queued / 4)
 
+    def test_the_drain_after_the_last_arrival_is_not_counted(self):
+        # Everything on replica 0: its queue outlasts the arrivals, while
+        # replica 1 stays idle.  No routing can act once nothing arrives.
+        one = self.served(lambda fleet: 0)
+        requests = bounds.prepare_workload(small('chat'), 4)[:40]
+        span = requests[-1].arrival - requests[0].arrival
+        self.assertGreater(one.idle_queued, span / 2)
+        self.assertLessEqual(one.idle_queued, span)
+
     def test_the_summary_has_it(self):
         summary, _ = bounds.simulate(
             bounds.prepare_workload(small('chat'), 4)[:40], 'round_robin',
