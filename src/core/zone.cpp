@@ -469,7 +469,7 @@ double Zone::learn_beside(int64_t own) noexcept
         *mean -= (*mean - now + kBesideDecay - 1) / kBesideDecay;
     }
 
-    return double(*mean) / double(kBesideUnit);
+    return unheard_beside();
 }
 
 double Zone::unheard_presumed(uint32_t instances, uint32_t *unheard,
