@@ -141,13 +141,7 @@ sub polled_before {
 # A connection to the store that sent it a command.
 sub redis_sent { AffinityTest::redis_send($redis, @_) }
 
-# The first line of the store's reply.
-sub redis_command {
-    my $s = redis_sent(@_);
-    my $reply = <$s>;
-    close $s;
-    return $reply // '';
-}
+sub redis_command { AffinityTest::redis_command($redis, @_) }
 
 # The announcements (entries with a ticket, field "t") in the stream.
 sub announcements {

@@ -88,13 +88,7 @@ sub ask {
         ? $res->{headers}{'x-replica-port'} // 'unnamed' : 'failed';
 }
 
-# The first line of the store's reply to a command.
-sub redis_command {
-    my $s = AffinityTest::redis_send($redis, @_);
-    my $reply = <$s>;
-    close $s;
-    return $reply // '';
-}
+sub redis_command { AffinityTest::redis_command($redis, @_) }
 
 # A long request through A in a process of its own, counted in flight
 # before this returns.

@@ -472,6 +472,15 @@ sub redis_send {
     return $s;
 }
 
+# AffinityTest::redis_command($port, @args) - the first line of the reply
+# of the redis-server on 127.0.0.1:$port to the command @args, '' if none.
+sub redis_command {
+    my $s = redis_send(@_);
+    my $reply = <$s>;
+    close $s;
+    return $reply // '';
+}
+
 # AffinityTest::redis_clients($port) - the clients connected to the
 # redis-server on 127.0.0.1:$port other than this one, each a hash of its
 # CLIENT LIST fields (cmd: the last command it sent, in lower case).
