@@ -391,7 +391,10 @@ class Simulation:
     slot, up to the last arrival: idle_queued (seconds in all) and
     idle_queued_max (the longest such stretch).  Once nothing arrives
     any more no routing can fill the idle replica, so the drain after
-    it is not counted."""
+    it is not counted.  The requests routed meanwhile are idle_routed,
+    those of them sent where they wait for a running slot
+    idle_routed_to_queue: what routing could have sent to the idle
+    replica instead."""
 
     def __init__(self, fleet, factor=DEFAULT_FACTOR, slack=DEFAULT_SLACK,
                  transit=0.0):
@@ -407,6 +410,8 @@ class Simulation:
         self.idle_queued_max = 0.0
         self._idle_since = None
         self._arriving = True
+        self.idle_routed = 0
+        self.idle_routed_to_queue = 0
 
     def run(self, requests, policy):
         """Routes and serves requests (in arrival order, ties in list
@@ -429,6 +434,11 @@ class Simulation:
             if isinstance(r, tuple):
                 r, token = r
             last[req.session] = r
+            if self._idle_since is not None:
+                rep = self.fleet.replicas[r]
+                self.idle_routed += 1
+                if rep.inflight >= rep.admission.capacity:
+                    self.idle_routed_to_queue += 1
             job = Job(req, chain, r, token, could_stay)
             jobs.append(job)
             if self.transit:
@@ -801,6 +811,9 @@ def simulate(requests, policy_name, replicas=4, params=None,
     summary = summarize(jobs, fleet)
     summary['idle_while_queued_s'] = _round(simulation.idle_queued)
     summary['idle_while_queued_max_s'] = _round(simulation.idle_queued_max)
+    summary['idle_while_queued_routed'] = simulation.idle_routed
+    summary['idle_while_queued_routed_to_queue'] = \
+        simulation.idle_routed_to_queue
     summary.update(policy.stats())
     return summary, jobs
 

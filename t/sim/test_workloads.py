@@ -403,10 +403,23 @@ class IdleWhileQueuedTest(unittest.TestCase):
         self.assertGreater(one.idle_queued, span / 2)
         self.assertLessEqual(one.idle_queued, span)
 
+    def test_requests_routed_to_a_queue_meanwhile_are_counted(self):
+        # All on replica 0 (one running slot): every request routed while
+        # replica 1 idles waits there; sent to the idlest, next to none.
+        one = self.served(lambda fleet: 0)
+        self.assertGreater(one.idle_routed, 0)
+        self.assertEqual(one.idle_routed_to_queue, one.idle_routed)
+        shortest = self.served(
+            lambda fleet: min((0, 1), key=fleet.inflight))
+        self.assertLess(shortest.idle_routed_to_queue,
+                        one.idle_routed_to_queue / 4)
+
     def test_the_summary_has_it(self):
         summary, _ = bounds.simulate(
             bounds.prepare_workload(small('chat'), 4)[:40], 'round_robin',
             2, model.ReplicaParams(max_running=1))
         self.assertIn('idle_while_queued_s', summary)
+        self.assertLessEqual(summary['idle_while_queued_routed_to_queue'],
+                             summary['idle_while_queued_routed'])
         self.assertLessEqual(summary['idle_while_queued_max_s'],
                              summary['idle_while_queued_s'])
