@@ -50,6 +50,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
     const PeerSlot *slots = zone.peer_slots();
     const PeerPace *paces[kMaxPeers];
     int64_t total = 0;
+    int64_t own = 0;                // this instance's unheard, all peers
     uint64_t weights = 0;
 
     for (size_t i = 0; i < npeers_; i++) {
@@ -89,6 +90,7 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
         slots_[i] = slot;
         paces[i] = slot != kNoSlot ? &slots[slot].pace : nullptr;
         unheard_[i] = unheard;
+        own += unheard;
         inflight_[i] = n;
         cache_tokens_[i] = tokens;
 
@@ -114,12 +116,6 @@ LoadBound::LoadBound(Zone zone, const affinity_peer_t *peers,
     // (the recent mean of its unheard requests, twice).  Spread one by
     // one, next to none; in a burst through every instance, the burst.
     if (shared_) {
-        int64_t own = 0;
-
-        for (size_t i = 0; i < npeers_; i++) {
-            own += unheard_[i];
-        }
-
         // Whole requests: a fraction of one is none.
         beside_ = std::floor(std::min(2.0 * presumed_
                                       * zone.learn_beside(own),
@@ -341,7 +337,8 @@ int LoadBound::dealt(uint64_t hash, int least) const noexcept
         }
     }
 
-    // What the halvings leave above the level is no room.
+    // What the halvings leave above the level, times a peer's weight, is
+    // no room.
     double none = pour * 2.0 / double(1u << kFillSteps);
     int best = -1;
     double first = 0.0;
@@ -349,7 +346,7 @@ int LoadBound::dealt(uint64_t hash, int least) const noexcept
     for (size_t i = 0; i < npeers_; i++) {
         double left = room(i, level);
 
-        if (left <= none) {
+        if (left <= none * std::max<uint32_t>(peers_[i].weight, 1)) {
             continue;
         }
 
