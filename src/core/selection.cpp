@@ -446,7 +446,9 @@ constexpr int64_t kStayExtra = 1;
 // How far above its share a cache holder is followed: within share +
 // slack, plus one request per kDocumentChars of a level that at least
 // kStayHolders peers hold, at most kDocumentExtraMax more; a session's
-// pinned peer alike, by the longest shared level of its prompt.  The slack
+// pinned peer alike, by the longest shared level of its prompt.  A level
+// of kDocumentChars or more that one peer holds (a conversation's own
+// history) is followed up to the bound: no other peer has it.  The slack
 // scales with no fleet size or running-slot count, as the bound does.
 // docs/routing.md, "The load bound".
 constexpr int64_t kDocumentExtraMax = 2;
@@ -826,6 +828,8 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
         int best = -1;
         int over = -1;
         bool shared = holders.count >= kStayHolders;
+        // Followed only within share + slack: a shared level, a short one.
+        bool slack = shared || request.levels[j].length < kDocumentChars;
         // At the prompt's longest level its holders cannot be told apart
         // by what they hold beyond it (up to one level's spacing): the most
         // recent one most likely got the latest turns (docs/routing.md).
@@ -840,7 +844,8 @@ int route_prefix(PrefixTable &table, const uint64_t *keys,
                 continue;
             }
 
-            if (!load.accepts(i) || !load.within_slack(i, extra)) {
+            if (!load.accepts(i) || (slack && !load.within_slack(i, extra)))
+            {
                 if (over < 0 || load.less_loaded(i, over)) {
                     over = i;
                 }

@@ -1096,9 +1096,11 @@ TEST(PrefixRoute, LongSharedPrefixTakesOneRequestAboveTheBound)
 }
 
 // Under heavy load the bound lets a peer reach 1.25 times its share; a
-// holder is followed only within the bound's slack (2) above its share,
-// plus one request per 4,096 characters (at most two) of a level that two
-// or more peers hold.  A session's pinned peer is held to the same.
+// holder of a short level is followed only within the bound's slack (2)
+// above its share, plus one request per 4,096 characters (at most two) of
+// a level that two or more peers hold.  A session's pinned peer is held to
+// the same.  A level of 4,096 characters or more that one peer holds (a
+// conversation's own history) is followed up to the bound.
 TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
 {
     Fleet f;
@@ -1128,6 +1130,26 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     EXPECT_EQ(r.decision.peer, 0);
     EXPECT_EQ(r.decision.route, kPrefixHit);
     e.up().release_all();
+
+    // A 6,000-character history only the holder has, under the first
+    // case's load: 3.75 above its share but under the bound, it is
+    // followed; at the bound it is not.
+    Fleet c;
+    const std::string history = words(97, 6000);
+    auto turn = [&history](uint32_t q) {
+        return chat({{"system", history}, {"user", words(8100 + q, 200)}});
+    };
+    serve_on(c, 0, turn(0));
+    hold_each(c, {19, 15, 15, 15});
+    r = c.send(turn(1));
+    EXPECT_EQ(r.decision.peer, 0);
+    EXPECT_EQ(r.decision.route, kPrefixHit) << route_name(r.decision.route);
+    c.up().release_all();
+    hold_each(c, {21, 15, 15, 15});
+    ASSERT_FALSE(would_accept(c.up(), 0));
+    r = c.send(turn(2));
+    EXPECT_NE(r.decision.peer, 0);
+    c.up().release_all();
 
     // A 20,000-character document two peers hold: two requests more are
     // allowed.  19 on each holder, 15 on the others: share 69 / 4 =
