@@ -1186,6 +1186,22 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
     EXPECT_NE(size_t(r.decision.peer), pinned);
     h.up().release_all();
 
+    // A session whose history of 6,000 characters only its pinned peer
+    // holds, under the same load: routed by its prompt, it stays.
+    Fleet k;
+    Routed hpin = k.send(turn(3), true, "long-session");
+    ASSERT_EQ(hpin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+    const size_t kept = size_t(hpin.decision.peer);
+    std::vector<int> loads(4, 15);
+    loads[kept] = 19;
+    hold_each(k, loads);
+    ASSERT_TRUE(would_accept(k.up(), kept));
+    r = k.send(turn(3), true, "long-session");
+    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+        << route_name(r.decision.route);
+    EXPECT_EQ(size_t(r.decision.peer), kept);
+    k.up().release_all();
+
     Routed dpin = g.send(ask(3), true, "document-session");
     ASSERT_EQ(dpin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
     const size_t holder = size_t(dpin.decision.peer);
