@@ -25,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -1171,36 +1172,31 @@ TEST(PrefixRoute, HolderIsFollowedWithinTheSlackOfItsShare)
 
     // A session pinned to a peer with a short prompt, under the same load
     // as the first case: it spills to the least loaded peer; a session on
-    // the document's holder stays.
-    Fleet h;
-    Routed pin = h.send(brief(3), true, "short-session");
-    ASSERT_EQ(pin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
-    const size_t pinned = size_t(pin.decision.peer);
-    std::vector<int> counts(4, 15);
-    counts[pinned] = 19;
-    hold_each(h, counts);
-    ASSERT_TRUE(would_accept(h.up(), pinned));
-    r = h.send(brief(3), true, "short-session");
-    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_SPILL})
-        << route_name(r.decision.route);
-    EXPECT_NE(size_t(r.decision.peer), pinned);
-    h.up().release_all();
-
-    // A session whose history of 6,000 characters only its pinned peer
-    // holds, under the same load: routed by its prompt, it stays.
-    Fleet k;
-    Routed hpin = k.send(turn(3), true, "long-session");
-    ASSERT_EQ(hpin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
-    const size_t kept = size_t(hpin.decision.peer);
-    std::vector<int> loads(4, 15);
-    loads[kept] = 19;
-    hold_each(k, loads);
-    ASSERT_TRUE(would_accept(k.up(), kept));
-    r = k.send(turn(3), true, "long-session");
-    EXPECT_EQ(r.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
-        << route_name(r.decision.route);
-    EXPECT_EQ(size_t(r.decision.peer), kept);
-    k.up().release_all();
+    // the document's holder stays, and so does one whose history of 6,000
+    // characters only its pinned peer holds (routed by its prompt).
+    // Returns the pinned peer and the decision on the session's next turn.
+    auto under_load = [](const std::string &body, const char *key) {
+        Fleet h;
+        Routed pin = h.send(body, true, key);
+        EXPECT_EQ(pin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
+        const size_t pinned = size_t(pin.decision.peer);
+        std::vector<int> counts(4, 15);
+        counts[pinned] = 19;
+        hold_each(h, counts);
+        EXPECT_TRUE(would_accept(h.up(), pinned));
+        Routed next = h.send(body, true, key);
+        h.up().release_all();
+        return std::make_pair(pinned, next);
+    };
+    auto spilled = under_load(brief(3), "short-session");
+    EXPECT_EQ(spilled.second.decision.route,
+              uint32_t{AFFINITY_ROUTE_SESSION_SPILL})
+        << route_name(spilled.second.decision.route);
+    EXPECT_NE(size_t(spilled.second.decision.peer), spilled.first);
+    auto kept = under_load(turn(3), "long-session");
+    EXPECT_EQ(kept.second.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_HIT})
+        << route_name(kept.second.decision.route);
+    EXPECT_EQ(size_t(kept.second.decision.peer), kept.first);
 
     Routed dpin = g.send(ask(3), true, "document-session");
     ASSERT_EQ(dpin.decision.route, uint32_t{AFFINITY_ROUTE_SESSION_NEW});
