@@ -205,6 +205,30 @@ bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held) const
                   first_token(from, chars_ - held)) < 0;
 }
 
+bool LoadBound::worth_repinning(size_t to, size_t from, uint64_t held) const
+    noexcept
+{
+    if (chars_ == 0) {
+        return false;
+    }
+
+    held = std::min<uint64_t>(held, chars_);
+
+    uint64_t extra = (kMoveCost - 1) * held;
+    int64_t there = first_token(to, chars_);
+    int64_t here = first_token(from, chars_ - held);
+
+    if (there < 0 || here < 0) {
+        return false;
+    }
+
+    // A prefill alone: the estimate with it, less the one without.
+    int64_t on_to = first_token(to, extra) - first_token(to, 0);
+    int64_t on_from = first_token(from, extra) - first_token(from, 0);
+
+    return sooner(there + std::max(on_to, on_from), here) < 0;
+}
+
 bool LoadBound::slot_free(size_t i) const noexcept
 {
     return shape_.knee != 0
@@ -588,6 +612,36 @@ int64_t held_length(PrefixTable &table, const uint64_t *keys,
     return held;
 }
 
+// Where a session whose pinned peer may take its request goes instead: the
+// soonest other peer, when the pinned one would queue the request (no
+// running slot free) and that one has a slot free and is sooner even with
+// the history the pin holds prefilled again kMoveCost times
+// (worth_repinning()); -1: the pin stays.  The count bound alone keeps a
+// session queued behind its peer's running requests while another
+// replica idles.  docs/routing.md, "Staying or moving".
+int queued_pin_move(const LoadBound &load, const affinity_request_t &request,
+                    PrefixTable &prefixes, const uint64_t *keys,
+                    const CacheModel &cache, int pinned) noexcept
+{
+    if (load.slot_free(size_t(pinned))) {
+        return -1;
+    }
+
+    int to = load.least_loaded(pinned, request.rotate);
+
+    if (to < 0 || !load.slot_free(size_t(to)) || !load.accepts(size_t(to))) {
+        return -1;
+    }
+
+    // Not listed: nothing is known of what the pin holds, so all of it.
+    int64_t held = held_length(prefixes, keys, request, load, cache, pinned);
+
+    return load.worth_repinning(size_t(to), size_t(pinned),
+                                held == kNotListed ? UINT64_MAX
+                                                   : uint64_t(held))
+           ? to : -1;
+}
+
 // A session's placement when it has no usable pin, or a spill away from a
 // pin over the bound: by its prompt when the prefix index is there (the
 // peers that hold the longest part of it, which after a spill is where the
@@ -616,6 +670,20 @@ void move_session(SessionTable &table, SessionEntry *entry, uint64_t id,
     entry->spill = 0;
     decision = decided(i, AFFINITY_ROUTE_SESSION_MOVED,
                        by_prompt.prefix_len);
+}
+
+// A session spilled to peer i (index): the pin follows the request, whose
+// peer now holds the whole conversation, and the old pin is kept for the
+// next spill (docs/routing.md, "Sessions").
+void spill_session(SessionTable &table, SessionEntry *entry, uint64_t id,
+                   int i, uint32_t prefix_len, affinity_decision_t &decision)
+    noexcept
+{
+    uint64_t previous = entry->peer;
+
+    table.repin(entry, id);
+    entry->spill = short_peer_id(previous);
+    decision = decided(i, AFFINITY_ROUTE_SESSION_SPILL, prefix_len);
 }
 
 // A new session is placed by its prompt when the prefix index knows it
@@ -691,8 +759,17 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
             || load.within_slack(pinned, document_extra(shared_length(
                                     *prefixes, keys, request, load, cache)))))
     {
-        decision = decided(pinned, AFFINITY_ROUTE_SESSION_HIT, 0);
-        return pinned;
+        int to = prefixes ? queued_pin_move(load, request, *prefixes, keys,
+                                            cache, pinned)
+                          : -1;
+
+        if (to < 0) {
+            decision = decided(pinned, AFFINITY_ROUTE_SESSION_HIT, 0);
+            return pinned;
+        }
+
+        spill_session(table, entry, peers[to].id, to, 0, decision);
+        return to;
     }
 
     if (pinned < 0 || load.failed(size_t(pinned))) {
@@ -753,11 +830,8 @@ int route_session(Zone zone, const Ring *ring, LoadBound &load,
     }
 
     if (i >= 0) {
-        uint64_t previous = entry->peer;
-        table.repin(entry, peers[i].id);
-        entry->spill = short_peer_id(previous);
-        decision = decided(i, AFFINITY_ROUTE_SESSION_SPILL,
-                           by_prompt.prefix_len);
+        spill_session(table, entry, peers[i].id, i, by_prompt.prefix_len,
+                      decision);
     }
 
     return i;

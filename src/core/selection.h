@@ -118,6 +118,14 @@ public:
     // pace is not learned, or the estimates tie.
     bool worth_moving(size_t to, size_t from, uint64_t held) const noexcept;
 
+    // The same for a session's own history, which from alone holds: the
+    // kMoveCost - 1 extra prefills at the slower of the two peers' rates,
+    // since what the copy displaces is prefilled again wherever its
+    // sessions go.  False while either pace is not learned, or the
+    // estimates tie.
+    bool worth_repinning(size_t to, size_t from, uint64_t held) const
+        noexcept;
+
     // Whether peer i has a running slot free for one more request: its
     // requests in flight, with those presumed of the other instances
     // beside its unheard ones (fits()), below the pooled knee.  False

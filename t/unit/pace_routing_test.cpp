@@ -612,6 +612,144 @@ TEST_F(QueuedHolder, AHolderWithASlotFreeIsNotLeft)
     EXPECT_EQ(r.decision.route, uint32_t(AFFINITY_ROUTE_PREFIX_HIT));
 }
 
+// A session pinned to a peer that would queue its next turn (no running
+// slot free), while another peer has a slot free: the turn moves there
+// when that is sooner even with the history the pin holds prefilled
+// kMoveCost times, at the slower peer's rate, and the pin follows.
+class QueuedPin : public PrefixFleet {
+protected:
+    explicit QueuedPin(const Engine &pin = kFast)
+        : PrefixFleet(3), pin_engine(pin)
+    {
+    }
+
+    void SetUp() override
+    {
+        teach_peer(zone.get(), up, 0, pin_engine);
+
+        for (size_t i = 1; i < 3; i++) {
+            teach_peer(zone.get(), up, i, kFast);
+        }
+    }
+
+    // The session's history, held by peer 0, where its first turn pins it.
+    void open(uint32_t length)
+    {
+        history = level_of("history", length);
+        hold(0, history);
+
+        Routed first = router.route_prompt_released(
+            prefixes.get(), {history}, "session");
+        ASSERT_EQ(first.rc, 0);
+        ASSERT_EQ(first.decision.peer, 0);
+    }
+
+    // The session's next turn: its history, then 300 characters more.
+    Routed next(const std::string &turn)
+    {
+        affinity_level_t own = level_of(turn, history.length + 300);
+
+        return router.route_prompt(prefixes.get(), {history, own},
+                                   "session");
+    }
+
+    const Engine &pin_engine;
+    affinity_level_t history{};
+};
+
+class SlowQueuedPin : public QueuedPin {
+protected:
+    SlowQueuedPin() : QueuedPin(kSlow) {}
+};
+
+TEST_F(QueuedPin, MovesToAFreePeerThatIsSooner)
+{
+    // Three requests beyond the pin's running slots: four steps of decode
+    // (4 s) against eight prefills of 6,000 characters (0.6 s).
+    open(6000);
+    fill(0, kSlots + 3);
+    fill(1, kSlots - 1);
+    fill(2, kSlots);
+
+    Routed moved = next("turn 2");
+    ASSERT_EQ(moved.rc, 0);
+    EXPECT_EQ(moved.decision.peer, 1);
+    EXPECT_EQ(moved.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+
+    // The pin followed: the third turn goes to peer 1 with the load as it
+    // was, now that the pin there has a slot to spare.
+    up.release(1);
+    up.release(1);
+
+    Routed third = next("turn 3");
+    ASSERT_EQ(third.rc, 0);
+    EXPECT_EQ(third.decision.peer, 1);
+    EXPECT_EQ(third.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+}
+
+TEST_F(QueuedPin, StaysWhenNoPeerIsFreeOrTheMoveIsNotSooner)
+{
+    // Every other peer's slots are taken: the turn would queue there too.
+    open(6000);
+    fill(0, kSlots + 3);
+    fill(1, kSlots);
+    fill(2, kSlots);
+
+    Routed full = next("turn 2");
+    ASSERT_EQ(full.rc, 0);
+    EXPECT_EQ(full.decision.peer, 0);
+    EXPECT_EQ(full.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+    up.release(0);
+
+    // A slot free on peer 1, and the pin queues one request only: one
+    // step of decode (1 s) against eight prefills of 12,000 characters
+    // (1.2 s).
+    up.release(1);
+    while (up.inflight(0) > int64_t(kSlots)) {
+        up.release(0);
+    }
+
+    up.release(0);
+    up.release(0);
+    ASSERT_EQ(up.inflight(0), int64_t(kSlots) - 2);
+
+    history.length = 12000;
+    hold(0, history);
+    fill(0, 2);
+
+    Routed kept = next("turn 3");
+    ASSERT_EQ(kept.rc, 0);
+    EXPECT_EQ(kept.decision.peer, 0);
+    EXPECT_EQ(kept.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+}
+
+TEST_F(SlowQueuedPin, PricesTheHistoryAtTheSlowerPeer)
+{
+    // The pin is slow: one step of its decode is 2.5 s.  Seven more
+    // prefills of a 12,000-character history take 1.05 s on the fast peer
+    // but 2.6 s on the slow one: priced at the slower, the move is not
+    // sooner.
+    open(12000);
+    fill(0, kSlots);
+    fill(1, kSlots - 1);
+    fill(2, kSlots);
+
+    Routed kept = next("turn 2");
+    ASSERT_EQ(kept.rc, 0);
+    EXPECT_EQ(kept.decision.peer, 0);
+    EXPECT_EQ(kept.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+    up.release(0);
+
+    // With 6,000 characters (1.3 s at the slow rate) it is.
+    history.length = 6000;
+    hold(0, history);
+
+    Routed moved = next("turn 3");
+    ASSERT_EQ(moved.rc, 0);
+    EXPECT_EQ(moved.decision.peer, 1);
+    EXPECT_EQ(moved.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+}
+
 // A short level every listed peer holds (a system prompt) opens a new
 // conversation, placed by counts: a peer the entry does not list takes it
 // instead when it is sooner by the estimates with the level's prefill

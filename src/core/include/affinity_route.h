@@ -166,7 +166,10 @@ typedef struct {
  * With a session key: the pinned peer while it is usable and under the load
  * bound; when it is merely busy or overloaded, a spill (with prompt levels
  * routed by the prompt as below, else to the previous pin or the next peer
- * on the ring) that the pin follows; a new pin, placed by
+ * on the ring) that the pin follows; with prompt levels, also a spill to
+ * the soonest other peer when the pinned one would queue the request and
+ * that one has a running slot free and is sooner even with the history
+ * the pin holds prefilled eight times; a new pin, placed by
  * the prompt (below) or on the ring with bounded load, when the key is new
  * or its peer failed, left or is presumed to hold none of the prompt.
  * Else, with prompt levels: the longest level held by a usable peer under
