@@ -15,9 +15,9 @@ namespace {
 // is learned again within tens of replies.
 constexpr uint32_t kStepShift = 3;
 
-// Prefill is learned from replies whose prompts have this many tokens the
-// peer did not hold: shorter ones time the engine's fixed costs more than
-// its prefill.
+// Prefill is learned from replies sent to a peer with nothing in flight,
+// whose prompts have this many tokens it did not hold: shorter ones time
+// the engine's fixed costs more than its prefill.
 constexpr uint64_t kPrefillTokensMin = 256;
 
 // Decode is learned from streams of at least this many output tokens.
@@ -143,24 +143,8 @@ void pace_learn(PeerPace &pace, const affinity_reply_times_t &t) noexcept
             first_us, decode * (t.output_tokens - 1));
     }
 
-    // A reply sent with nothing in flight times the prefill.  One sent
-    // behind others times the prefill and a wait: it may only lower the
-    // figure, by the most its whole milliseconds allow (else the lowest
-    // roundings would win), or set it while none is learned.  A busy peer
-    // is seldom sent a request with nothing in flight (and through several
-    // instances, nothing counted is not nothing running), but its replies
-    // sent while a running slot was free show the prefill alone.
-    if (uncached >= kPrefillTokensMin) {
-        uint64_t shown = first_us * 1000 / uncached;
-        uint64_t most = (first_us + 999) * 1000 / uncached;
-        uint32_t was = load(&pace.prefill_ns);
-
-        if (t.queued == 0 || was == 0) {
-            learn_ratio(&pace.prefill_ns, shown);
-
-        } else if (most < was) {
-            learn_ratio(&pace.prefill_ns, most);
-        }
+    if (t.queued == 0 && uncached >= kPrefillTokensMin) {
+        learn_ratio(&pace.prefill_ns, first_us * 1000 / uncached);
     }
 
     uint64_t prefill_us = uint64_t(load(&pace.prefill_ns)) * uncached / 1000;

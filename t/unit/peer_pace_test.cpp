@@ -111,31 +111,6 @@ TEST_F(PeerPace, ConvergesOnASyntheticPeer)
     EXPECT_NEAR(p.wait_us[8], 400000.0 * 8, 60000);
 }
 
-TEST_F(PeerPace, LearnsThePrefillFromABusyPeer)
-{
-    // An engine of four running slots never sent a request with nothing
-    // in flight: one to three others run beside each reply's request (no
-    // wait), four to seven are ahead of it (a wait of 400 ms each beyond
-    // the fourth).  The replies sent below the knee time the prefill.
-    Synthetic busy{50000, 20000, 0};
-
-    for (int n = 0; n < 200; n++) {
-        uint32_t queued = 1 + uint32_t(n % 7);
-        affinity_reply_times_t t = busy.reply(queued, 2000, 0, 50);
-        uint64_t wait_us = queued >= 4 ? (queued - 3) * 400000ull : 0;
-
-        t.first_ms += uint32_t(wait_us / 1000);
-        t.total_ms += uint32_t(wait_us / 1000);
-        teach(0, t);
-    }
-
-    affinity_peer_pace_t p = pace(0);
-
-    EXPECT_NEAR(p.prefill_ns, 50000, 5000);
-    EXPECT_NEAR(p.wait_us[2], 0, 20000);
-    EXPECT_NEAR(p.wait_us[6], 1200000, 60000);
-}
-
 TEST_F(PeerPace, CachedTokensAreNotPrefilled)
 {
     for (int n = 0; n < 100; n++) {
