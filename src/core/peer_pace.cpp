@@ -54,6 +54,18 @@ uint32_t clamp32(uint64_t v) noexcept
     return uint32_t(std::min<uint64_t>(v, UINT32_MAX - 1));
 }
 
+// The prefill of uncached characters at prefill nanoseconds a token, in
+// microseconds: tokens from the learned characters per token.
+double prefill_us(const PeerPace &pace, uint32_t prefill, uint64_t uncached)
+    noexcept
+{
+    uint32_t ratio = load(&pace.chars_per_token);
+    double tokens = double(uncached) * kCharsPerTokenUnit
+                    / double(ratio ? ratio : kCharsPerTokenDefault);
+
+    return double(prefill) * tokens / 1000.0;
+}
+
 // A positive figure moved towards what a reply showed (bounded, above).
 void learn_ratio(uint32_t *figure, uint64_t shown) noexcept
 {
@@ -268,13 +280,21 @@ int64_t pace_estimate(const PeerPace &pace, const QueueShape &shape,
         wait = double(queued + 1 - shape.knee) * shape.step * double(decode);
     }
 
-    uint32_t ratio = load(&pace.chars_per_token);
-    double tokens = double(uncached) * kCharsPerTokenUnit
-                    / double(ratio ? ratio : kCharsPerTokenDefault);
-
     // In double, and at most kEstimateMaxUs: learned figures at their
     // extremes must not overflow what they are compared as.
-    return int64_t(std::min(wait + double(prefill) * tokens / 1000.0,
+    return int64_t(std::min(wait + prefill_us(pace, prefill, uncached),
+                            kEstimateMaxUs));
+}
+
+int64_t pace_prefill(const PeerPace &pace, uint64_t uncached) noexcept
+{
+    uint32_t prefill = load(&pace.prefill_ns);
+
+    if (prefill == 0) {
+        return -1;
+    }
+
+    return int64_t(std::min(prefill_us(pace, prefill, uncached),
                             kEstimateMaxUs));
 }
 

@@ -60,4 +60,9 @@ QueueShape pace_shape(const PeerPace *const *paces, size_t n) noexcept;
 int64_t pace_estimate(const PeerPace &pace, const QueueShape &shape,
                       uint32_t queued, uint64_t uncached) noexcept;
 
+// The prefill alone of a prompt of `uncached` characters the peer does not
+// hold, in microseconds, from one read of its figures; -1 while its
+// prefill is not learned.
+int64_t pace_prefill(const PeerPace &pace, uint64_t uncached) noexcept;
+
 }  // namespace affinity

@@ -144,6 +144,12 @@ int64_t LoadBound::first_token(size_t i, uint64_t uncached) const noexcept
                          uncached + backlog_[i]);
 }
 
+int64_t LoadBound::prefill_time(size_t i, uint64_t uncached) const noexcept
+{
+    return slots_[i] == kNoSlot
+           ? -1 : pace_prefill(slot_base_[slots_[i]].pace, uncached);
+}
+
 namespace {
 
 // Which of two estimates (microseconds, -1: unknown) is the sooner: -1 the
@@ -217,14 +223,12 @@ bool LoadBound::worth_repinning(size_t to, size_t from, uint64_t held) const
     uint64_t extra = (kMoveCost - 1) * held;
     int64_t there = first_token(to, chars_);
     int64_t here = first_token(from, chars_ - held);
+    int64_t on_to = prefill_time(to, extra);
+    int64_t on_from = prefill_time(from, extra);
 
-    if (there < 0 || here < 0) {
+    if (there < 0 || here < 0 || on_to < 0 || on_from < 0) {
         return false;
     }
-
-    // A prefill alone: the estimate with it, less the one without.
-    int64_t on_to = first_token(to, extra) - first_token(to, 0);
-    int64_t on_from = first_token(from, extra) - first_token(from, 0);
 
     return sooner(there + std::max(on_to, on_from), here) < 0;
 }
@@ -615,8 +619,8 @@ int64_t held_length(PrefixTable &table, const uint64_t *keys,
 // Where a session whose pinned peer may take its request goes instead: the
 // soonest other peer, when the pinned one would queue the request (no
 // running slot free) and that one has a slot free and is sooner even with
-// the history the pin holds prefilled again kMoveCost times
-// (worth_repinning()); -1: the pin stays.  The count bound alone keeps a
+// the history the pin holds counted kMoveCost times, once for this
+// request (worth_repinning()); -1: the pin stays.  The count bound alone keeps a
 // session queued behind its peer's running requests while another
 // replica idles.  docs/routing.md, "Staying or moving".
 int queued_pin_move(const LoadBound &load, const affinity_request_t &request,

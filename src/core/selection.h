@@ -88,6 +88,10 @@ public:
     // while its pace is not learned.
     int64_t first_token(size_t i, uint64_t uncached) const noexcept;
 
+    // The prefill alone on peer i of uncached characters, in
+    // microseconds; -1 while its prefill is not learned.
+    int64_t prefill_time(size_t i, uint64_t uncached) const noexcept;
+
     // The tokens each peer's KV cache holds, as its engine reported them;
     // 0: unknown.
     const uint64_t *cache_tokens() const noexcept { return cache_tokens_; }

@@ -614,8 +614,9 @@ TEST_F(QueuedHolder, AHolderWithASlotFreeIsNotLeft)
 
 // A session pinned to a peer that would queue its next turn (no running
 // slot free), while another peer has a slot free: the turn moves there
-// when that is sooner even with the history the pin holds prefilled
-// kMoveCost times, at the slower peer's rate, and the pin follows.
+// when that is sooner even with the history the pin holds counted
+// kMoveCost times, the extra ones at the slower peer's rate, and the pin
+// follows.
 class QueuedPin : public PrefixFleet {
 protected:
     explicit QueuedPin(const Engine &pin = kFast)
