@@ -620,8 +620,8 @@ int64_t held_length(PrefixTable &table, const uint64_t *keys,
 // soonest other peer, when the pinned one would queue the request (no
 // running slot free) and that one has a slot free and is sooner even with
 // the history the pin holds counted kMoveCost times, once for this
-// request (worth_repinning()); -1: the pin stays.  The count bound alone keeps a
-// session queued behind its peer's running requests while another
+// request (worth_repinning()); -1: the pin stays.  The count bound alone
+// keeps a session queued behind its peer's running requests while another
 // replica idles.  docs/routing.md, "Staying or moving".
 int queued_pin_move(const LoadBound &load, const affinity_request_t &request,
                     PrefixTable &prefixes, const uint64_t *keys,

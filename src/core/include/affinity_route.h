@@ -169,7 +169,7 @@ typedef struct {
  * on the ring) that the pin follows; with prompt levels, also a spill to
  * the soonest other peer when the pinned one would queue the request and
  * that one has a running slot free and is sooner even with the history
- * the pin holds prefilled eight times; a new pin, placed by
+ * the pin holds counted eight times; a new pin, placed by
  * the prompt (below) or on the ring with bounded load, when the key is new
  * or its peer failed, left or is presumed to hold none of the prompt.
  * Else, with prompt levels: the longest level held by a usable peer under
