@@ -198,21 +198,8 @@ bool LoadBound::worth_copying(size_t to, size_t from, uint64_t held) const
            <= inflight_[from] * int64_t(peers_[to].weight);
 }
 
-bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held) const
-    noexcept
-{
-    if (chars_ == 0) {
-        return false;
-    }
-
-    held = std::min<uint64_t>(held, chars_);
-
-    return sooner(first_token(to, chars_ + (kMoveCost - 1) * held),
-                  first_token(from, chars_ - held)) < 0;
-}
-
-bool LoadBound::worth_repinning(size_t to, size_t from, uint64_t held) const
-    noexcept
+bool LoadBound::worth_moving(size_t to, size_t from, uint64_t held,
+                             bool history) const noexcept
 {
     if (chars_ == 0) {
         return false;
@@ -221,8 +208,13 @@ bool LoadBound::worth_repinning(size_t to, size_t from, uint64_t held) const
     held = std::min<uint64_t>(held, chars_);
 
     uint64_t extra = (kMoveCost - 1) * held;
-    int64_t there = first_token(to, chars_);
     int64_t here = first_token(from, chars_ - held);
+
+    if (!history) {
+        return sooner(first_token(to, chars_ + extra), here) < 0;
+    }
+
+    int64_t there = first_token(to, chars_);
     int64_t on_to = prefill_time(to, extra);
     int64_t on_from = prefill_time(from, extra);
 
@@ -620,9 +612,10 @@ int64_t held_length(PrefixTable &table, const uint64_t *keys,
 // soonest other peer, when the pinned one would queue the request (no
 // running slot free) and that one has a slot free and is sooner even with
 // the history the pin holds counted kMoveCost times, once for this
-// request (worth_repinning()); -1: the pin stays.  The count bound alone
-// keeps a session queued behind its peer's running requests while another
-// replica idles.  docs/routing.md, "Staying or moving".
+// request (worth_moving(), its history priced at the slower peer); -1:
+// the pin stays.  The count bound alone keeps a session queued behind its
+// peer's running requests while another replica idles.  docs/routing.md,
+// "Staying or moving".
 int queued_pin_move(const LoadBound &load, const affinity_request_t &request,
                     PrefixTable &prefixes, const uint64_t *keys,
                     const CacheModel &cache, int pinned) noexcept
@@ -640,9 +633,10 @@ int queued_pin_move(const LoadBound &load, const affinity_request_t &request,
     // Not listed: nothing is known of what the pin holds, so all of it.
     int64_t held = held_length(prefixes, keys, request, load, cache, pinned);
 
-    return load.worth_repinning(size_t(to), size_t(pinned),
-                                held == kNotListed ? UINT64_MAX
-                                                   : uint64_t(held))
+    return load.worth_moving(size_t(to), size_t(pinned),
+                             held == kNotListed ? UINT64_MAX
+                                                : uint64_t(held),
+                             true)
            ? to : -1;
 }
 

@@ -118,17 +118,13 @@ public:
 
     // Whether peer to, which does not hold the first held characters of
     // the prompt, is sooner than peer from, which does, by the estimates
-    // even with that prefill counted kMoveCost times.  False while either
-    // pace is not learned, or the estimates tie.
-    bool worth_moving(size_t to, size_t from, uint64_t held) const noexcept;
-
-    // The same for a session's own history, which from alone holds: the
-    // kMoveCost - 1 extra prefills at the slower of the two peers' rates,
-    // since what the copy displaces is prefilled again wherever its
-    // sessions go.  False while either pace is not learned, or the
-    // estimates tie.
-    bool worth_repinning(size_t to, size_t from, uint64_t held) const
-        noexcept;
+    // even with that prefill counted kMoveCost times.  For a session's own
+    // history (history), which from alone holds, the kMoveCost - 1 extra
+    // prefills are priced at the slower of the two peers' rates, since
+    // what the copy displaces is prefilled again wherever its sessions go.
+    // False while either pace is not learned, or the estimates tie.
+    bool worth_moving(size_t to, size_t from, uint64_t held,
+                      bool history = false) const noexcept;
 
     // Whether peer i has a running slot free for one more request: its
     // requests in flight, with those presumed of the other instances
