@@ -289,24 +289,21 @@ TEST(SessionRoute, SmallZoneEvictsLeastRecentlyUsed)
     // bucket took a whole bucket of keys used after them: keys hash with
     // the zone's random seed, so a bucket now and then takes more than
     // its share of the last fifty.  Looked up without inserting, so that
-    // a key found missing does not evict the next.  The bucket is the
-    // zone's (Zone::bucket_of()).
+    // a key found missing does not evict the next.
     const uint64_t ways = affinity::kSessionWays;
-    const uint64_t buckets = capacity / ways;
+    const affinity::Zone zone(z.region());
     auto hash = [&](const std::string &key) {
         return affinity_zone_key_hash(z.get(), key.data(), key.size());
     };
     auto bucket = [&](const std::string &key) {
-        return uint64_t((static_cast<unsigned __int128>(hash(key))
-                         * buckets) >> 64);
+        return &zone.bucket_of<affinity::SessionBucket>(hash(key));
     };
     const size_t hot_after = (nkeys - 1) / 4 * 4;    // its last use
-    affinity::SessionTable table(affinity::Zone(z.region()), router.now,
-                                 router.timeout);
+    affinity::SessionTable table(zone, router.now, router.timeout);
     size_t kept = 0;
 
     for (size_t k = nkeys - 50; k < nkeys; k++) {
-        uint64_t b = bucket(key_name(k));
+        const affinity::SessionBucket *b = bucket(key_name(k));
         uint64_t later = k < hot_after && bucket("hot") == b ? 1 : 0;
 
         for (size_t j = k + 1; j < nkeys; j++) {
